@@ -1,0 +1,358 @@
+"""The node's HTTP API (v1), a thin aiohttp layer over :class:`RegistryNode`.
+
+One middleware turns every error into ``{"error", "message", "field"}`` with the right status
+(never a 500 for bad input), authenticates the bearer token, and counts requests. Bodies are
+parsed straight into pydantic models, so a malformed body is a 400 and a wrong field a 422
+naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from .errors import BadRequest, NodeError, NotFound, PayloadTooLarge, RateLimited, ValidationFailed
+from .models import (
+    AgentList,
+    AgentRecord,
+    ChangeEvent,
+    Heartbeat,
+    OutcomeReport,
+    OutcomeReports,
+    Registration,
+    RouteRequest,
+    Scope,
+    TokenClaims,
+    compile_pattern,
+)
+from .openapi import build_openapi
+from .ratelimit import RateLimiter
+from .service import RegistryNode
+
+log = logging.getLogger(__name__)
+
+NODE_KEY = web.AppKey("node", RegistryNode)
+CALLER = web.RequestKey("caller", TokenClaims)
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json"})
+SSE_KEEPALIVE_S = 15.0
+Model = TypeVar("Model", bound=BaseModel)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_response(body: object, *, status: int = 200) -> web.Response:
+    if isinstance(body, BaseModel):
+        payload = body.model_dump_json().encode()
+    else:
+        payload = orjson.dumps(body)
+    return web.Response(body=payload, status=status, content_type="application/json")
+
+
+def error_response(error: NodeError) -> web.Response:
+    return json_response(error.body(), status=error.status)
+
+
+async def parse_body(request: web.Request, model: type[Model], *, allow_empty: bool = False) -> Model:
+    """The request body as ``model``; 413 if too large, 400 if not JSON, 422 naming the field."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise PayloadTooLarge(f"the body exceeds {request.app[NODE_KEY].config.max_body_bytes} bytes") from exc
+    if not raw:
+        if allow_empty:
+            raw = b"{}"
+        else:
+            raise BadRequest(f"a JSON body ({model.__name__}) is required", code="missing_body")
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise validation_error(exc) from exc
+
+
+def validation_error(exc: ValidationError) -> NodeError:
+    first = exc.errors(include_url=False)[0]
+    if first["type"] == "json_invalid":
+        return BadRequest(f"the body is not valid JSON: {first['msg']}", code="invalid_json")
+    field = ".".join(str(part) for part in first["loc"]) or None
+    message = first["msg"]
+    if first["type"] == "extra_forbidden":
+        message = f"unknown field {field!r}"
+    elif field:
+        message = f"{field}: {message}"
+    problems = [{"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]}
+                for e in exc.errors(include_url=False)[:20]]
+    return ValidationFailed(message, field=field, details={"problems": problems} if len(problems) > 1 else None)
+
+
+def _caller(request: web.Request) -> TokenClaims:
+    return request[CALLER]
+
+
+def build_app(node: RegistryNode) -> web.Application:
+    """The aiohttp application of ``node`` (extensions add their routes here)."""
+    limiter = RateLimiter(rate_per_s=node.config.rate_limit_rps, burst=node.config.rate_limit_burst)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+        try:
+            if request.path not in PUBLIC_PATHS:
+                caller = node.authenticate(request.headers.get("Authorization"))
+                if not limiter.allow(caller.sub):
+                    raise RateLimited(f"caller {caller.sub} exceeded {limiter.rate_per_s:g} requests/s; slow down")
+                request[CALLER] = caller
+            response = await handler(request)
+        except NodeError as exc:
+            response = error_response(exc)
+        except web.HTTPRequestEntityTooLarge:
+            response = error_response(PayloadTooLarge(f"the body exceeds {node.config.max_body_bytes} bytes"))
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
+            response = json_response({"error": code, "message": f"{request.method} {request.path}: {exc.reason}",
+                                      "field": None}, status=exc.status)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("unhandled error in %s %s", request.method, request.path)
+            response = json_response({"error": "internal_error", "message": "the node failed; see its log",
+                                      "field": None}, status=500)
+        node.metrics.requests(route, str(response.status)).inc()
+        return response
+
+    app = web.Application(middlewares=[middleware], client_max_size=node.config.max_body_bytes)
+    app[NODE_KEY] = node
+
+    async def end_watches(app: web.Application) -> None:
+        node.watch.end_all()
+
+    app.on_shutdown.append(end_watches)
+    routes = web.RouteTableDef()
+
+    @routes.post("/v1/agents")
+    async def register(request: web.Request) -> web.Response:
+        registration = await parse_body(request, Registration)
+        response, created = await node.register(registration, _caller(request))
+        return json_response(response, status=201 if created else 200)
+
+    @routes.put("/v1/agents/{agent_id}/heartbeat")
+    async def heartbeat(request: web.Request) -> web.Response:
+        body = await parse_body(request, Heartbeat, allow_empty=True)
+        return json_response(await node.heartbeat(request.match_info["agent_id"], body, _caller(request)))
+
+    @routes.delete("/v1/agents/{agent_id}")
+    async def deregister(request: web.Request) -> web.Response:
+        agent_id = request.match_info["agent_id"]
+        version = await node.deregister(agent_id, _caller(request))
+        return json_response({"agent_id": agent_id, "version": version, "deregistered": True})
+
+    @routes.get("/v1/agents/{agent_id}")
+    async def get_agent(request: web.Request) -> web.Response:
+        agent_id = request.match_info["agent_id"]
+        record = node.find(agent_id)
+        if record is None:
+            raise NotFound(f"no agent {agent_id} in region {node.region} or its peers", field="agent_id",
+                           code="unknown_agent")
+        return json_response(record)
+
+    @routes.get("/v1/agents")
+    async def list_agents(request: web.Request) -> web.Response:
+        return json_response(_list_agents(node, request))
+
+    @routes.post("/v1/resolve")
+    async def resolve(request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        route_request = await parse_body(request, RouteRequest)
+        try:
+            ticket = await node.resolve(route_request, _caller(request))
+        except NodeError:
+            node.metrics.resolves("none", "none", "none").inc()
+            raise
+        node.metrics.resolve_seconds.observe(time.perf_counter() - started)
+        node.metrics.resolves("ok", ticket.match.kind.value, ticket.locality.value).inc()
+        return json_response(ticket)
+
+    @routes.post("/v1/reports")
+    async def reports(request: web.Request) -> web.Response:
+        raw = await request.read() if request.can_read_body else b""
+        try:
+            parsed = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"the body is not valid JSON: {exc}", code="invalid_json") from exc
+        try:
+            if isinstance(parsed, dict) and "reports" in parsed:
+                batch = OutcomeReports.model_validate(parsed).reports
+            else:
+                batch = [OutcomeReport.model_validate(parsed)]
+        except ValidationError as exc:
+            raise validation_error(exc) from exc
+        caller = _caller(request)
+        for item in batch:
+            node.report(item, caller)
+        return json_response({"accepted": len(batch)})
+
+    @routes.get("/v1/watch")
+    async def watch(request: web.Request) -> web.StreamResponse:
+        return await _watch(node, request)
+
+    @routes.get("/v1/regions")
+    async def regions(request: web.Request) -> web.Response:
+        peers: list[object] = []
+        describe = getattr(node.router.remote, "describe", None)
+        if describe is not None:
+            peers = describe()
+        return json_response({
+            "region": node.region, "node_id": node.node_id, "version": node.cache.index.version,
+            "agents": len(node.cache.index), "leader": node.leadership.is_leader, "peers": peers,
+        })
+
+    @routes.get("/v1/federation/snapshot")
+    async def snapshot(request: web.Request) -> web.Response:
+        return json_response(await node.snapshot())
+
+    @routes.get("/v1/openapi.json")
+    async def openapi(request: web.Request) -> web.Response:
+        return json_response(build_openapi(node.region))
+
+    @routes.get("/healthz")
+    async def healthz(request: web.Request) -> web.Response:
+        return json_response({"status": "ok", "region": node.region, "node_id": node.node_id})
+
+    @routes.get("/readyz")
+    async def readyz(request: web.Request) -> web.Response:
+        if node.ready:
+            return json_response({"status": "ready", "region": node.region, "version": node.cache.index.version})
+        return json_response({"status": "unready", "region": node.region, "state": node.state.value}, status=503)
+
+    @routes.get("/metrics")
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=node.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    app.add_routes(routes)
+    for extension in node.extensions:
+        extension(app)
+    return app
+
+
+def _list_agents(node: RegistryNode, request: web.Request) -> AgentList:
+    query = request.query
+    try:
+        scope = Scope(query.get("scope", "local"))
+    except ValueError:
+        raise ValidationFailed("scope must be local, local-first or global", field="scope") from None
+    capability = query.get("capability")
+    pattern = query.get("pattern")
+    regex = None
+    if pattern:
+        try:
+            regex = compile_pattern(pattern)
+        except ValueError as exc:
+            raise ValidationFailed(f"pattern: {exc}", field="pattern") from None
+    labels: dict[str, str] = {}
+    for selector in query.getall("label", []):
+        key, sep, value = selector.partition("=")
+        if not sep or not key:
+            raise ValidationFailed("label must be key=value", field="label")
+        labels[key] = value
+    routable_only = query.get("routable", "false").lower() in {"1", "true", "yes"}
+    indexes = [node.cache.index]
+    if scope is not Scope.LOCAL and node.router.remote is not None:
+        indexes += [peer.index for peer in node.router.remote.peers()]
+    horizon = node.cache.routable_now_ms()
+    found: list[AgentRecord] = []
+    for index in indexes:
+        records = index.with_capability(capability).values() if capability else index
+        for record in records:
+            if regex is not None and not regex.match(record.agent_id):
+                continue
+            if labels and any(record.labels.get(k) != v for k, v in labels.items()):
+                continue
+            if routable_only and not (record.routable_state and (index is not node.cache.index
+                                                                 or record.lease_expires_at_ms > horizon)):
+                continue
+            found.append(record)
+    found.sort(key=lambda record: (record.region != node.region, record.region, record.agent_id))
+    return AgentList(agents=found, region=node.region, count=len(found))
+
+
+async def _watch(node: RegistryNode, request: web.Request) -> web.StreamResponse:
+    """Server-sent events: ``event: change`` per ChangeEvent; ``since=N`` replays from the stream."""
+    capability = request.query.get("capability")
+    pattern = request.query.get("pattern")
+    try:
+        regex = compile_pattern(pattern) if pattern else None
+        since = int(request.query["since"]) if "since" in request.query else None
+    except ValueError as exc:
+        raise ValidationFailed(f"bad watch parameter: {exc}", field="since" if "since" in str(exc) else "pattern") from None
+
+    def accept(event: ChangeEvent) -> bool:
+        if regex is not None and not regex.match(event.agent_id):
+            return False
+        if capability and event.record is not None:
+            return any(c.name == capability for c in event.record.capabilities)
+        return True
+
+    subscription = node.watch.subscribe(accept)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})
+    try:
+        await response.prepare(request)
+        await response.write(_sse("hello", {"region": node.region, "version": node.cache.index.version}))
+        last = 0
+        if since is not None:
+            for event in await node.store.read_changes(after_version=since, count=10_000):
+                if accept(event):
+                    await response.write(_sse("change", event.model_dump(mode="json"), event_id=event.version))
+                last = event.version
+        while True:
+            try:
+                event = await asyncio.wait_for(subscription.queue.get(), timeout=SSE_KEEPALIVE_S)
+            except TimeoutError:
+                await response.write(b": keep-alive\n\n")
+                continue
+            if event is None:
+                if subscription.end_reason == "overflow":
+                    await response.write(_sse("overflow", {"message": "watcher fell behind; reconnect with since="}))
+                break
+            if event.region == node.region and event.version <= last:
+                continue
+            await response.write(_sse("change", event.model_dump(mode="json"), event_id=event.version))
+    except ConnectionResetError:
+        pass  # the watcher went away
+    finally:
+        subscription.close()
+    with contextlib.suppress(ConnectionResetError):
+        await response.write_eof()
+    return response
+
+
+def _sse(event: str, data: object, *, event_id: int | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
+
+
+async def serve(node: RegistryNode, *, host: str | None = None, port: int | None = None) -> web.AppRunner:
+    """Start the HTTP server of a started node; returns the runner (``await runner.cleanup()``)."""
+    runner = web.AppRunner(build_app(node), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host or node.config.host, node.config.port if port is None else port,
+                       reuse_address=True)
+    await site.start()
+    return runner
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    """The TCP port a runner listens on (useful with port 0)."""
+    for site in runner.sites:
+        server = getattr(site, "_server", None)
+        if server is not None and server.sockets:
+            return server.sockets[0].getsockname()[1]
+    raise RuntimeError("the runner has no listening site")

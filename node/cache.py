@@ -1,0 +1,299 @@
+"""The in-memory view of a region that routing reads: snapshot, then tail the change stream.
+
+``AgentIndex`` is the plain data structure (records by id and by capability name), also used by
+the federation replica for peer regions. ``RegionCache`` keeps one index current with the
+region's Redis: it loads a snapshot, then ``XREAD BLOCK``s the change stream from the
+snapshot's version; a version gap (the capped stream was trimmed past us, or Redis was wiped)
+reloads the snapshot. Heartbeats that only move leases append nothing, so the cache also
+re-reads the lease set every ``lease_sync_interval_ms``; routing treats a lease as passed only
+against the time of the last successful sync, so a node cut off from Redis keeps routing on
+what it knew instead of emptying its table. Likewise, when more than ``preserve_fraction`` of
+a region's leases have passed at once (agents cut off from Redis, not dead), routing stops
+expiring leases lazily until the share drops again (self-preservation, as the sweeper does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Callable, Iterator
+
+from .errors import StoreUnavailable
+from .models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
+from .store import RegionStore, now_ms
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LEASE_SYNC_INTERVAL_MS = 1_000
+DEFAULT_TAIL_BLOCK_MS = 1_000
+DEFAULT_PRESERVE_FRACTION = 0.5
+DEFAULT_PRESERVE_MIN_AGENTS = 10
+_RETRY_DELAY_S = 0.5
+
+ChangeListener = Callable[[ChangeEvent], None]
+
+
+class AgentIndex:
+    """Records of one region by agent_id and by capability name (no I/O)."""
+
+    __slots__ = ("region", "records", "by_capability", "version")
+
+    def __init__(self, region: str) -> None:
+        self.region = region
+        self.records: dict[str, AgentRecord] = {}
+        self.by_capability: dict[str, dict[str, AgentRecord]] = {}
+        self.version = 0
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def get(self, agent_id: str) -> AgentRecord | None:
+        return self.records.get(agent_id)
+
+    def with_capability(self, name: str) -> dict[str, AgentRecord]:
+        return self.by_capability.get(name, {})
+
+    def put(self, record: AgentRecord) -> AgentRecord | None:
+        """Insert or replace; returns the record it replaced."""
+        previous = self.records.get(record.agent_id)
+        if previous is not None:
+            self._unindex(previous)
+        self.records[record.agent_id] = record
+        for capability in record.capabilities:
+            self.by_capability.setdefault(capability.name, {})[record.agent_id] = record
+        return previous
+
+    def remove(self, agent_id: str) -> AgentRecord | None:
+        previous = self.records.pop(agent_id, None)
+        if previous is not None:
+            self._unindex(previous)
+        return previous
+
+    def _unindex(self, record: AgentRecord) -> None:
+        for capability in record.capabilities:
+            holders = self.by_capability.get(capability.name)
+            if holders is not None:
+                holders.pop(record.agent_id, None)
+                if not holders:
+                    del self.by_capability[capability.name]
+
+    def apply(self, event: ChangeEvent) -> bool:
+        """Apply a change unless it is older than what is held; True if it changed the index."""
+        current = self.records.get(event.agent_id)
+        if current is not None and current.version >= event.version:
+            return False
+        if event.kind is ChangeKind.DELETE:
+            if current is None:
+                return False
+            self.remove(event.agent_id)
+        elif event.record is not None:
+            if current is not None and event.record.lease_expires_at_ms < current.lease_expires_at_ms:
+                event.record.lease_expires_at_ms = current.lease_expires_at_ms
+            self.put(event.record)
+        self.version = max(self.version, event.version)
+        return True
+
+    def replace_all(self, records: list[AgentRecord], version: int) -> list[ChangeEvent]:
+        """Swap in a full snapshot; returns the changes that turn the old view into the new."""
+        at = now_ms()
+        incoming = {record.agent_id: record for record in records}
+        changes: list[ChangeEvent] = []
+        for agent_id, old in list(self.records.items()):
+            if agent_id not in incoming:
+                changes.append(ChangeEvent(kind=ChangeKind.DELETE, region=self.region, version=version,
+                                           agent_id=agent_id, at_ms=at, reason=DeleteReason.EVICTED))
+        for record in records:
+            old = self.records.get(record.agent_id)
+            if old is None or old.version != record.version:
+                changes.append(ChangeEvent(kind=ChangeKind.UPSERT, region=self.region, version=record.version,
+                                           agent_id=record.agent_id, at_ms=at, record=record))
+        self.records.clear()
+        self.by_capability.clear()
+        for record in records:
+            self.put(record)
+        self.version = version
+        return changes
+
+    def __iter__(self) -> Iterator[AgentRecord]:
+        return iter(self.records.values())
+
+
+class CacheState(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    FAILED = "failed"
+    CLOSED = "closed"
+
+
+class RegionCache:
+    """Keeps an :class:`AgentIndex` current with the region's Redis; an async context manager.
+
+    Listeners are called synchronously, in the event loop, for every applied change (including
+    the synthetic ones a reload produces); they must be quick and must not raise.
+    """
+
+    def __init__(self, store: RegionStore, *, lease_sync_interval_ms: int = DEFAULT_LEASE_SYNC_INTERVAL_MS,
+                 tail_block_ms: int = DEFAULT_TAIL_BLOCK_MS, preserve_fraction: float = DEFAULT_PRESERVE_FRACTION,
+                 preserve_min_agents: int = DEFAULT_PRESERVE_MIN_AGENTS) -> None:
+        self.store = store
+        self.index = AgentIndex(store.region)
+        self.lease_sync_interval_ms = lease_sync_interval_ms
+        self.tail_block_ms = tail_block_ms
+        self.preserve_fraction = preserve_fraction
+        self.preserve_min_agents = preserve_min_agents
+        self.preserving = False
+        self.lease_synced_at_ms = 0
+        self.reloads = 0
+        self.state = CacheState.NEW
+        self._listeners: list[ChangeListener] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loaded = asyncio.Event()
+
+    def subscribe(self, listener: ChangeListener) -> Callable[[], None]:
+        """Call ``listener`` for every change; returns the unsubscribe function."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    async def __aenter__(self) -> RegionCache:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Load the first snapshot (raises StoreUnavailable if Redis is down), then tail."""
+        if self.state is not CacheState.NEW:
+            return
+        await self.reload()
+        self.state = CacheState.RUNNING
+        self._tasks = [asyncio.create_task(self._tail(), name=f"cache-tail-{self.store.region}"),
+                       asyncio.create_task(self._sync_leases(), name=f"cache-leases-{self.store.region}")]
+        for task in self._tasks:
+            task.add_done_callback(self._task_done)
+
+    async def aclose(self) -> None:
+        if self.state is CacheState.CLOSED:
+            return
+        self.state = CacheState.CLOSED
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    def routable_now_ms(self) -> int:
+        """Leases that ended before this instant are certainly over (see module docstring)."""
+        if self.preserving:
+            return 0
+        return min(now_ms(), self.lease_synced_at_ms) if self.lease_synced_at_ms else now_ms()
+
+    async def reload(self) -> None:
+        started = now_ms()
+        snapshot = await self.store.snapshot()
+        changes = self.index.replace_all(snapshot.records, snapshot.version)
+        self.lease_synced_at_ms = started
+        self.reloads += 1
+        self._emit(changes)
+
+    def apply_local(self, event: ChangeEvent) -> None:
+        """Apply a change this node just wrote, ahead of the stream (read-your-writes).
+
+        The same entry arriving later from the stream is then skipped by version.
+        """
+        if self._apply_stream_event(event):
+            self._emit([event])
+
+    def touch_lease(self, agent_id: str, lease_expires_at_ms: int) -> None:
+        record = self.index.get(agent_id)
+        if record is not None and record.lease_expires_at_ms < lease_expires_at_ms:
+            record.lease_expires_at_ms = lease_expires_at_ms
+
+    def _emit(self, changes: list[ChangeEvent]) -> None:
+        for change in changes:
+            for listener in list(self._listeners):
+                try:
+                    listener(change)
+                except Exception:  # a broken listener must not stop the cache
+                    log.exception("change listener %r failed", listener)
+
+    async def _tail(self) -> None:
+        position = self.index.version
+        while True:
+            try:
+                events = await self.store.read_changes(after_version=position, block_ms=self.tail_block_ms)
+                if events and events[0].version != position + 1:
+                    log.warning("region %s: change stream gap (have %d, next %d); reloading",
+                                self.store.region, position, events[0].version)
+                    await self.reload()
+                    position = self.index.version
+                    continue
+                if not events and await self._fell_behind(position):
+                    await self.reload()
+                    position = self.index.version
+                    continue
+                applied = []
+                for event in events:
+                    if event.version != position + 1:
+                        await self.reload()
+                        break
+                    position = event.version
+                    if self._apply_stream_event(event):
+                        applied.append(event)
+                    self.index.version = max(self.index.version, position)
+                else:
+                    self._emit(applied)
+                    continue
+                position = self.index.version
+            except asyncio.CancelledError:
+                raise
+            except StoreUnavailable as exc:
+                log.warning("region %s: cache cannot tail the change stream: %s", self.store.region, exc)
+                await asyncio.sleep(_RETRY_DELAY_S)
+
+    def _apply_stream_event(self, event: ChangeEvent) -> bool:
+        current = self.index.get(event.agent_id)
+        if event.record is not None and current is not None:
+            # Stream records do not carry leases moved by heartbeats; keep what we know.
+            event.record.lease_expires_at_ms = max(current.lease_expires_at_ms, event.record.lease_expires_at_ms)
+        return self.index.apply(event)
+
+    async def _fell_behind(self, position: int) -> bool:
+        """An idle stream whose version is behind ours means Redis lost data: reload."""
+        version = await self.store.version()
+        return version < position or (version > position and (await self.store.first_change_version() or 0) > position + 1)
+
+    async def _sync_leases(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_sync_interval_ms / 1000)
+            try:
+                started = now_ms()
+                leases = await self.store.leases()
+                for agent_id, expires in leases.items():
+                    self.touch_lease(agent_id, expires)
+                self.lease_synced_at_ms = started
+                self._check_preservation(started)
+            except asyncio.CancelledError:
+                raise
+            except StoreUnavailable as exc:
+                log.warning("region %s: lease sync failed: %s", self.store.region, exc)
+
+    def _check_preservation(self, at_ms: int) -> None:
+        total = len(self.index)
+        passed = sum(1 for record in self.index if record.lease_expires_at_ms <= at_ms)
+        preserving = total >= self.preserve_min_agents and passed > self.preserve_fraction * total
+        if preserving != self.preserving:
+            log.warning("region %s: %d of %d leases passed at once; lazy expiry %s", self.store.region, passed,
+                        total, "suspended (self-preservation)" if preserving else "resumed")
+        self.preserving = preserving
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self.state is CacheState.CLOSED:
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("region %s: cache task %s died: %r", self.store.region, task.get_name(), exc)
+            self.state = CacheState.FAILED

@@ -1,0 +1,56 @@
+"""Configuration of one regional node, validated when built; units are in the names."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .cache import DEFAULT_LEASE_SYNC_INTERVAL_MS, DEFAULT_PRESERVE_FRACTION, DEFAULT_PRESERVE_MIN_AGENTS
+from .health import DEFAULT_MAX_CONCURRENT_PROBES
+from .leader import DEFAULT_LEADER_TTL_MS
+from .models import REGION_PATTERN
+from .outcomes import DEFAULT_BREAKER_COOLDOWN_MS, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_WINDOW_MS
+from .router import DEFAULT_OVERPROVISIONING_FACTOR, DEFAULT_SEMANTIC_THRESHOLD, DEFAULT_TICKET_TTL_MS
+from .store import DEFAULT_CHANGE_STREAM_MAXLEN, DEFAULT_KEY_PREFIX
+from .sweeper import DEFAULT_MAX_EXPIRE_FRACTION, DEFAULT_PROTECTION_MAX_HOLD_MS, DEFAULT_SWEEP_INTERVAL_MS
+
+DEFAULT_PORT = 7070
+DEFAULT_MAX_BODY_BYTES = 256 * 1024
+DEFAULT_REPORT_GRACE_MS = 300_000
+DEFAULT_RATE_LIMIT_RPS = 0.0
+
+
+class NodeConfig(BaseModel):
+    """Everything a node needs; build it with keywords (``NodeConfig(region="eu", redis_url=…)``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    region: str = Field(pattern=REGION_PATTERN)
+    redis_url: str
+    host: str = "127.0.0.1"
+    port: int = Field(default=DEFAULT_PORT, ge=0, le=65_535)
+    node_id: str | None = None
+    advertise_url: str | None = Field(default=None, description="How peers reach this node; derived if unset.")
+    key_prefix: str = DEFAULT_KEY_PREFIX
+    change_stream_maxlen: int = Field(default=DEFAULT_CHANGE_STREAM_MAXLEN, ge=100)
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1_024)
+    allowed_transports: list[str] | None = Field(default=None, description="None = any transport.")
+    leader_ttl_ms: int = Field(default=DEFAULT_LEADER_TTL_MS, ge=300)
+    sweep_interval_ms: int = Field(default=DEFAULT_SWEEP_INTERVAL_MS, ge=10)
+    max_expire_fraction: float = Field(default=DEFAULT_MAX_EXPIRE_FRACTION, gt=0, le=1)
+    protection_max_hold_ms: int = Field(default=DEFAULT_PROTECTION_MAX_HOLD_MS, ge=0)
+    protect_min_agents: int = Field(default=DEFAULT_PRESERVE_MIN_AGENTS, ge=1)
+    lease_sync_interval_ms: int = Field(default=DEFAULT_LEASE_SYNC_INTERVAL_MS, ge=10)
+    preserve_fraction: float = Field(default=DEFAULT_PRESERVE_FRACTION, gt=0, le=1)
+    max_concurrent_probes: int = Field(default=DEFAULT_MAX_CONCURRENT_PROBES, ge=1)
+    ticket_ttl_ms: int = Field(default=DEFAULT_TICKET_TTL_MS, ge=100)
+    report_grace_ms: int = Field(default=DEFAULT_REPORT_GRACE_MS, ge=0)
+    overprovisioning_factor: float = Field(default=DEFAULT_OVERPROVISIONING_FACTOR, ge=1.0)
+    semantic_threshold: float = Field(default=DEFAULT_SEMANTIC_THRESHOLD, ge=-1.0, le=1.0)
+    breaker_failures: int = Field(default=DEFAULT_BREAKER_FAILURES, ge=1)
+    breaker_window_ms: int = Field(default=DEFAULT_BREAKER_WINDOW_MS, ge=1)
+    breaker_cooldown_ms: int = Field(default=DEFAULT_BREAKER_COOLDOWN_MS, ge=1)
+    rate_limit_rps: float = Field(default=DEFAULT_RATE_LIMIT_RPS, ge=0, description="Per caller; 0 = unlimited.")
+    rate_limit_burst: int = Field(default=100, ge=1)
+
+    def transport_allowed(self, transport: str) -> bool:
+        return self.allowed_transports is None or transport in self.allowed_transports

@@ -1,0 +1,126 @@
+"""What callers report about their calls: a decaying error rate and a circuit breaker per agent.
+
+The error rate lowers an agent's routing weight (a soft penalty); the breaker takes it out of
+routing entirely after ``failure_threshold`` failures within ``window_ms`` (open), lets one
+trial ticket through after ``cooldown_ms`` (half-open), and closes on a successful trial or
+re-opens on a failed one. State lives in the node's memory: each replica learns from the
+reports it receives, which is what Envoy's outlier detection does per proxy.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from .models import Outcome
+
+DEFAULT_BREAKER_FAILURES = 10
+DEFAULT_BREAKER_WINDOW_MS = 30_000
+DEFAULT_BREAKER_COOLDOWN_MS = 10_000
+DEFAULT_ERROR_HALF_LIFE_MS = 30_000
+ERROR_EWMA_ALPHA = 0.2
+MIN_ERROR_FACTOR = 0.1
+
+
+class BreakerState(str, enum.Enum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+@dataclass(slots=True)
+class AgentHealth:
+    failures: deque[int] = field(default_factory=deque)
+    error_rate: float = 0.0
+    error_rate_at_ms: int = 0
+    state: BreakerState = BreakerState.CLOSED
+    opened_at_ms: int = 0
+    trial_issued_at_ms: int = 0
+
+
+class OutcomeTracker:
+    """Per-agent error rates and breakers; all methods are O(1) amortised and never block."""
+
+    def __init__(self, *, failure_threshold: int = DEFAULT_BREAKER_FAILURES,
+                 window_ms: int = DEFAULT_BREAKER_WINDOW_MS, cooldown_ms: int = DEFAULT_BREAKER_COOLDOWN_MS,
+                 error_half_life_ms: int = DEFAULT_ERROR_HALF_LIFE_MS) -> None:
+        if failure_threshold < 1 or window_ms <= 0 or cooldown_ms <= 0 or error_half_life_ms <= 0:
+            raise ValueError("breaker thresholds and durations must be positive")
+        self.failure_threshold = failure_threshold
+        self.window_ms = window_ms
+        self.cooldown_ms = cooldown_ms
+        self.error_half_life_ms = error_half_life_ms
+        self._agents: dict[str, AgentHealth] = {}
+        self.opened_total = 0
+
+    def record(self, agent_id: str, outcome: Outcome, *, now_ms: int) -> BreakerState:
+        health = self._agents.setdefault(agent_id, AgentHealth())
+        failed = outcome is not Outcome.SUCCESS
+        health.error_rate = self._decayed(health, now_ms) * (1 - ERROR_EWMA_ALPHA) + (ERROR_EWMA_ALPHA if failed else 0.0)
+        health.error_rate_at_ms = now_ms
+        if not failed:
+            if health.state is BreakerState.HALF_OPEN:
+                health.state = BreakerState.CLOSED
+                health.failures.clear()
+            return health.state
+        if health.state is BreakerState.HALF_OPEN:
+            self._open(health, now_ms)
+            return health.state
+        health.failures.append(now_ms)
+        while health.failures and health.failures[0] <= now_ms - self.window_ms:
+            health.failures.popleft()
+        if health.state is BreakerState.CLOSED and len(health.failures) >= self.failure_threshold:
+            self._open(health, now_ms)
+        return health.state
+
+    def _open(self, health: AgentHealth, now_ms: int) -> None:
+        health.state = BreakerState.OPEN
+        health.opened_at_ms = now_ms
+        health.failures.clear()
+        self.opened_total += 1
+
+    def state(self, agent_id: str, *, now_ms: int) -> BreakerState:
+        health = self._agents.get(agent_id)
+        if health is None:
+            return BreakerState.CLOSED
+        if health.state is BreakerState.OPEN and now_ms - health.opened_at_ms >= self.cooldown_ms:
+            health.state = BreakerState.HALF_OPEN
+            health.trial_issued_at_ms = 0
+        return health.state
+
+    def admits(self, agent_id: str, *, now_ms: int) -> bool:
+        """May this agent be routed to now? Half-open admits one trial per cool-down."""
+        state = self.state(agent_id, now_ms=now_ms)
+        if state is BreakerState.CLOSED:
+            return True
+        if state is BreakerState.OPEN:
+            return False
+        health = self._agents[agent_id]
+        return now_ms - health.trial_issued_at_ms >= self.cooldown_ms
+
+    def issued(self, agent_id: str, *, now_ms: int) -> None:
+        """A ticket names this agent as its target (marks the half-open trial)."""
+        health = self._agents.get(agent_id)
+        if health is not None and health.state is BreakerState.HALF_OPEN:
+            health.trial_issued_at_ms = now_ms
+
+    def weight_factor(self, agent_id: str, *, now_ms: int) -> float:
+        """1.0 for a clean agent down to ``MIN_ERROR_FACTOR`` for one that keeps failing."""
+        health = self._agents.get(agent_id)
+        if health is None:
+            return 1.0
+        return max(MIN_ERROR_FACTOR, 1.0 - self._decayed(health, now_ms))
+
+    def _decayed(self, health: AgentHealth, now_ms: int) -> float:
+        if health.error_rate == 0.0:
+            return 0.0
+        elapsed = max(0, now_ms - health.error_rate_at_ms)
+        return health.error_rate * math.pow(0.5, elapsed / self.error_half_life_ms)
+
+    def forget(self, agent_id: str) -> None:
+        self._agents.pop(agent_id, None)
+
+    def open_count(self, *, now_ms: int) -> int:
+        return sum(1 for agent_id in self._agents if self.state(agent_id, now_ms=now_ms) is not BreakerState.CLOSED)

@@ -1,0 +1,436 @@
+"""Routing decisions: which agent should this caller talk to right now.
+
+Candidates come in priority levels: the caller's preferred region (if any), the local region,
+then fresh peer regions nearest first, and last the stale peers (used only when nothing fresher
+can serve). Like Envoy's priority levels, each level takes traffic in proportion to its healthy
+share times the overprovisioning factor (1.4), and the shortfall spills to the next level, so a
+region that lost part of its capacity sheds only the part it cannot carry.
+
+Within a level, an agent's effective weight is its registered weight × a status factor
+(degraded/busy lower it) × a load factor (from heartbeats) × an error factor (from outcome
+reports); the choice is weighted-random. A conversation_id pins the choice with weighted
+rendezvous hashing while the pinned agent stays a candidate. Routing reads only memory; the
+semantic fallback (an attached :class:`Matcher`) is the only await.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .cache import AgentIndex, RegionCache
+from .errors import NoAgentAvailable
+from .models import (
+    AgentRecord,
+    Locality,
+    Match,
+    MatchKind,
+    RouteRequest,
+    RouteTarget,
+    RouteTicket,
+    Scope,
+    Status,
+    TokenClaims,
+    TokenRole,
+    compile_pattern,
+    version_constraint,
+)
+from .outcomes import OutcomeTracker
+from .security import Signer
+from .store import now_ms
+
+DEFAULT_TICKET_TTL_MS = 10_000
+DEFAULT_OVERPROVISIONING_FACTOR = 1.4
+DEFAULT_SEMANTIC_THRESHOLD = 0.45
+MAX_ALTERNATES = 2
+STATUS_FACTORS = {Status.READY: 1.0, Status.DEGRADED: 0.5, Status.BUSY: 0.2}
+DEFAULT_CAPACITY = 10
+
+
+class PeerView(Protocol):
+    """A peer region as the federation replica knows it."""
+
+    region: str
+    index: AgentIndex
+
+    @property
+    def stale(self) -> bool: ...
+
+
+class RemoteCatalog(Protocol):
+    """Peer regions, nearest first (attached by the federation package)."""
+
+    def peers(self) -> Sequence[PeerView]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SemanticMatch:
+    agent_id: str
+    region: str
+    capability: str | None
+    score: float
+
+
+class Matcher(Protocol):
+    """Natural-language capability matching (attached by the semantic package)."""
+
+    async def match(self, text: str, *, k: int, allow: Callable[[str, str], bool] | None = None
+                    ) -> list[SemanticMatch]: ...
+
+
+@dataclass(slots=True)
+class Candidate:
+    record: AgentRecord
+    weight: float
+    locality: Locality
+    stale: bool
+    capability: str | None = None
+    version: str | None = None
+
+
+@dataclass(slots=True)
+class Level:
+    name: str
+    candidates: list[Candidate]
+    registered_weight: float
+    stale: bool = False
+
+    @property
+    def healthy_weight(self) -> float:
+        return sum(candidate.weight for candidate in self.candidates)
+
+
+class Router:
+    """Turns a :class:`RouteRequest` into a signed :class:`RouteTicket`."""
+
+    def __init__(self, cache: RegionCache, signer: Signer, outcomes: OutcomeTracker, *,
+                 ticket_ttl_ms: int = DEFAULT_TICKET_TTL_MS,
+                 overprovisioning_factor: float = DEFAULT_OVERPROVISIONING_FACTOR,
+                 semantic_threshold: float = DEFAULT_SEMANTIC_THRESHOLD,
+                 rng: random.Random | None = None) -> None:
+        if ticket_ttl_ms <= 0 or overprovisioning_factor < 1.0:
+            raise ValueError("ticket_ttl_ms must be positive and overprovisioning_factor at least 1.0")
+        self.cache = cache
+        self.region = cache.store.region
+        self.signer = signer
+        self.outcomes = outcomes
+        self.ticket_ttl_ms = ticket_ttl_ms
+        self.overprovisioning_factor = overprovisioning_factor
+        self.semantic_threshold = semantic_threshold
+        self.remote: RemoteCatalog | None = None
+        self.matcher: Matcher | None = None
+        self._random = rng or random.Random()
+
+    # -- public ------------------------------------------------------------------------------
+
+    async def resolve(self, request: RouteRequest, caller: TokenClaims) -> RouteTicket:
+        """A ticket, trying the semantic fallback when the exact stages find nobody.
+
+        Raises :class:`NoAgentAvailable` with the reason of every stage.
+        """
+        try:
+            return self.route(request, caller)
+        except NoAgentAvailable as exc:
+            if not (request.capability and request.semantic and self.matcher is not None):
+                raise
+            return await self._route_semantic(request, caller, exc)
+
+    def route(self, request: RouteRequest, caller: TokenClaims) -> RouteTicket:
+        """The exact stages only (memory only, no await)."""
+        now = now_ms()
+        reasons: dict[str, str] = {}
+        levels = self._levels(request, caller, now, reasons)
+        return self._decide(levels, request, caller, now, reasons, self._exact_match(request))
+
+    # -- candidates --------------------------------------------------------------------------
+
+    def _levels(self, request: RouteRequest, caller: TokenClaims, now: int, reasons: dict[str, str]) -> list[Level]:
+        horizon = self.cache.routable_now_ms()
+        local = self._level(self.region, self.cache.index, request, caller, now, horizon, Locality.LOCAL,
+                            stale=False, reasons=reasons)
+        levels = [local]
+        stale_levels: list[Level] = []
+        if request.scope is not Scope.LOCAL and self.remote is not None:
+            for peer in self.remote.peers():
+                stale = peer.stale
+                level = self._level(peer.region, peer.index, request, caller, now, None, Locality.REMOTE,
+                                    stale=stale, reasons=reasons)
+                (stale_levels if stale else levels).append(level)
+        elif request.scope is Scope.LOCAL:
+            reasons["remote"] = "scope=local"
+        if request.preferred_region:
+            levels.sort(key=lambda level: level.name != request.preferred_region)
+        if request.scope is Scope.GLOBAL:
+            merged = Level("global", [c for level in levels for c in level.candidates],
+                           sum(level.registered_weight for level in levels))
+            levels = [merged]
+        return levels + stale_levels
+
+    def _level(self, region: str, index: AgentIndex, request: RouteRequest, caller: TokenClaims, now: int,
+               horizon: int | None, locality: Locality, *, stale: bool, reasons: dict[str, str]) -> Level:
+        matched, why_not = self._matching(index, request)
+        candidates: list[Candidate] = []
+        registered = 0.0
+        rejected: dict[str, int] = {}
+        constraint = version_constraint(request.version) if request.version else None
+        excluded = set(request.exclude)
+        for record, capability in matched:
+            if constraint is not None and capability is not None and not constraint.accepts(capability.parsed_version):
+                rejected["version"] = rejected.get("version", 0) + 1
+                continue
+            if request.labels and any(record.labels.get(k) != v for k, v in request.labels.items()):
+                rejected["labels"] = rejected.get("labels", 0) + 1
+                continue
+            if not _caller_allowed(record, caller):
+                rejected["acl"] = rejected.get("acl", 0) + 1
+                continue
+            registered += record.weight
+            problem = self._unroutable(record, now, horizon, excluded)
+            if problem is not None:
+                rejected[problem] = rejected.get(problem, 0) + 1
+                continue
+            weight = self._effective_weight(record, now)
+            if weight <= 0:
+                rejected["zero_weight"] = rejected.get("zero_weight", 0) + 1
+                continue
+            candidates.append(Candidate(record, weight, locality, stale,
+                                        capability.name if capability else None,
+                                        capability.version if capability else None))
+        if not candidates:
+            label = "local" if locality is Locality.LOCAL else f"region {region}{' (stale)' if stale else ''}"
+            if not matched:
+                reasons[label] = why_not
+            else:
+                detail = ", ".join(f"{count} {reason}" for reason, count in sorted(rejected.items()))
+                reasons[label] = f"{len(matched)} matched, none routable ({detail})"
+        return Level(region, candidates, registered, stale)
+
+    def _matching(self, index: AgentIndex, request: RouteRequest
+                  ) -> tuple[list[tuple[AgentRecord, object]], str]:
+        if request.agent_id:
+            record = index.get(request.agent_id)
+            return ([(record, None)] if record else []), f"no agent {request.agent_id}"
+        if request.pattern:
+            regex = compile_pattern(request.pattern)
+            found = [(record, None) for record in index if regex.match(record.agent_id)]
+            if request.capability:
+                found = [(r, _capability(r, request.capability)) for r, _ in found]
+                found = [(r, c) for r, c in found if c is not None]
+            return found, f"no agent matches {request.pattern}" + (
+                f" with capability {request.capability}" if request.capability else "")
+        name = request.capability or ""
+        holders = index.with_capability(name)
+        return [(record, _capability(record, name)) for record in holders.values()], f"no agent has capability {name!r}"
+
+    def _unroutable(self, record: AgentRecord, now: int, horizon: int | None, excluded: set[str]) -> str | None:
+        if record.agent_id in excluded:
+            return "excluded"
+        if horizon is not None and record.lease_expires_at_ms <= horizon:
+            return "lease_expired"
+        if not record.live:
+            return "not_live"
+        if not record.ready:
+            return "not_ready"
+        if record.status not in STATUS_FACTORS:
+            return record.status.value
+        if not self.outcomes.admits(record.agent_id, now_ms=now):
+            return "circuit_open"
+        return None
+
+    def _effective_weight(self, record: AgentRecord, now: int) -> float:
+        capacity = record.max_concurrency or DEFAULT_CAPACITY
+        load_factor = 1.0 / (1.0 + (record.load.inflight + record.load.queued) / capacity)
+        return (record.weight * STATUS_FACTORS[record.status] * load_factor
+                * self.outcomes.weight_factor(record.agent_id, now_ms=now))
+
+    # -- decision ----------------------------------------------------------------------------
+
+    def _decide(self, levels: list[Level], request: RouteRequest, caller: TokenClaims, now: int,
+                reasons: dict[str, str], match: Match) -> RouteTicket:
+        fresh = [level for level in levels if not level.stale]
+        stale = [level for level in levels if level.stale]
+        chosen_level = self._pick_level(fresh, request) or self._pick_level(stale, request)
+        if chosen_level is None:
+            raise NoAgentAvailable(self._no_agent_message(request), details={"stages": reasons})
+        if request.conversation_id:
+            target = _rendezvous(chosen_level.candidates, request.conversation_id)
+        else:
+            target = self._weighted(chosen_level.candidates)
+        alternates = self._alternates(target, chosen_level, levels)
+        if target.capability is not None:
+            match = match.model_copy(update={"capability": target.capability, "version": target.version})
+        return self._ticket(target, alternates, match, request, caller, now)
+
+    def _pick_level(self, levels: list[Level], request: RouteRequest) -> Level | None:
+        usable = [level for level in levels if level.candidates]
+        if not usable:
+            return None
+        if request.conversation_id or len(usable) == 1:
+            return usable[0]
+        shares = []
+        remaining = 1.0
+        for level in levels:
+            health = 0.0
+            if level.candidates and level.registered_weight > 0:
+                health = min(1.0, self.overprovisioning_factor * level.healthy_weight / level.registered_weight)
+            share = min(remaining, health)
+            shares.append(share)
+            remaining -= share
+        total = sum(shares)
+        if total <= 0:
+            return usable[0]
+        draw = self._random.random() * total
+        for level, share in zip(levels, shares):
+            draw -= share
+            if share > 0 and draw < 0:
+                return level
+        return usable[-1]
+
+    def _weighted(self, candidates: list[Candidate]) -> Candidate:
+        if len(candidates) == 1:
+            return candidates[0]
+        total = sum(candidate.weight for candidate in candidates)
+        draw = self._random.random() * total
+        for candidate in candidates:
+            draw -= candidate.weight
+            if draw < 0:
+                return candidate
+        return candidates[-1]
+
+    def _alternates(self, target: Candidate, level: Level, levels: Iterable[Level]) -> list[Candidate]:
+        pool = [c for c in level.candidates if c is not target]
+        alternates: list[Candidate] = []
+        while pool and len(alternates) < MAX_ALTERNATES:
+            pick = self._weighted(pool)
+            alternates.append(pick)
+            pool.remove(pick)
+        for other in levels:
+            if len(alternates) >= MAX_ALTERNATES:
+                break
+            if other is level or not other.candidates:
+                continue
+            alternates.append(max(other.candidates, key=lambda c: c.weight))
+        return alternates
+
+    def _ticket(self, target: Candidate, alternates: list[Candidate], match: Match, request: RouteRequest,
+                caller: TokenClaims, now: int) -> RouteTicket:
+        ticket_id = os.urandom(8).hex()
+        trace_id = request.trace_id or os.urandom(16).hex()
+        expires = now + self.ticket_ttl_ms
+        agents = [target.record.agent_id, *(c.record.agent_id for c in alternates)]
+        signature = self.signer.sign_ticket({"t": ticket_id, "a": agents, "c": caller.sub, "e": expires})
+        self.outcomes.issued(target.record.agent_id, now_ms=now)
+        return RouteTicket(
+            ticket_id=ticket_id, trace_id=trace_id, target=_target(target), alternates=[_target(c) for c in alternates],
+            match=match, locality=target.locality, issued_at_ms=now, expires_at_ms=expires, caller=caller.sub,
+            signature=signature,
+        )
+
+    @staticmethod
+    def _exact_match(request: RouteRequest) -> Match:
+        if request.agent_id:
+            return Match(kind=MatchKind.AGENT_ID)
+        if request.pattern:
+            return Match(kind=MatchKind.PATTERN)
+        return Match(kind=MatchKind.EXACT)
+
+    @staticmethod
+    def _no_agent_message(request: RouteRequest) -> str:
+        wanted = request.agent_id or request.pattern or f"capability {request.capability}"
+        return f"no agent available for {wanted}; see details.stages for why each stage found nobody"
+
+    # -- semantic ----------------------------------------------------------------------------
+
+    async def _route_semantic(self, request: RouteRequest, caller: TokenClaims, exact: NoAgentAvailable
+                              ) -> RouteTicket:
+        reasons: dict[str, str] = dict(exact.details["stages"]) if exact.details else {}  # type: ignore[arg-type]
+        hits = await self.matcher.match(request.capability or "", k=10)  # type: ignore[union-attr]
+        now = now_ms()
+        good = [hit for hit in hits if hit.score >= self.semantic_threshold]
+        if not good:
+            best = f" (best {hits[0].agent_id} at {hits[0].score:.2f})" if hits else ""
+            reasons["semantic"] = f"no match above the threshold {self.semantic_threshold:.2f}{best}"
+            raise NoAgentAvailable(self._no_agent_message(request), details={"stages": reasons})
+        levels = self._semantic_levels(good, request, caller, now)
+        if not any(level.candidates for level in levels):
+            reasons["semantic"] = f"{len(good)} matched above the threshold, none routable"
+            raise NoAgentAvailable(self._no_agent_message(request), details={"stages": reasons})
+        # Semantic matches are ranked: take the best-scoring routable agent, not a weighted draw.
+        scores = {(hit.region, hit.agent_id): hit for hit in good}
+        level = next(level for level in levels if level.candidates)
+        target = max(level.candidates, key=lambda c: scores[(c.record.region, c.record.agent_id)].score)
+        hit = scores[(target.record.region, target.record.agent_id)]
+        alternates = sorted((c for lv in levels for c in lv.candidates if c is not target),
+                            key=lambda c: -scores[(c.record.region, c.record.agent_id)].score)[:MAX_ALTERNATES]
+        match = Match(kind=MatchKind.SEMANTIC, capability=hit.capability, score=round(hit.score, 4),
+                      version=_version_of(target.record, hit.capability))
+        return self._ticket(target, alternates, match, request, caller, now)
+
+    def _semantic_levels(self, hits: list[SemanticMatch], request: RouteRequest, caller: TokenClaims,
+                         now: int) -> list[Level]:
+        by_region: dict[str, list[SemanticMatch]] = {}
+        for hit in hits:
+            by_region.setdefault(hit.region, []).append(hit)
+        sources: list[tuple[str, AgentIndex, Locality, bool]] = [(self.region, self.cache.index, Locality.LOCAL, False)]
+        if request.scope is not Scope.LOCAL and self.remote is not None:
+            sources += [(peer.region, peer.index, Locality.REMOTE, peer.stale) for peer in self.remote.peers()]
+        horizon = self.cache.routable_now_ms()
+        excluded = set(request.exclude)
+        levels = []
+        for region, index, locality, stale in sources:
+            candidates = []
+            for hit in by_region.get(region, []):
+                record = index.get(hit.agent_id)
+                if record is None or not _caller_allowed(record, caller):
+                    continue
+                if self._unroutable(record, now, horizon if locality is Locality.LOCAL else None, excluded):
+                    continue
+                candidates.append(Candidate(record, self._effective_weight(record, now), locality, stale,
+                                            hit.capability, _version_of(record, hit.capability)))
+            levels.append(Level(region, candidates, 0.0, stale))
+        return sorted(levels, key=lambda level: level.stale)
+
+
+def _capability(record: AgentRecord, name: str):  # -> Capability | None
+    for capability in record.capabilities:
+        if capability.name == name:
+            return capability
+    return None
+
+
+def _version_of(record: AgentRecord, capability: str | None) -> str | None:
+    found = _capability(record, capability) if capability else None
+    return found.version if found else None
+
+
+def _caller_allowed(record: AgentRecord, caller: TokenClaims) -> bool:
+    if not record.allowed_callers or caller.role is TokenRole.ADMIN:
+        return True
+    return any(pattern == caller.sub or (pattern != "admin" and compile_pattern(pattern).match(caller.sub))
+               for pattern in record.allowed_callers)
+
+
+def _rendezvous(candidates: list[Candidate], key: str) -> Candidate:
+    """Weighted highest-random-weight: stable per key while the candidate set holds."""
+    best, best_score = candidates[0], -math.inf
+    for candidate in candidates:
+        digest = hashlib.blake2b(f"{key}\x00{candidate.record.agent_id}".encode(), digest_size=8).digest()
+        unit = (int.from_bytes(digest, "big") + 1) / (2**64 + 2)
+        score = candidate.record.weight / -math.log(unit) if candidate.record.weight > 0 else -math.inf
+        if score > best_score:
+            best, best_score = candidate, score
+    return best
+
+
+def _target(candidate: Candidate) -> RouteTarget:
+    record = candidate.record
+    endpoint = record.endpoints["primary"]
+    if candidate.locality is Locality.REMOTE:
+        endpoint = record.endpoints.get("external", endpoint)
+    return RouteTarget(agent_id=record.agent_id, region=record.region, endpoint=endpoint, transport=record.transport,
+                       callback_endpoint=record.callback_endpoint, locality=candidate.locality, stale=candidate.stale)

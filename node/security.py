@@ -1,0 +1,144 @@
+"""Identity: bearer tokens and route-ticket signatures, both HMAC-SHA256 with the cluster secret.
+
+A token is ``ar1.<base64url(claims JSON)>.<base64url(mac)>``; claims say who (``sub``), in
+which role (admin, agent, caller) and until when (``exp``, seconds). An agent token allows
+register/heartbeat/deregister of that agent_id only; any valid token may resolve, and the
+router sees the caller's identity. The secret is read from ``AGENT_REACH_SECRET``, or from the
+file named by ``AGENT_REACH_SECRET_FILE``; with neither, a local secret file is created once
+(``~/.agent-reach/secret``, mode 0600) and reused.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import orjson
+from pydantic import ValidationError
+
+from .errors import Forbidden, Unauthorized
+from .models import TokenClaims, TokenRole
+
+SECRET_ENV = "AGENT_REACH_SECRET"
+SECRET_FILE_ENV = "AGENT_REACH_SECRET_FILE"
+DEFAULT_SECRET_FILE = Path.home() / ".agent-reach" / "secret"
+DEFAULT_TOKEN_TTL_S = 30 * 24 * 3600
+MIN_SECRET_BYTES = 16
+_TOKEN_PREFIX = "ar1"
+_VERIFIED_CACHE_SIZE = 10_000
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def load_secret(*, secret: str | None = None, secret_file: str | Path | None = None) -> tuple[bytes, str]:
+    """The cluster secret and where it came from (for the startup log).
+
+    Order: the ``secret`` argument, ``AGENT_REACH_SECRET``, the ``secret_file`` argument,
+    ``AGENT_REACH_SECRET_FILE``, then the default file, created if missing.
+    """
+    value = secret or os.environ.get(SECRET_ENV)
+    if value:
+        source = "argument" if secret else f"${SECRET_ENV}"
+        return _checked(value.encode(), source), source
+    path = Path(secret_file or os.environ.get(SECRET_FILE_ENV) or DEFAULT_SECRET_FILE).expanduser()
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(32) + "\n")
+    return _checked(path.read_text().strip().encode(), str(path)), str(path)
+
+
+def _checked(secret: bytes, source: str) -> bytes:
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ValueError(f"the cluster secret from {source} is shorter than {MIN_SECRET_BYTES} bytes")
+    return secret
+
+
+class Signer:
+    """Issues and verifies tokens and ticket signatures with one secret."""
+
+    def __init__(self, secret: bytes) -> None:
+        self._token_key = hmac.new(secret, b"agent-reach token", hashlib.sha256).digest()
+        self._ticket_key = hmac.new(secret, b"agent-reach ticket", hashlib.sha256).digest()
+        self._verified: OrderedDict[str, TokenClaims] = OrderedDict()
+
+    # -- tokens ------------------------------------------------------------------------------
+
+    def issue(self, subject: str, role: TokenRole, *, ttl_s: int = DEFAULT_TOKEN_TTL_S,
+              now_s: int | None = None) -> str:
+        issued = int(time.time()) if now_s is None else now_s
+        claims = TokenClaims(sub=subject, role=role, iat=issued, exp=issued + ttl_s)
+        payload = _b64(claims.model_dump_json().encode())
+        mac = _b64(hmac.new(self._token_key, payload.encode(), hashlib.sha256).digest())
+        return f"{_TOKEN_PREFIX}.{payload}.{mac}"
+
+    def verify(self, token: str, *, now_s: float | None = None) -> TokenClaims:
+        """Claims of a valid token; raises :class:`Unauthorized` for forged, malformed, expired."""
+        now = time.time() if now_s is None else now_s
+        claims = self._verified.get(token)
+        if claims is None:
+            claims = self._verify_uncached(token)
+            self._verified[token] = claims
+            if len(self._verified) > _VERIFIED_CACHE_SIZE:
+                self._verified.popitem(last=False)
+        if claims.exp <= now:
+            raise Unauthorized("the token has expired: issue a new one with 'agent-reach token issue'",
+                               code="token_expired")
+        return claims
+
+    def _verify_uncached(self, token: str) -> TokenClaims:
+        parts = token.split(".")
+        if len(parts) != 3 or parts[0] != _TOKEN_PREFIX:
+            raise Unauthorized("the bearer token is malformed", code="invalid_token")
+        expected = hmac.new(self._token_key, parts[1].encode(), hashlib.sha256).digest()
+        try:
+            given = _unb64(parts[2])
+            if not hmac.compare_digest(expected, given):
+                raise Unauthorized("the bearer token's signature is not valid for this cluster", code="invalid_token")
+            return TokenClaims.model_validate_json(_unb64(parts[1]))
+        except (ValueError, ValidationError) as exc:
+            raise Unauthorized("the bearer token is malformed", code="invalid_token") from exc
+
+    # -- tickets -----------------------------------------------------------------------------
+
+    def sign_ticket(self, claims: dict[str, object]) -> str:
+        payload = _b64(orjson.dumps(claims))
+        mac = _b64(hmac.new(self._ticket_key, payload.encode(), hashlib.sha256).digest()[:16])
+        return f"{payload}.{mac}"
+
+    def verify_ticket(self, signature: str) -> dict[str, object]:
+        """The signed claims of a ticket; raises :class:`Forbidden` if forged or malformed."""
+        payload, _, mac = signature.partition(".")
+        expected = hmac.new(self._ticket_key, payload.encode(), hashlib.sha256).digest()[:16]
+        try:
+            if not hmac.compare_digest(expected, _unb64(mac)):
+                raise Forbidden("the ticket signature is not valid", code="invalid_ticket", field="signature")
+            claims = orjson.loads(_unb64(payload))
+        except (ValueError, orjson.JSONDecodeError) as exc:
+            raise Forbidden("the ticket signature is malformed", code="invalid_ticket", field="signature") from exc
+        if not isinstance(claims, dict):
+            raise Forbidden("the ticket signature is malformed", code="invalid_ticket", field="signature")
+        return claims
+
+
+def authorize_agent(claims: TokenClaims, agent_id: str) -> None:
+    """An agent token may only act for its own agent_id; admin may act for any."""
+    if claims.role is TokenRole.ADMIN:
+        return
+    if claims.role is TokenRole.AGENT and claims.sub == agent_id:
+        return
+    raise Forbidden(f"a token for {claims.sub!r} ({claims.role.value}) may not act for agent {agent_id}",
+                    field="agent_id")

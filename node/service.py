@@ -1,0 +1,255 @@
+"""``RegistryNode``: one region's node — store, cache, router, duties — and its operations.
+
+The HTTP layer (``node.api``) is a thin translation of these operations; the federation and
+semantic packages attach through ``router.remote``/``router.matcher``, ``leadership.add_duty``
+and ``extensions`` (callables that add routes to the aiohttp app before it starts).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+
+from aiohttp import web
+
+from .cache import RegionCache
+from .config import NodeConfig
+from .errors import Forbidden, NodeError, UnknownAgent, ValidationFailed
+from .health import Prober
+from .leader import Leadership, new_node_id
+from .metrics import NodeMetrics
+from .models import (
+    AgentRecord,
+    ChangeEvent,
+    ChangeKind,
+    DeleteReason,
+    Heartbeat,
+    HeartbeatResponse,
+    OutcomeReport,
+    RegisterResponse,
+    Registration,
+    RouteRequest,
+    RouteTicket,
+    Snapshot,
+    TokenClaims,
+    TokenRole,
+)
+from .outcomes import OutcomeTracker
+from .router import Router
+from .security import Signer, authorize_agent
+from .store import RegionStore, now_ms
+from .sweeper import Sweeper
+from .watch import WatchHub
+
+log = logging.getLogger(__name__)
+
+Extension = Callable[[web.Application], None]
+
+
+class NodeState(enum.Enum):
+    NEW = "new"
+    STARTING = "starting"
+    RUNNING = "running"
+    CLOSED = "closed"
+
+
+class RegistryNode:
+    """A regional registry node; ``async with RegistryNode(config, secret=…) as node``.
+
+    Starting loads the region's snapshot from Redis (raises :class:`StoreUnavailable` if it
+    cannot be reached) and campaigns for the singleton duties; closing stops them all.
+    """
+
+    def __init__(self, config: NodeConfig, *, secret: bytes) -> None:
+        self.config = config
+        self.region = config.region
+        self.node_id = config.node_id or new_node_id()
+        self.signer = Signer(secret)
+        self.store = RegionStore.from_url(config.redis_url, region=config.region, key_prefix=config.key_prefix,
+                                          change_stream_maxlen=config.change_stream_maxlen)
+        self.cache = RegionCache(self.store, lease_sync_interval_ms=config.lease_sync_interval_ms,
+                                 preserve_fraction=config.preserve_fraction,
+                                 preserve_min_agents=config.protect_min_agents)
+        self.outcomes = OutcomeTracker(failure_threshold=config.breaker_failures, window_ms=config.breaker_window_ms,
+                                       cooldown_ms=config.breaker_cooldown_ms)
+        self.router = Router(self.cache, self.signer, self.outcomes, ticket_ttl_ms=config.ticket_ttl_ms,
+                             overprovisioning_factor=config.overprovisioning_factor,
+                             semantic_threshold=config.semantic_threshold)
+        self.leadership = Leadership(self.store, node_id=self.node_id, ttl_ms=config.leader_ttl_ms)
+        self.sweeper = Sweeper(self.store, interval_ms=config.sweep_interval_ms,
+                               max_expire_fraction=config.max_expire_fraction,
+                               protect_min_agents=config.protect_min_agents,
+                               protection_max_hold_ms=config.protection_max_hold_ms)
+        self.prober = Prober(self.store, self.cache, max_concurrent=config.max_concurrent_probes)
+        self.leadership.add_duty("sweeper", self.sweeper.run)
+        self.leadership.add_duty("prober", self.prober.run)
+        self.watch = WatchHub()
+        self.cache.subscribe(self.watch.publish)
+        self.metrics = NodeMetrics(config.region)
+        self.extensions: list[Extension] = []
+        self.state = NodeState.NEW
+        self._register_gauges()
+
+    async def __aenter__(self) -> RegistryNode:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        if self.state is not NodeState.NEW:
+            return
+        self.state = NodeState.STARTING
+        try:
+            await self.cache.start()
+            await self.leadership.start()
+        except BaseException:
+            await self.aclose()
+            raise
+        self.state = NodeState.RUNNING
+        log.info("region %s: node %s serving %d agents at version %d", self.region, self.node_id,
+                 len(self.cache.index), self.cache.index.version)
+
+    async def aclose(self) -> None:
+        if self.state is NodeState.CLOSED:
+            return
+        self.state = NodeState.CLOSED
+        await self.leadership.aclose()
+        await self.cache.aclose()
+        await self.store.aclose()
+
+    @property
+    def ready(self) -> bool:
+        return self.state is NodeState.RUNNING and self.cache.state.value == "running"
+
+    # -- identity ----------------------------------------------------------------------------
+
+    def authenticate(self, authorization: str | None) -> TokenClaims:
+        from .errors import Unauthorized
+
+        if not authorization:
+            raise Unauthorized("send 'Authorization: Bearer <token>'; 'agent-reach token issue' prints one",
+                               code="missing_token")
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthorized("the Authorization header must be 'Bearer <token>'", code="invalid_token")
+        return self.signer.verify(token.strip())
+
+    # -- operations --------------------------------------------------------------------------
+
+    async def register(self, registration: Registration, caller: TokenClaims) -> tuple[RegisterResponse, bool]:
+        """Upsert; returns the response and whether the agent was new to this region."""
+        authorize_agent(caller, registration.agent_id)
+        if not self.config.transport_allowed(registration.transport):
+            raise ValidationFailed(
+                f"region {self.region} does not allow transport {registration.transport!r}; "
+                f"allowed: {', '.join(self.config.allowed_transports or [])}",
+                field="transport", code="transport_not_allowed")
+        now = now_ms()
+        previous = self.cache.index.get(registration.agent_id)
+        record = AgentRecord.model_validate({
+            **registration.model_dump(),
+            "region": self.region,
+            "registered_at_ms": now,
+            "updated_at_ms": now,
+            "lease_expires_at_ms": now + registration.lease_ttl_ms,
+            "ready": registration.readiness_probe is None,
+        })
+        stored = await self.store.register(record, at_ms=now)
+        self.cache.apply_local(ChangeEvent(kind=ChangeKind.UPSERT, region=self.region, version=stored.version,
+                                           agent_id=stored.agent_id, at_ms=now, record=stored))
+        self.metrics.registrations.inc()
+        response = RegisterResponse(agent_id=stored.agent_id, region=self.region, version=stored.version,
+                                    lease_expires_at_ms=stored.lease_expires_at_ms,
+                                    heartbeat_interval_ms=max(100, stored.lease_ttl_ms // 3))
+        return response, previous is None
+
+    async def heartbeat(self, agent_id: str, heartbeat: Heartbeat, caller: TokenClaims) -> HeartbeatResponse:
+        authorize_agent(caller, agent_id)
+        now = now_ms()
+
+        def mutate(current: AgentRecord) -> AgentRecord | None:
+            update: dict[str, object] = {}
+            if heartbeat.status is not None and heartbeat.status != current.status:
+                update["status"] = heartbeat.status
+            if heartbeat.load is not None and heartbeat.load != current.load:
+                update["load"] = heartbeat.load
+            return current.model_copy(update=update) if update else None
+
+        result = await self.store.update(agent_id, mutate, at_ms=now, known=self.cache.index.get(agent_id),
+                                         renew_lease=True)
+        if result.changed:
+            self.cache.apply_local(ChangeEvent(kind=ChangeKind.STATUS, region=self.region,
+                                               version=result.record.version, agent_id=agent_id, at_ms=now,
+                                               record=result.record))
+        else:
+            self.cache.touch_lease(agent_id, result.record.lease_expires_at_ms)
+        self.metrics.heartbeats("changed" if result.changed else "lease").inc()
+        return HeartbeatResponse(agent_id=agent_id, version=result.record.version,
+                                 lease_expires_at_ms=result.record.lease_expires_at_ms, changed=result.changed)
+
+    async def deregister(self, agent_id: str, caller: TokenClaims) -> int:
+        authorize_agent(caller, agent_id)
+        now = now_ms()
+        version = await self.store.deregister(agent_id, at_ms=now)
+        if version is None:
+            raise UnknownAgent(f"agent {agent_id} is not registered in region {self.region}", field="agent_id")
+        self.cache.apply_local(ChangeEvent(kind=ChangeKind.DELETE, region=self.region, version=version,
+                                           agent_id=agent_id, at_ms=now, reason=DeleteReason.DEREGISTERED))
+        self.metrics.deregistrations.inc()
+        return version
+
+    def find(self, agent_id: str) -> AgentRecord | None:
+        """A record from this region or, with federation attached, from a peer's replica."""
+        record = self.cache.index.get(agent_id)
+        if record is not None or self.router.remote is None:
+            return record
+        for peer in self.router.remote.peers():
+            record = peer.index.get(agent_id)
+            if record is not None:
+                return record
+        return None
+
+    async def resolve(self, request: RouteRequest, caller: TokenClaims) -> RouteTicket:
+        return await self.router.resolve(request, caller)
+
+    def report(self, report: OutcomeReport, caller: TokenClaims) -> None:
+        """Feed one call outcome into the error penalty and breaker of the agent called."""
+        claims = self.signer.verify_ticket(report.signature)
+        now = now_ms()
+        if report.agent_id not in claims.get("a", []):  # type: ignore[operator]
+            raise Forbidden(f"the ticket does not name agent {report.agent_id}", field="agent_id",
+                            code="agent_not_in_ticket")
+        if caller.role is not TokenRole.ADMIN and claims.get("c") != caller.sub:
+            raise Forbidden("only the caller a ticket was issued to may report on it", field="signature")
+        if int(claims.get("e", 0)) + self.config.report_grace_ms < now:  # type: ignore[call-overload]
+            raise Forbidden("the ticket is too old to report on", field="signature", code="ticket_expired")
+        self.outcomes.record(report.agent_id, report.outcome, now_ms=now)
+        self.metrics.reports(report.outcome.value).inc()
+
+    async def snapshot(self) -> Snapshot:
+        """Live local records and the watermark they are consistent with (from Redis)."""
+        data = await self.store.snapshot()
+        now = now_ms()
+        return Snapshot(region=self.region, watermark=data.version, taken_at_ms=now,
+                        agents=[record for record in data.records if record.leased(now)])
+
+    def _register_gauges(self) -> None:
+        gauge = self.metrics.gauge
+        gauge("agent_reach_agents", "Agents registered in this region (cache)", lambda: len(self.cache.index))
+        gauge("agent_reach_region_version", "Region version this node's cache is at", lambda: self.cache.index.version)
+        gauge("agent_reach_leader", "1 if this replica holds the singleton duties", lambda: int(self.leadership.is_leader))
+        gauge("agent_reach_sweeper_held_back", "Sweeps held back by self-preservation",
+              lambda: self.sweeper.stats.held_back)
+        gauge("agent_reach_leases_expired", "Leases expired by this node's sweeper", lambda: self.sweeper.stats.expired)
+        gauge("agent_reach_self_preservation", "1 while lazy lease expiry is suspended",
+              lambda: int(self.cache.preserving))
+        gauge("agent_reach_breakers_open", "Agents whose circuit breaker is open or half-open",
+              lambda: self.outcomes.open_count(now_ms=now_ms()))
+        gauge("agent_reach_probe_flips", "Probe verdict changes", lambda: self.prober.flips)
+        gauge("agent_reach_cache_reloads", "Snapshot reloads of the cache", lambda: self.cache.reloads)
+
+
+__all__ = ["RegistryNode", "NodeState", "NodeError"]

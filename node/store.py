@@ -1,0 +1,368 @@
+"""The region's truth in Redis: records, leases, the region version and the change stream.
+
+Layout (every key carries the hash tag ``{region}`` so each Lua script stays single-slot and
+the layout works on Redis Cluster)::
+
+    {prefix}:{region}:agents    HASH   agent_id -> record JSON (its "version" spliced in first)
+    {prefix}:{region}:leases    ZSET   agent_id -> lease expiry, ms since the epoch
+    {prefix}:{region}:version   STRING region version, bumped by every change
+    {prefix}:{region}:changes   STREAM one entry per change, id "<version>-0", capped
+    {prefix}:{region}:leader    STRING node id of the replica holding the singleton duties
+
+Every mutation is ONE Lua script: bump the version, write the record, move the lease and append
+the change entry, so a change is in Redis and in the stream or nowhere (transactional outbox).
+A heartbeat that changes nothing but the lease only moves the lease. Only Redis 6.2 commands.
+
+Lease expiry in the records is not rewritten by heartbeats: the ``leases`` sorted set is the
+truth, and readers merge it into the records they load.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from pydantic import ValidationError
+from redis.exceptions import RedisError, ResponseError
+
+from .errors import Conflict, StoreUnavailable, UnknownAgent
+from .models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
+
+DEFAULT_KEY_PREFIX = "ar"
+DEFAULT_CHANGE_STREAM_MAXLEN = 100_000
+_CAS_ATTEMPTS = 8
+
+# KEYS: agents, leases, version, changes. ARGV: agent_id, body (record JSON without version),
+# lease expiry ms, now ms, stream maxlen.
+_REGISTER = """
+local v = redis.call('INCR', KEYS[3])
+local rec = '{"version":' .. v .. ',' .. string.sub(ARGV[2], 2)
+redis.call('HSET', KEYS[1], ARGV[1], rec)
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], v .. '-0',
+           'kind', 'upsert', 'agent_id', ARGV[1], 'at', ARGV[4], 'record', rec)
+return v
+"""
+
+# KEYS: agents, leases, version, changes. ARGV: agent_id, expected version ('' = lease only),
+# body, new lease expiry ms ('' = keep), now ms, stream maxlen, require a live lease ('1'/'0').
+# Returns {0} unknown, {1, version} lease moved, {2, version} changed, {-1, current} conflict.
+_UPDATE = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if not cur then return {0} end
+if ARGV[7] == '1' then
+  local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
+  if (not score) or tonumber(score) <= tonumber(ARGV[5]) then return {0} end
+end
+local cv = tonumber(string.match(cur, '^{"version":(%d+),'))
+if ARGV[2] == '' then
+  if ARGV[4] ~= '' then redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1]) end
+  return {1, cv}
+end
+if cv ~= tonumber(ARGV[2]) then return {-1, cur} end
+local v = redis.call('INCR', KEYS[3])
+local rec = '{"version":' .. v .. ',' .. string.sub(ARGV[3], 2)
+redis.call('HSET', KEYS[1], ARGV[1], rec)
+if ARGV[4] ~= '' then redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1]) end
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], v .. '-0',
+           'kind', 'status', 'agent_id', ARGV[1], 'at', ARGV[5], 'record', rec)
+return {2, v}
+"""
+
+# KEYS: agents, leases, version, changes. ARGV: now ms, stream maxlen, reason, only-if-expired
+# ('1'/'0'), agent ids... Returns a flat list {agent_id, version, ...} of the removed ones.
+_DELETE = """
+local out = {}
+for i = 5, #ARGV do
+  local id = ARGV[i]
+  local ok = true
+  if ARGV[4] == '1' then
+    local score = redis.call('ZSCORE', KEYS[2], id)
+    ok = (score ~= false) and tonumber(score) <= tonumber(ARGV[1])
+  end
+  if ok and redis.call('HDEL', KEYS[1], id) == 1 then
+    redis.call('ZREM', KEYS[2], id)
+    local v = redis.call('INCR', KEYS[3])
+    redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], v .. '-0',
+               'kind', 'delete', 'agent_id', id, 'at', ARGV[1], 'reason', ARGV[3])
+    out[#out + 1] = id
+    out[#out + 1] = v
+  end
+end
+return out
+"""
+
+# KEYS: leader. ARGV: node id, ttl ms. Returns 1 when this node holds (or now took) the lease.
+_ACQUIRE = """
+local cur = redis.call('GET', KEYS[1])
+if cur == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class HeartbeatResult:
+    record: AgentRecord
+    changed: bool
+
+
+@dataclass(slots=True)
+class SnapshotData:
+    version: int
+    records: list[AgentRecord]
+
+
+class RegionStore:
+    """Async access to one region's records in Redis.
+
+    Raises :class:`StoreUnavailable` when Redis cannot be reached; never leaves a half-written
+    change behind (every mutation is one script).
+    """
+
+    def __init__(self, redis: aioredis.Redis, *, region: str, key_prefix: str = DEFAULT_KEY_PREFIX,
+                 change_stream_maxlen: int = DEFAULT_CHANGE_STREAM_MAXLEN) -> None:
+        self.redis = redis
+        self.region = region
+        base = f"{key_prefix}:{{{region}}}"
+        self.key_agents = f"{base}:agents"
+        self.key_leases = f"{base}:leases"
+        self.key_version = f"{base}:version"
+        self.key_changes = f"{base}:changes"
+        self.key_leader = f"{base}:leader"
+        self.key_base = base
+        self.change_stream_maxlen = change_stream_maxlen
+        self._mutation_keys = [self.key_agents, self.key_leases, self.key_version, self.key_changes]
+        self._register = redis.register_script(_REGISTER)
+        self._update = redis.register_script(_UPDATE)
+        self._delete = redis.register_script(_DELETE)
+        self._acquire = redis.register_script(_ACQUIRE)
+        self._release = redis.register_script(_RELEASE)
+
+    @classmethod
+    def from_url(cls, url: str, *, region: str, **options: object) -> RegionStore:
+        """A store on a new connection pool; ``aclose()`` closes it."""
+        client = aioredis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+        return cls(client, region=region, **options)  # type: ignore[arg-type]
+
+    async def aclose(self) -> None:
+        await self.redis.aclose()
+
+    async def ping(self) -> None:
+        async with self._translate():
+            await self.redis.ping()
+
+    # -- mutations ---------------------------------------------------------------------------
+
+    async def register(self, record: AgentRecord, *, at_ms: int) -> AgentRecord:
+        """Upsert a record (its lease from ``record.lease_expires_at_ms``); returns it versioned."""
+        body = record.model_dump_json(exclude={"version"})
+        async with self._translate():
+            version = await self._register(
+                keys=self._mutation_keys,
+                args=[record.agent_id, body, record.lease_expires_at_ms, at_ms, self.change_stream_maxlen],
+            )
+        return record.model_copy(update={"version": int(version)})
+
+    async def update(self, agent_id: str, mutate: Callable[[AgentRecord], AgentRecord | None], *,
+                     at_ms: int, known: AgentRecord | None = None, renew_lease: bool = False) -> HeartbeatResult:
+        """Change one record with optimistic concurrency.
+
+        ``mutate`` gets the current record and returns the changed one, or ``None`` when
+        nothing but the lease changes (then no version is bumped and nothing is appended).
+        ``known`` is the caller's best guess of the current record (saves a read); a
+        concurrent change is detected by version and ``mutate`` is applied again to the
+        fresh record. With ``renew_lease`` (a heartbeat) the lease must not have passed and
+        is moved to ``at_ms + lease_ttl_ms``. Raises :class:`UnknownAgent` when the agent is
+        not stored (or its lease has passed), :class:`Conflict` after repeated races.
+        """
+        current = known
+        for _ in range(_CAS_ATTEMPTS):
+            if current is None:
+                current = await self.get(agent_id)
+                if current is None:
+                    raise UnknownAgent(f"agent {agent_id} is not registered in region {self.region}: register again",
+                                       field="agent_id")
+            lease_expires_at_ms = at_ms + current.lease_ttl_ms if renew_lease else None
+            if lease_expires_at_ms is not None:
+                current = current.model_copy(update={"lease_expires_at_ms": lease_expires_at_ms})
+            changed = mutate(current)
+            if changed is None:
+                expected, body = "", ""
+            else:
+                changed = changed.model_copy(update={"updated_at_ms": at_ms})
+                expected, body = str(current.version), changed.model_dump_json(exclude={"version"})
+            async with self._translate():
+                reply = await self._update(
+                    keys=self._mutation_keys,
+                    args=[agent_id, expected, body, "" if lease_expires_at_ms is None else lease_expires_at_ms,
+                          at_ms, self.change_stream_maxlen, "1" if renew_lease else "0"],
+                )
+            outcome = int(reply[0])
+            if outcome == 0:
+                raise UnknownAgent(f"agent {agent_id} has no lease in region {self.region}: register again",
+                                   field="agent_id")
+            if outcome == 1:
+                return HeartbeatResult(current.model_copy(update={"version": int(reply[1])}), changed=False)
+            if outcome == 2:
+                return HeartbeatResult(changed.model_copy(update={"version": int(reply[1])}),  # type: ignore[union-attr]
+                                       changed=True)
+            current = self._parse_record(reply[1], lease_expires_at_ms=current.lease_expires_at_ms)
+        raise Conflict(f"agent {agent_id} kept changing under concurrent updates; retry")
+
+    async def deregister(self, agent_id: str, *, at_ms: int,
+                         reason: DeleteReason = DeleteReason.DEREGISTERED) -> int | None:
+        """Remove a record and append a tombstone; returns its version, or None if unknown."""
+        removed = await self._remove([agent_id], at_ms=at_ms, reason=reason, only_if_expired=False)
+        return removed.get(agent_id)
+
+    async def expire(self, agent_ids: Iterable[str], *, at_ms: int) -> dict[str, int]:
+        """Remove the given agents whose lease has passed at ``at_ms`` (re-checked atomically)."""
+        return await self._remove(list(agent_ids), at_ms=at_ms, reason=DeleteReason.EXPIRED, only_if_expired=True)
+
+    async def _remove(self, agent_ids: list[str], *, at_ms: int, reason: DeleteReason,
+                      only_if_expired: bool) -> dict[str, int]:
+        if not agent_ids:
+            return {}
+        async with self._translate():
+            reply = await self._delete(
+                keys=self._mutation_keys,
+                args=[at_ms, self.change_stream_maxlen, reason.value, "1" if only_if_expired else "0", *agent_ids],
+            )
+        return {reply[i]: int(reply[i + 1]) for i in range(0, len(reply), 2)}
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def get(self, agent_id: str) -> AgentRecord | None:
+        async with self._translate():
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hget(self.key_agents, agent_id)
+                pipe.zscore(self.key_leases, agent_id)
+                raw, lease = await pipe.execute()
+        if raw is None:
+            return None
+        return self._parse_record(raw, lease_expires_at_ms=int(lease or 0))
+
+    async def snapshot(self) -> SnapshotData:
+        """All records and the version they are consistent with (one MULTI/EXEC)."""
+        async with self._translate():
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.get(self.key_version)
+                pipe.hgetall(self.key_agents)
+                pipe.zrange(self.key_leases, 0, -1, withscores=True)
+                version, raw_records, leases = await pipe.execute()
+        lease_of = {agent_id: int(score) for agent_id, score in leases}
+        records = [self._parse_record(raw, lease_expires_at_ms=lease_of.get(agent_id, 0))
+                   for agent_id, raw in raw_records.items()]
+        return SnapshotData(version=int(version or 0), records=records)
+
+    async def version(self) -> int:
+        async with self._translate():
+            return int(await self.redis.get(self.key_version) or 0)
+
+    async def leases(self) -> dict[str, int]:
+        """Every agent's lease expiry (ms)."""
+        async with self._translate():
+            pairs = await self.redis.zrange(self.key_leases, 0, -1, withscores=True)
+        return {agent_id: int(score) for agent_id, score in pairs}
+
+    async def expired_ids(self, *, now_ms: int, limit: int) -> list[str]:
+        async with self._translate():
+            return await self.redis.zrangebyscore(self.key_leases, "-inf", now_ms, start=0, num=limit)
+
+    async def count(self) -> int:
+        async with self._translate():
+            return int(await self.redis.zcard(self.key_leases))
+
+    async def read_changes(self, *, after_version: int, block_ms: int | None = None,
+                           count: int = 1_000) -> list[ChangeEvent]:
+        """Change entries after ``after_version`` (blocking up to ``block_ms`` for the first)."""
+        async with self._translate():
+            if block_ms is None:
+                entries = await self.redis.xrange(self.key_changes, min=f"({after_version}-0", max="+", count=count)
+            else:
+                reply = await self.redis.xread({self.key_changes: f"{after_version}-0"}, count=count, block=block_ms)
+                entries = reply[0][1] if reply else []
+        return [self.parse_change(entry_id, fields) for entry_id, fields in entries]
+
+    async def first_change_version(self) -> int | None:
+        """Version of the oldest entry still in the (capped) stream."""
+        async with self._translate():
+            entries = await self.redis.xrange(self.key_changes, count=1)
+        return int(entries[0][0].split("-", 1)[0]) if entries else None
+
+    def parse_change(self, entry_id: str, fields: dict[str, str]) -> ChangeEvent:
+        version = int(entry_id.split("-", 1)[0])
+        kind = ChangeKind(fields["kind"])
+        record = None
+        if kind is not ChangeKind.DELETE:
+            record = self._parse_record(fields["record"], lease_expires_at_ms=None)
+        reason = DeleteReason(fields["reason"]) if kind is ChangeKind.DELETE else None
+        return ChangeEvent(kind=kind, region=self.region, version=version, agent_id=fields["agent_id"],
+                           at_ms=int(fields["at"]), record=record, reason=reason)
+
+    # -- leadership --------------------------------------------------------------------------
+
+    async def acquire_leadership(self, node_id: str, *, ttl_ms: int) -> bool:
+        async with self._translate():
+            return bool(await self._acquire(keys=[self.key_leader], args=[node_id, ttl_ms]))
+
+    async def release_leadership(self, node_id: str) -> None:
+        async with self._translate():
+            await self._release(keys=[self.key_leader], args=[node_id])
+
+    async def leader(self) -> str | None:
+        async with self._translate():
+            return await self.redis.get(self.key_leader)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _parse_record(self, raw: str, *, lease_expires_at_ms: int | None) -> AgentRecord:
+        try:
+            record = AgentRecord.model_validate_json(raw)
+        except ValidationError as exc:
+            # Only a foreign writer or a schema change can get here; say which key to look at.
+            raise StoreUnavailable(f"a record in {self.key_agents} does not parse: {exc.errors()[0]['msg']}") from exc
+        if lease_expires_at_ms is not None:
+            record.lease_expires_at_ms = lease_expires_at_ms
+        return record
+
+    def _translate(self) -> _RedisErrors:
+        return _RedisErrors(self.region)
+
+
+class _RedisErrors:
+    """Turns redis-py errors into :class:`StoreUnavailable` at the boundary."""
+
+    __slots__ = ("region",)
+
+    def __init__(self, region: str) -> None:
+        self.region = region
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if exc is None or not isinstance(exc, RedisError):
+            return False
+        if isinstance(exc, ResponseError):
+            raise StoreUnavailable(f"Redis of region {self.region} refused a command: {exc}") from exc
+        raise StoreUnavailable(f"Redis of region {self.region} cannot be reached: {exc}") from exc
+

@@ -1,0 +1,70 @@
+"""Fan-out of change events to ``/v1/watch`` subscribers (server-sent events).
+
+Each subscriber has a bounded queue; one that cannot keep up is cut off with an ``overflow``
+marker rather than slowing the node or growing memory without bound: the client reconnects
+with ``since=<last version>`` and replays from the region's change stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from .models import ChangeEvent
+
+DEFAULT_SUBSCRIBER_QUEUE = 1_000
+
+
+class Subscription:
+    """One watcher's queue; ``None`` in the queue ends it, ``end_reason`` says why."""
+
+    def __init__(self, hub: WatchHub, accept: Callable[[ChangeEvent], bool], maxsize: int) -> None:
+        self.hub = hub
+        self.accept = accept
+        self.queue: asyncio.Queue[ChangeEvent | None] = asyncio.Queue(maxsize=maxsize)
+        self.end_reason: str | None = None
+
+    def offer(self, event: ChangeEvent) -> None:
+        if self.end_reason is not None or not self.accept(event):
+            return
+        try:
+            self.queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self.end("overflow")
+
+    def end(self, reason: str) -> None:
+        """Stop this subscription; the reader sees ``None`` next (older events are dropped)."""
+        if self.end_reason is not None:
+            return
+        self.end_reason = reason
+        while True:
+            try:
+                self.queue.put_nowait(None)
+                return
+            except asyncio.QueueFull:
+                self.queue.get_nowait()
+
+    def close(self) -> None:
+        self.hub.subscribers.discard(self)
+
+
+class WatchHub:
+    """Publishes every change (local and, when federation is attached, remote) to watchers."""
+
+    def __init__(self, *, subscriber_queue: int = DEFAULT_SUBSCRIBER_QUEUE) -> None:
+        self.subscribers: set[Subscription] = set()
+        self.subscriber_queue = subscriber_queue
+
+    def publish(self, event: ChangeEvent) -> None:
+        for subscription in list(self.subscribers):
+            subscription.offer(event)
+
+    def end_all(self, reason: str = "closing") -> None:
+        """End every subscription (the node is shutting down)."""
+        for subscription in list(self.subscribers):
+            subscription.end(reason)
+
+    def subscribe(self, accept: Callable[[ChangeEvent], bool]) -> Subscription:
+        subscription = Subscription(self, accept, self.subscriber_queue)
+        self.subscribers.add(subscription)
+        return subscription

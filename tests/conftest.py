@@ -1,0 +1,60 @@
+"""Fixtures: a real redis-server for the whole session, nodes on it per test (unique regions)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from node.config import NodeConfig
+from node.service import RegistryNode
+from topology.embedded import EmbeddedRedis
+
+from .helpers import RunningNode, start_node
+
+TEST_SECRET = b"test-secret-0123456789abcdef"
+_regions = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    server = EmbeddedRedis()
+    server.start_sync()
+    try:
+        yield server.url
+    finally:
+        server.stop_sync()
+
+
+@pytest.fixture
+def region() -> str:
+    """A region name no other test uses (so tests share one Redis without sharing keys)."""
+    return f"t{os.getpid()}-{next(_regions)}"
+
+
+NodeFactory = Callable[..., Awaitable[RunningNode]]
+
+
+@pytest.fixture
+async def node_factory(redis_url: str, region: str) -> AsyncIterator[NodeFactory]:
+    started: list[RunningNode] = []
+
+    async def start(*, region_name: str | None = None, **overrides: Any) -> RunningNode:
+        settings: dict[str, Any] = {"region": region_name or region, "redis_url": redis_url, "port": 0,
+                                    "sweep_interval_ms": 100, "lease_sync_interval_ms": 100, "leader_ttl_ms": 1_000}
+        settings.update(overrides)
+        running = await start_node(RegistryNode(NodeConfig(**settings), secret=TEST_SECRET))
+        started.append(running)
+        return running
+
+    yield start
+    for running in reversed(started):
+        await running.aclose()
+
+
+@pytest.fixture
+async def node(node_factory: NodeFactory) -> RunningNode:
+    return await node_factory()

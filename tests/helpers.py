@@ -1,0 +1,139 @@
+"""Test helpers: a running node over real HTTP, a real agent server, polling with a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from node.api import bound_port, serve
+from node.models import TokenRole
+from node.service import RegistryNode
+
+
+async def wait_for(condition: Callable[[], Any | Awaitable[Any]], *, timeout_s: float = 10.0,
+                   interval_s: float = 0.02, message: str = "condition") -> Any:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while True:
+        last = condition()
+        if inspect.isawaitable(last):
+            last = await last
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {message} (last: {last!r})")
+        await asyncio.sleep(interval_s)
+
+
+@dataclass
+class RunningNode:
+    """A started node with its HTTP server on 127.0.0.1 and a session carrying an admin token."""
+
+    node: RegistryNode
+    runner: web.AppRunner
+    url: str
+    admin_token: str
+    session: aiohttp.ClientSession = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.session = aiohttp.ClientSession(base_url=self.url)
+
+    def token(self, subject: str, role: TokenRole = TokenRole.AGENT, ttl_s: int = 3600) -> str:
+        return self.node.signer.issue(subject, role, ttl_s=ttl_s)
+
+    def headers(self, token: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token or self.admin_token}"}
+
+    async def call(self, method: str, path: str, *, token: str | None = None, json: Any = None,
+                   data: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        all_headers = {**self.headers(token), **(headers or {})}
+        async with self.session.request(method, path, json=json, data=data, headers=all_headers) as response:
+            body = await response.read()
+            if response.content_type == "application/json":
+                return response.status, await response.json()
+            return response.status, body.decode()
+
+    async def register(self, registration: dict[str, Any], *, token: str | None = None) -> dict[str, Any]:
+        status, body = await self.call("POST", "/v1/agents", json=registration, token=token)
+        if status not in (200, 201):
+            raise AssertionError(f"register failed: {status} {body}")
+        return body
+
+    async def resolve(self, token: str | None = None, **request: Any) -> tuple[int, Any]:
+        return await self.call("POST", "/v1/resolve", json=request, token=token)
+
+    async def aclose(self) -> None:
+        await self.session.close()
+        await self.runner.cleanup()
+        await self.node.aclose()
+
+
+async def start_node(node: RegistryNode) -> RunningNode:
+    await node.start()
+    runner = await serve(node, host="127.0.0.1", port=0)
+    url = f"http://127.0.0.1:{bound_port(runner)}"
+    return RunningNode(node=node, runner=runner, url=url,
+                       admin_token=node.signer.issue("admin", TokenRole.ADMIN, ttl_s=3600))
+
+
+class AgentServer:
+    """A real agent over HTTP on 127.0.0.1 whose health the test flips."""
+
+    def __init__(self, name: str = "agent") -> None:
+        self.name = name
+        self.live = True
+        self.ready = True
+        self.probes: dict[str, int] = {"healthz": 0, "readyz": 0}
+        self.calls = 0
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> AgentServer:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_post("/invoke", self._invoke)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{bound_port(self.runner)}"
+        return self
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        self.probes["healthz"] += 1
+        return web.json_response({"ok": self.live}, status=200 if self.live else 500)
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        self.probes["readyz"] += 1
+        return web.json_response({"ready": self.ready}, status=200 if self.ready else 503)
+
+    async def _invoke(self, request: web.Request) -> web.Response:
+        self.calls += 1
+        return web.json_response({"agent": self.name, "echo": await request.json()})
+
+    async def aclose(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+
+def registration(agent_id: str, *, capability: str = "translate.text", version: str = "1",
+                 endpoint: str = "http://127.0.0.1:9", **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "agent_id": agent_id,
+        "display_name": agent_id,
+        "description": f"test agent {agent_id}",
+        "capabilities": [{"name": capability, "version": version, "description": "test capability"}],
+        "endpoints": {"primary": endpoint},
+    }
+    body.update(extra)
+    return body

@@ -1,0 +1,42 @@
+"""``agent-reach token issue``: print a bearer token signed with the cluster secret."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from node.models import AGENT_ID_RE, TokenRole
+from node.security import DEFAULT_TOKEN_TTL_S, Signer, load_secret
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    token = commands.add_parser("token", help="issue bearer tokens")
+    actions = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    issue = actions.add_parser("issue", help="print a token")
+    who = issue.add_mutually_exclusive_group(required=True)
+    who.add_argument("--agent", metavar="AGENT_ID", help="a token that may register/heartbeat this agent")
+    who.add_argument("--admin", action="store_true", help="an admin token (may act for any agent)")
+    who.add_argument("--caller", metavar="NAME", help="a token that may only resolve/search/report")
+    issue.add_argument("--ttl-s", type=int, default=DEFAULT_TOKEN_TTL_S, help="lifetime in seconds (default 30 days)")
+    issue.add_argument("--secret-file", help="cluster secret file (default: $AGENT_REACH_SECRET, "
+                                             "$AGENT_REACH_SECRET_FILE, ~/.agent-reach/secret)")
+    issue.set_defaults(func=issue_token)
+
+
+def issue_token(args: argparse.Namespace) -> int:
+    if args.agent and not AGENT_ID_RE.match(args.agent):
+        print(f"error: {args.agent!r} is not an agent id (namespace.group.name, lower-case)", file=sys.stderr)
+        return 2
+    if args.ttl_s <= 0:
+        print("error: --ttl-s must be positive", file=sys.stderr)
+        return 2
+    secret, source = load_secret(secret_file=args.secret_file)
+    if args.admin:
+        subject, role = "admin", TokenRole.ADMIN
+    elif args.agent:
+        subject, role = args.agent, TokenRole.AGENT
+    else:
+        subject, role = args.caller, TokenRole.CALLER
+    print(Signer(secret).issue(subject, role, ttl_s=args.ttl_s))
+    print(f"(signed with the secret from {source})", file=sys.stderr)
+    return 0
