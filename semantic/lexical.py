@@ -1,0 +1,241 @@
+"""Lexical index: Okapi BM25 over document texts, updated incrementally.
+
+Exact words still matter in a registry ("ocr", "kyc", "sql", a product name), and the embedding
+model does not know every acronym; BM25 supplies that signal to the hybrid ranking.
+
+Postings are kept per term as {slot: term frequency}; each term's postings are also cached as
+two numpy arrays (rebuilt lazily after that term changes), so a query costs a few vectorised
+operations per query term instead of a Python loop over every posting.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._porter import porter_stem
+from .index import top_k_of_scores
+
+__all__ = [
+    "LexicalIndex",
+    "LexicalScores",
+    "tokenize",
+    "stem",
+    "DEFAULT_K1",
+    "DEFAULT_B",
+    "DEFAULT_BIGRAMS",
+    "index_terms",
+]
+
+DEFAULT_K1 = 1.2
+DEFAULT_B = 0.75
+DEFAULT_BIGRAMS = True
+_INITIAL_SLOTS = 1024
+
+_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_WORD = re.compile(r"[a-z0-9]+")
+
+# Function words and request boilerplate ("who can", "please", "I need") carry no capability
+# meaning; dropping them also keeps the longest postings lists out of every query.
+_STOPWORDS = frozenset(
+    """
+    a about after all also am an and any are as at be been before being but by can could did do
+    does doing for from had has have having he her here hers him his how i if in into is it its
+    just me my myself no nor not of off on once only or other our ours out over own please same
+    she should so some such than that the their theirs them then there these they this those
+    through to too under until up us very was we were what when where which while who whom why
+    will with would you your yours yourself s t d ll m re ve
+    """.split()
+)
+
+
+# British spellings folded to American before stemming ("summarise" must meet "summarize",
+# "analyse" "analyze", "colour" "color"); applied to documents and queries alike, so the odd
+# false fold ("promise" -> "promize") is harmless.
+_BRITISH_ENDINGS = re.compile(r"(?<=[a-z]{3})(is|ys)(e|es|ed|ing|ation|ations|er|ers)$")
+_BRITISH_OUR = re.compile(r"(?<=[a-z]{3})our$")
+
+
+def stem(word: str) -> str:
+    """Porter stem of a lower-case word, after folding British spellings; digits pass unchanged.
+
+    Documents and queries go through the same function, so "translate", "translation",
+    "translator" and "translating" all meet as "translat", and plurals fold.
+    """
+    if not word.isalpha():
+        return word
+    word = _BRITISH_ENDINGS.sub(lambda match: match.group(1)[0] + "z" + match.group(2), word)
+    word = _BRITISH_OUR.sub("or", word)
+    return porter_stem(word)
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-cased, Porter-stemmed content words; capability names split into words.
+
+    ``translate.text``, ``image:search``, ``ocr_receipt`` and ``getWeather`` all split on their
+    separators / camel case, so a query "translate text" meets the name ``translate.text``.
+    """
+    spaced = _CAMEL_BOUNDARY.sub(" ", text).lower()
+    return [stem(word) for word in _WORD.findall(spaced) if len(word) > 1 and word not in _STOPWORDS]
+
+
+def index_terms(text: str, *, bigrams: bool) -> list[str]:
+    """:func:`tokenize` plus, with ``bigrams``, adjacent-word pairs ("text>speech").
+
+    Pairs make word order count: "text to speech" and "speech to text" share every word.
+    """
+    words = tokenize(text)
+    if not bigrams:
+        return words
+    return words + [f"{first}>{second}" for first, second in zip(words, words[1:])]
+
+
+@dataclass(frozen=True)
+class LexicalScores:
+    """BM25 scores of the documents that share at least one term with the query.
+
+    ``ceiling`` is the score an ideal document would reach (every query term at saturating
+    frequency): ``scores / ceiling`` is an absolute "how much of the query is covered" in [0, 1).
+    """
+
+    doc_ids: list[str]
+    scores: np.ndarray
+    ceiling: float
+
+    def normalized(self) -> np.ndarray:
+        if self.ceiling <= 0.0:
+            return np.zeros_like(self.scores)
+        return self.scores / self.ceiling
+
+
+class LexicalIndex:
+    """Incremental Okapi BM25 (``k1`` term-frequency saturation, ``b`` length normalisation).
+
+    Not thread-safe: use from one thread (the event loop) only.
+    """
+
+    def __init__(self, *, k1: float = DEFAULT_K1, b: float = DEFAULT_B, bigrams: bool = DEFAULT_BIGRAMS) -> None:
+        if k1 < 0.0:
+            raise ValueError(f"k1 must be >= 0, got {k1}")
+        if not 0.0 <= b <= 1.0:
+            raise ValueError(f"b must be within [0, 1], got {b}")
+        self._k1 = k1
+        self._b = b
+        self._bigrams = bigrams
+        self._slot_of: dict[str, int] = {}
+        self._doc_id_at: list[str | None] = []
+        self._free_slots: list[int] = []
+        self._terms_at: dict[int, Counter[str]] = {}
+        self._lengths = np.zeros(_INITIAL_SLOTS, dtype=np.float32)
+        self._total_length = 0
+        self._postings: dict[str, dict[int, int]] = {}
+        self._posting_arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        return len(self._slot_of)
+
+    def __contains__(self, doc_id: object) -> bool:
+        return doc_id in self._slot_of
+
+    def upsert(self, doc_id: str, text: str) -> None:
+        """Index ``text`` under ``doc_id``, replacing any previous text. O(terms of the doc)."""
+        self.remove(doc_id)
+        terms = Counter(index_terms(text, bigrams=self._bigrams))
+        slot = self._free_slots.pop() if self._free_slots else self._new_slot()
+        self._slot_of[doc_id] = slot
+        self._doc_id_at[slot] = doc_id
+        self._terms_at[slot] = terms
+        length = sum(terms.values())
+        self._lengths[slot] = length
+        self._total_length += length
+        for term, frequency in terms.items():
+            self._postings.setdefault(term, {})[slot] = frequency
+            self._posting_arrays.pop(term, None)
+
+    def remove(self, doc_id: str) -> bool:
+        """Forget ``doc_id``; returns whether it was present. O(terms of the doc)."""
+        slot = self._slot_of.pop(doc_id, None)
+        if slot is None:
+            return False
+        for term in self._terms_at.pop(slot):
+            postings = self._postings[term]
+            del postings[slot]
+            if not postings:
+                del self._postings[term]
+            self._posting_arrays.pop(term, None)
+        self._total_length -= int(self._lengths[slot])
+        self._lengths[slot] = 0.0
+        self._doc_id_at[slot] = None
+        self._free_slots.append(slot)
+        return True
+
+    def idf(self, term: str) -> float:
+        """Okapi IDF with the +1 that keeps it positive for terms in most documents."""
+        count = len(self._slot_of)
+        frequency = len(self._postings.get(term, ()))
+        return math.log(1.0 + (count - frequency + 0.5) / (frequency + 0.5))
+
+    def score(self, query: str) -> LexicalScores:
+        """BM25 of every document sharing a term with ``query`` (unordered)."""
+        terms = set(index_terms(query, bigrams=self._bigrams))
+        count = len(self._slot_of)
+        if not terms or count == 0:
+            return LexicalScores([], np.zeros(0, dtype=np.float32), 0.0)
+        average_length = max(self._total_length / count, 1.0)
+        totals = np.zeros(len(self._doc_id_at), dtype=np.float32)
+        touched = np.zeros(len(self._doc_id_at), dtype=bool)
+        ceiling = 0.0
+        for term in terms:
+            # Unseen query words count in the ceiling: a query half made of words no document
+            # has is only half covered, whatever the other half scores.
+            idf = self.idf(term)
+            ceiling += idf * (self._k1 + 1.0)
+            arrays = self._arrays(term)
+            if arrays is None:
+                continue
+            slots, frequencies = arrays
+            lengths = self._lengths[slots]
+            saturation = frequencies + self._k1 * (1.0 - self._b + self._b * lengths / average_length)
+            totals[slots] += idf * frequencies * (self._k1 + 1.0) / saturation
+            touched[slots] = True
+        hit_slots = np.flatnonzero(touched)
+        doc_ids = [self._doc_id_at[slot] for slot in hit_slots]
+        return LexicalScores(doc_ids, totals[hit_slots], ceiling)  # type: ignore[arg-type]
+
+    def top_k(
+        self, query: str, k: int, allow: Callable[[str], bool] | None = None
+    ) -> list[tuple[str, float]]:
+        """The ``k`` best (doc_id, BM25) pairs with a positive score, best first."""
+        result = self.score(query)
+        return top_k_of_scores(result.doc_ids, result.scores, k, allow)
+
+    def _arrays(self, term: str) -> tuple[np.ndarray, np.ndarray] | None:
+        arrays = self._posting_arrays.get(term)
+        if arrays is None:
+            postings = self._postings.get(term)
+            if not postings:
+                return None
+            arrays = (
+                np.fromiter(postings.keys(), dtype=np.int64, count=len(postings)),
+                np.fromiter(postings.values(), dtype=np.float32, count=len(postings)),
+            )
+            self._posting_arrays[term] = arrays
+        return arrays
+
+    def _new_slot(self) -> int:
+        slot = len(self._doc_id_at)
+        self._doc_id_at.append(None)
+        if slot >= self._lengths.shape[0]:
+            grown = np.zeros(self._lengths.shape[0] * 2, dtype=np.float32)
+            grown[: self._lengths.shape[0]] = self._lengths
+            self._lengths = grown
+        return slot
+
+    def terms(self, text: str) -> Sequence[str]:
+        """The terms this index stores for ``text`` (for debugging relevance)."""
+        return index_terms(text, bigrams=self._bigrams)
