@@ -31,6 +31,7 @@ DEFAULT_MEMORY_CACHE_ENTRIES = 100_000  # ~150 MiB at 384 float32 dimensions
 DEFAULT_REDIS_PREFIX = "agent-reach:semantic:vec:"
 DEFAULT_REDIS_TTL_S = 30 * 24 * 3600  # long enough to survive restarts, short enough to drop old models' vectors
 
+_DECODING_CLIENT = "the Redis client decodes responses to str; create it with decode_responses=False"
 _VECTOR_DTYPE = np.dtype("<f4")  # explicit little-endian so peers on any platform read the same bytes
 
 
@@ -105,6 +106,8 @@ class RedisVectorCache:
             return {}
         try:
             values = await self._client.mget([self._prefix + key for key in keys])
+        except UnicodeDecodeError as exc:
+            raise VectorCacheError(_DECODING_CLIENT) from exc
         except redis.exceptions.RedisError as exc:
             raise VectorCacheError(f"reading vectors from Redis failed: {exc}") from exc
         found: dict[str, np.ndarray] = {}
@@ -112,9 +115,7 @@ class RedisVectorCache:
             if value is None:
                 continue
             if isinstance(value, str):
-                raise VectorCacheError(
-                    "the Redis client decodes responses to str; create it with decode_responses=False"
-                )
+                raise VectorCacheError(_DECODING_CLIENT)
             if len(value) == 0 or len(value) % _VECTOR_DTYPE.itemsize:
                 continue  # foreign or truncated value: a miss, overwritten on the next encode
             found[key] = np.frombuffer(value, dtype=_VECTOR_DTYPE).astype(np.float32)

@@ -102,6 +102,15 @@ def _force_offline() -> None:
     hub_constants.HF_HUB_OFFLINE = True
 
 
+def _quiet_progress_bars() -> None:
+    # transformers draws a tqdm bar on stderr for every model load: noise in a server's logs.
+    try:
+        from transformers.utils import logging as transformers_logging
+    except ImportError:
+        return
+    transformers_logging.disable_progress_bar()
+
+
 class Embedder:
     """Sentence-transformers model behind an async, batched, cached ``encode``.
 
@@ -200,6 +209,7 @@ class Embedder:
                 f"reinstall them: pip install --force-reinstall 'agent-reach[semantic]'"
             ) from exc
         _force_offline()
+        _quiet_progress_bars()
         location = str(packaged_model_path()) if self._model_id == DEFAULT_MODEL_ID else self._model_id
         try:
             model = SentenceTransformer(location, device=self._device)
