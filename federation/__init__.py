@@ -1,1 +1,55 @@
-"""federation"""
+"""Cross-region replication over Kafka: change events, publisher, consumer, replica, anti-entropy.
+
+Imports only ``node`` (models, store, cache, security); ``topology.compose`` attaches a
+:class:`Federation` to a node. Where state lives: the replica of the peers, the consumer
+offsets and the publisher position are all in the consuming region's own Redis (see
+``federation.replica_store``).
+"""
+
+from .antientropy import AntiEntropy, AntiEntropyStats
+from .config import (
+    DEFAULT_BEACON_INTERVAL_MS,
+    DEFAULT_STALE_AFTER_MS,
+    DEFAULT_TOPIC_PREFIX,
+    FederationConfig,
+    PeerConfig,
+    topic_name,
+)
+from .consumer import Consumer, ConsumerState, ConsumerStats
+from .errors import BrokerUnavailable, FederationError, InvalidMessage, SnapshotUnavailable
+from .events import FederationMessage, RegionBeacon, entry_hash, region_digest
+from .publisher import Publisher, PublisherState, PublisherStats
+from .replica import CatalogState, PeerReplica, RemoteCatalog
+from .replica_store import ReplicaStore
+from .service import STATUS_PATH, Federation
+
+__all__ = [
+    "Federation",
+    "FederationConfig",
+    "PeerConfig",
+    "RemoteCatalog",
+    "PeerReplica",
+    "CatalogState",
+    "ReplicaStore",
+    "Publisher",
+    "PublisherState",
+    "PublisherStats",
+    "Consumer",
+    "ConsumerState",
+    "ConsumerStats",
+    "AntiEntropy",
+    "AntiEntropyStats",
+    "FederationMessage",
+    "RegionBeacon",
+    "region_digest",
+    "entry_hash",
+    "topic_name",
+    "STATUS_PATH",
+    "DEFAULT_BEACON_INTERVAL_MS",
+    "DEFAULT_STALE_AFTER_MS",
+    "DEFAULT_TOPIC_PREFIX",
+    "FederationError",
+    "BrokerUnavailable",
+    "SnapshotUnavailable",
+    "InvalidMessage",
+]

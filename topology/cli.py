@@ -7,10 +7,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from . import run_node, tokens
+from . import launcher, run_node, tokens
 
 # Each module adds its subparser and sets ``func`` (taking the parsed args, returning an exit code).
-COMMAND_MODULES = [run_node, tokens]
+COMMAND_MODULES = [run_node, tokens, launcher]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,11 +1,38 @@
-"""The composition root: builds a node and attaches what the deployment asks for."""
+"""The composition root: builds a node and attaches what the deployment asks for.
+
+``node`` runs alone; with a topology that names other regions, :func:`build_node` attaches the
+federation (``federation.Federation``: replica of the peers, Kafka publisher and consumer,
+anti-entropy) through the node's own hooks.
+"""
 
 from __future__ import annotations
 
+from federation import Federation
 from node.config import NodeConfig
 from node.service import RegistryNode
 
+from .topology import Topology
 
-def build_node(config: NodeConfig, *, secret: bytes) -> RegistryNode:
-    """A node for ``config`` (not started; use it as an async context manager)."""
-    return RegistryNode(config, secret=secret)
+
+def build_node(config: NodeConfig, *, secret: bytes, topology: Topology | None = None,
+               bootstrap_servers: str | None = None) -> RegistryNode:
+    """A node for ``config`` (not started; use it as an async context manager).
+
+    With a ``topology`` listing peer regions, federation is attached; ``bootstrap_servers``
+    overrides the topology's Kafka (raises TopologyError if neither names one).
+    """
+    node = RegistryNode(config, secret=secret)
+    if topology is not None and len(topology.regions) > 1:
+        attach_federation(node, topology, secret=secret, bootstrap_servers=bootstrap_servers)
+    return node
+
+
+def attach_federation(node: RegistryNode, topology: Topology, *, secret: bytes,
+                      bootstrap_servers: str | None = None) -> Federation:
+    """Attach cross-region replication for ``node``'s region (before ``node.start()``)."""
+    config = topology.federation_config(node.region, bootstrap_servers=bootstrap_servers)
+    if node.config.key_prefix != config.key_prefix:
+        config = config.model_copy(update={"key_prefix": node.config.key_prefix})
+    federation = Federation(config, store=node.store, secret=secret)
+    federation.attach(node)
+    return federation

@@ -1,0 +1,184 @@
+"""Anti-entropy: when a peer's replica may have diverged, pull the peer's snapshot and reconcile.
+
+Triggers (all from the consumer): a beacon whose watermark this region has not reached, or
+whose count/digest disagrees with the replica at that watermark; a gap in the peer's versions;
+the broker losing data (a partition's end offset fell below the applied offset); and the very
+first start of a region's consumer (bootstrap). The same path heals a new node, a broker that
+lost its data and a long partition.
+
+Reconciling with a snapshot at watermark ``W`` (``GET /v1/federation/snapshot`` of the peer's
+node, authenticated with an admin token signed by the shared cluster secret): records newer in
+the snapshot are written, replica records the snapshot lacks and that are not newer than ``W``
+are dropped, and ``W`` becomes the replica's floor — events at or below it are covered and
+refused from then on. Records the replica holds at a version above ``W`` (changes that arrived
+after the snapshot was taken) are kept. A snapshot whose watermark is below what this region
+already read means the peer's history restarted (its Redis lost its data): the replica is then
+replaced wholesale. The reconcile is one Redis script (see ``federation.replica_store``).
+
+Requests are coalesced per peer and rate-limited to one pull per ``anti_entropy_min_interval_ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+from pydantic import ValidationError
+
+from node.errors import StoreUnavailable
+from node.models import Snapshot
+from node.store import now_ms
+
+from .config import FederationConfig
+from .errors import SnapshotUnavailable
+from .replica import RemoteCatalog
+from .replica_store import ReconcileResult, ReplicaStore
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_PATH = "/v1/federation/snapshot"
+
+
+@dataclass(slots=True)
+class AntiEntropyStats:
+    runs: int = 0
+    failures: int = 0
+    last_reason: dict[str, str] = field(default_factory=dict)
+    last_error: dict[str, str] = field(default_factory=dict)
+    last_duration_ms: dict[str, float] = field(default_factory=dict)
+
+
+class AntiEntropy:
+    """Snapshot pulls and reconciles for one region's replica; an async context manager.
+
+    ``token`` returns a bearer token the peers accept (an admin token of the cluster secret).
+    """
+
+    def __init__(self, config: FederationConfig, *, catalog: RemoteCatalog, replica_store: ReplicaStore,
+                 token: Callable[[], str]) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.replica_store = replica_store
+        self.token = token
+        self.stats = AntiEntropyStats()
+        self._pending: dict[str, str] = {}
+        self._last_attempt: dict[str, float] = {}
+        self._wakeup = asyncio.Event()
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> AntiEntropy:
+        timeout = aiohttp.ClientTimeout(total=self.config.snapshot_timeout_ms / 1000)
+        self._session = aiohttp.ClientSession(timeout=timeout)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def request(self, peer: str, reason: str) -> None:
+        """Ask for a reconcile of ``peer`` (coalesced with any pending request)."""
+        if peer not in self._pending:
+            log.info("region %s: anti-entropy with %s requested: %s", self.config.region, peer, reason)
+        self._pending.setdefault(peer, reason)
+        self._wakeup.set()
+
+    @property
+    def pending(self) -> dict[str, str]:
+        return dict(self._pending)
+
+    async def run(self) -> None:
+        """Serve requests until cancelled; a failed pull is retried after the minimum interval."""
+        interval_s = self.config.anti_entropy_min_interval_ms / 1000
+        while True:
+            if not self._pending:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            now = time.monotonic()
+            due = [peer for peer in self._pending if now - self._last_attempt.get(peer, -interval_s) >= interval_s]
+            if not due:
+                wait_s = min(self._last_attempt[peer] + interval_s for peer in self._pending) - now
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), timeout=max(0.001, wait_s))
+                except TimeoutError:
+                    pass
+                continue
+            for peer in due:
+                reason = self._pending.pop(peer)
+                try:
+                    await self.sync(peer, reason=reason)
+                except asyncio.CancelledError:
+                    raise
+                except (SnapshotUnavailable, StoreUnavailable) as exc:
+                    self._pending.setdefault(peer, reason)
+                    log.warning("region %s: anti-entropy with %s failed (%s); retrying", self.config.region, peer, exc)
+
+    async def sync(self, peer: str, *, reason: str, offset: tuple[str, int] | None = None) -> ReconcileResult:
+        """Pull ``peer``'s snapshot and reconcile now; ``offset`` is stored in the same transaction.
+
+        Raises :class:`SnapshotUnavailable` or :class:`StoreUnavailable`.
+        """
+        self._last_attempt[peer] = time.monotonic()
+        self.stats.last_reason[peer] = reason
+        started = time.perf_counter()
+        try:
+            snapshot = await self.fetch_snapshot(peer)
+            replica = self.catalog.peer(peer)
+            reset = snapshot.watermark < replica.seen_version
+            if reset:
+                log.warning("region %s: %s's snapshot is at version %d, below the %d already read: its history "
+                            "restarted; replacing the replica", self.config.region, peer, snapshot.watermark,
+                            replica.seen_version)
+            at = now_ms()
+            result = await self.replica_store.reconcile(peer, snapshot, now_ms=at, reset=reset, offset=offset)
+        except (SnapshotUnavailable, StoreUnavailable) as exc:
+            self.stats.failures += 1
+            self.stats.last_error[peer] = str(exc)
+            raise
+        if not reset:
+            # A reset is applied by the feed's reload entry, in order with what preceded it.
+            self.catalog.committed_reconcile(peer, put=result.put, evicted=result.evicted,
+                                             watermark=snapshot.watermark, floor=result.floor, seen=result.seen,
+                                             runs=result.runs, at_ms=at)
+        self.stats.runs += 1
+        self.stats.last_error.pop(peer, None)
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        self.stats.last_duration_ms[peer] = round(elapsed_ms, 2)
+        log.info("region %s: reconciled %s at version %d in %.1f ms (%s): %d written, %d dropped",
+                 self.config.region, peer, snapshot.watermark, elapsed_ms, reason, len(result.put),
+                 len(result.evicted))
+        return result
+
+    async def fetch_snapshot(self, peer: str) -> Snapshot:
+        """The snapshot from the first node of ``peer`` that serves it; raises SnapshotUnavailable."""
+        if self._session is None:
+            raise SnapshotUnavailable("anti-entropy is not started: use it as an async context manager")
+        problems = []
+        for url in self.config.peer(peer).node_urls:
+            try:
+                async with self._session.get(url.rstrip("/") + SNAPSHOT_PATH,
+                                             headers={"Authorization": f"Bearer {self.token()}"}) as response:
+                    body = await response.read()
+                    if response.status != 200:
+                        problems.append(f"{url}: HTTP {response.status} {body[:200]!r}")
+                        continue
+                snapshot = Snapshot.model_validate_json(body)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                problems.append(f"{url}: {exc!r}")
+                continue
+            except ValidationError as exc:
+                problems.append(f"{url}: the snapshot does not parse ({exc.errors()[0]['msg']})")
+                continue
+            if snapshot.region != peer:
+                problems.append(f"{url}: serves region {snapshot.region}, not {peer} (check the topology)")
+                continue
+            return snapshot
+        raise SnapshotUnavailable(f"no node of region {peer} served its snapshot: {'; '.join(problems)}")

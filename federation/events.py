@@ -1,0 +1,90 @@
+"""What travels on a region topic: change events and region beacons; the region digest.
+
+A region topic ``{prefix}.changes.{region}`` has ONE partition: the region's changes form a
+total order (its versions), so a beacon lands after every change it covers and a consumer can
+tell a gap (version ``n`` followed by ``n + 2``) from a duplicate. A registry changes at most
+thousands of times per second, which one partition carries easily. Records are keyed by
+agent_id (per-agent order on any future multi-partition layout) and beacons by ``~beacon``.
+
+The digest of a region is the XOR of a 64-bit hash of every live ``(agent_id, version)``:
+independent of order and cheap to update one record at a time, so the replica keeps it
+incrementally and compares it with each beacon. This module does no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+from pydantic import Field, ValidationError, model_validator
+
+from node.models import AgentRecord, ChangeEvent, Region, Strict
+
+from .errors import InvalidMessage
+
+BEACON_KEY = b"~beacon"
+DIGEST_HEX_CHARS = 16
+
+
+def entry_hash(agent_id: str, version: int) -> int:
+    """The 64-bit hash one ``(agent_id, version)`` contributes to a digest."""
+    return int.from_bytes(hashlib.blake2b(f"{agent_id}\x00{version}".encode(), digest_size=8).digest(), "big")
+
+
+def digest_hex(value: int) -> str:
+    return f"{value:0{DIGEST_HEX_CHARS}x}"
+
+
+def region_digest(records: Iterable[AgentRecord]) -> tuple[str, int]:
+    """Digest (hex) and count of a set of records."""
+    value = 0
+    count = 0
+    for record in records:
+        value ^= entry_hash(record.agent_id, record.version)
+        count += 1
+    return digest_hex(value), count
+
+
+class RegionBeacon(Strict):
+    """A region's periodic statement: at ``watermark``, it holds ``live_count`` agents with ``digest``."""
+
+    region: Region
+    watermark: int = Field(ge=0, description="Region version every earlier record on the topic covers.")
+    live_count: int = Field(ge=0)
+    digest: str = Field(pattern=r"^[0-9a-f]{16}$")
+    sent_at_ms: int = Field(ge=0)
+
+
+class FederationMessage(Strict):
+    """One record of a region topic: exactly one of ``change`` or ``beacon``."""
+
+    change: ChangeEvent | None = None
+    beacon: RegionBeacon | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> FederationMessage:
+        if (self.change is None) == (self.beacon is None):
+            raise ValueError("a federation message carries exactly one of 'change' or 'beacon'")
+        return self
+
+    @property
+    def region(self) -> str:
+        return self.change.region if self.change is not None else self.beacon.region  # type: ignore[union-attr]
+
+    def key(self) -> bytes:
+        return self.change.agent_id.encode() if self.change is not None else BEACON_KEY
+
+    def encode(self) -> bytes:
+        return self.model_dump_json(exclude_none=True).encode()
+
+    @classmethod
+    def decode(cls, value: bytes | None) -> FederationMessage:
+        """Parse a record value; raises :class:`InvalidMessage` naming the first bad field."""
+        if not value:
+            raise InvalidMessage("empty record value")
+        try:
+            return cls.model_validate_json(value)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in first["loc"]) or "(message)"
+            raise InvalidMessage(f"{where}: {first['msg']}") from exc

@@ -1,0 +1,166 @@
+"""The publisher: drains this region's change stream to its Kafka topic, and sends beacons.
+
+Transactional outbox: a change is in the region's Redis stream the moment it happened; the
+publisher reads the stream after its acknowledged position, sends the entries to
+``{prefix}.changes.{region}`` (key = agent_id, the single partition) and only once Kafka has
+acknowledged every one of them moves the position (``…:fed:published`` in the region's Redis).
+While Kafka is down nothing moves: the backlog waits in the stream and goes out in order when
+the broker is back — and a crash between send and acknowledgement only causes duplicates,
+which consumers skip by version.
+
+Every ``beacon_interval_ms`` the publisher takes a snapshot of the region (version ``V``),
+sends every change up to exactly ``V`` and then a :class:`RegionBeacon` for ``V`` with the
+count and digest of the live agents, so on the topic a beacon follows precisely the changes it
+covers. Before each beacon it re-creates the topic if the broker lost it (a restarted
+memory-only broker forgets its topics, and clients would otherwise write to ghost partitions).
+
+Runs as a leader duty: one publisher per region at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from node.errors import StoreUnavailable
+from node.models import ChangeEvent
+from node.store import RegionStore, now_ms
+
+from .config import FederationConfig
+from .errors import BrokerUnavailable
+from .events import FederationMessage, RegionBeacon, region_digest
+from .kafka import PARTITION, ensure_topics, make_producer
+from .replica_store import ReplicaStore
+
+log = logging.getLogger(__name__)
+
+
+class PublisherState(enum.Enum):
+    IDLE = "idle"
+    CONNECTING = "connecting"
+    PUBLISHING = "publishing"
+    BACKING_OFF = "backing_off"
+
+
+@dataclass(slots=True)
+class PublisherStats:
+    published: int = 0
+    beacons: int = 0
+    failures: int = 0
+    topic_recreated: int = 0
+    position: int = 0
+    last_error: str | None = None
+
+
+class Publisher:
+    """Publishes one region's changes and beacons; ``run()`` is the leader duty."""
+
+    def __init__(self, config: FederationConfig, *, store: RegionStore, replica_store: ReplicaStore) -> None:
+        self.config = config
+        self.store = store
+        self.replica_store = replica_store
+        self.topic = config.topic(config.region)
+        self.state = PublisherState.IDLE
+        self.stats = PublisherStats()
+        self._backoff_ms = config.retry_backoff_ms
+
+    async def run(self) -> None:
+        """Publish until cancelled; Kafka or Redis outages are logged and retried with a backoff."""
+        while True:
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                self.state = PublisherState.IDLE
+                raise
+            except (KafkaError, BrokerUnavailable, StoreUnavailable) as exc:
+                self.stats.failures += 1
+                self.stats.last_error = repr(exc)
+                self.state = PublisherState.BACKING_OFF
+                log.warning("region %s: publisher paused (%s); position %d, retrying in %d ms", self.config.region,
+                            exc, self.stats.position, self._backoff_ms)
+                await asyncio.sleep(self._backoff_ms / 1000)
+                self._backoff_ms = min(self.config.max_backoff_ms, self._backoff_ms * 2)
+
+    async def _session(self) -> None:
+        self.state = PublisherState.CONNECTING
+        producer = make_producer(self.config)
+        try:
+            await producer.start()
+            await ensure_topics(self.config, [self.topic])
+            position = await self.replica_store.published_position()
+            self.stats.position = position
+            self.state = PublisherState.PUBLISHING
+            self._backoff_ms = self.config.retry_backoff_ms
+            log.info("region %s: publishing to %s from version %d", self.config.region, self.topic, position)
+            next_beacon = 0.0
+            while True:
+                if time.monotonic() >= next_beacon:
+                    position = await self._beacon(producer, position)
+                    next_beacon = time.monotonic() + self.config.beacon_interval_ms / 1000
+                block_ms = max(1, int((next_beacon - time.monotonic()) * 1000))
+                events = await self.store.read_changes(after_version=position, block_ms=block_ms,
+                                                       count=self.config.publish_batch_max)
+                if events:
+                    position = await self._publish(producer, events)
+        finally:
+            try:
+                await producer.stop()
+            except KafkaError:
+                pass
+
+    async def _publish(self, producer: AIOKafkaProducer, events: Sequence[ChangeEvent]) -> int:
+        """Send ``events`` and move the position once Kafka acknowledged all of them."""
+        futures = []
+        for event in events:
+            message = FederationMessage(change=event)
+            futures.append(await producer.send(self.topic, message.encode(), key=message.key(), partition=PARTITION))
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise BrokerUnavailable(f"Kafka did not acknowledge a change of region {self.config.region}: "
+                                        f"{result!r}") from result
+        position = events[-1].version
+        await self.replica_store.set_published(position)
+        self.stats.published += len(events)
+        self.stats.position = position
+        return position
+
+    async def _beacon(self, producer: AIOKafkaProducer, position: int) -> int:
+        """Send everything up to the current version ``V``, then the beacon for ``V``."""
+        created = await ensure_topics(self.config, [self.topic])
+        if created:
+            self.stats.topic_recreated += 1
+            log.warning("region %s: topic %s was missing (the broker lost its data); re-created it — peers "
+                        "re-sync by anti-entropy", self.config.region, self.topic)
+        snapshot = await self.store.snapshot()
+        watermark = snapshot.version
+        while position < watermark:
+            events = await self.store.read_changes(after_version=position,
+                                                   count=min(self.config.publish_batch_max, watermark - position))
+            events = [event for event in events if event.version <= watermark]
+            if not events:
+                # Trimmed from the capped stream before it was published: peers see the gap
+                # in versions and heal it by anti-entropy.
+                log.warning("region %s: changes %d..%d left the change stream before they were published",
+                            self.config.region, position + 1, watermark)
+                position = watermark
+                await self.replica_store.set_published(position)
+                break
+            position = await self._publish(producer, events)
+        at = now_ms()
+        digest, count = region_digest(record for record in snapshot.records if record.leased(at))
+        message = FederationMessage(beacon=RegionBeacon(region=self.config.region, watermark=watermark,
+                                                        live_count=count, digest=digest, sent_at_ms=at))
+        try:
+            await producer.send_and_wait(self.topic, message.encode(), key=message.key(), partition=PARTITION)
+        except KafkaError as exc:
+            raise BrokerUnavailable(f"Kafka did not acknowledge the beacon of {self.config.region}: {exc!r}") from exc
+        self.stats.beacons += 1
+        return position

@@ -1,0 +1,358 @@
+"""The remote catalog: peer regions' agents as this region knows them, nearest region first.
+
+This is what the router reads (``node.router.RemoteCatalog``): one :class:`PeerReplica` per
+peer with an :class:`~node.cache.AgentIndex` of its agents and a freshness verdict. A peer is
+``stale`` once nothing (no beacon, no change) has been heard from it for ``stale_after_ms`` —
+its node stopped, its publisher cannot reach Kafka, or this region's consumer cannot. Stale
+peers stay routable, but only when no fresher level can serve (see ``node.router``).
+
+State lives in the consuming region's Redis (``federation.replica_store``). Every node replica
+of the region loads it at start and then tails the replica feed, so a restarted node comes back
+with the peers it knew and with their last-heard times (stale until a beacon arrives). The
+leader, which runs the Kafka consumer, also applies what it commits at once, ahead of the feed
+(read-your-writes); the feed then repeats those changes and they are skipped by version.
+
+In memory the replica keeps the same rules as the Redis scripts: a change applies only when
+its version is above the floor and above the agent's version or tombstone, so duplicates,
+replays and late arrivals never move a record backwards or resurrect a deleted agent. Every
+applied change is given to subscribers as a :class:`~node.models.ChangeEvent` of the peer's
+region (the node's watch hub, the semantic index) — synchronously, so listeners must be quick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Callable, Sequence
+
+from pydantic import ValidationError
+
+from node.cache import AgentIndex
+from node.errors import StoreUnavailable
+from node.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
+from node.store import now_ms
+
+from .events import RegionBeacon, digest_hex, entry_hash
+from .replica_store import FeedEntry, PeerState, ReplicaStore
+
+log = logging.getLogger(__name__)
+
+ChangeListener = Callable[[ChangeEvent], None]
+_RETRY_DELAY_S = 0.5
+
+
+class PeerReplica:
+    """One peer region: its agents, how far this region has read, and how fresh that is."""
+
+    def __init__(self, region: str, *, stale_after_ms: int) -> None:
+        self.region = region
+        self.index = AgentIndex(region)
+        self.stale_after_ms = stale_after_ms
+        self.versions: dict[str, int] = {}
+        self.floor = 0
+        self.seen_version = 0
+        self.heard_at_ms = 0
+        self.beacon: RegionBeacon | None = None
+        self.anti_entropy_runs = 0
+        self.reconciled_at_ms = 0
+        self._digest = 0
+
+    # -- PeerView ----------------------------------------------------------------------------
+
+    @property
+    def stale(self) -> bool:
+        """True when nothing was heard from the peer for ``stale_after_ms`` (or ever)."""
+        return self.heard_at_ms == 0 or now_ms() - self.heard_at_ms > self.stale_after_ms
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def digest(self) -> str:
+        return digest_hex(self._digest)
+
+    @property
+    def in_sync(self) -> bool:
+        """The last beacon's watermark was reached and the replica matches its count and digest."""
+        beacon = self.beacon
+        return (beacon is not None and beacon.watermark == self.seen_version
+                and beacon.live_count == len(self.index) and beacon.digest == self.digest)
+
+    def apply_change(self, event: ChangeEvent) -> bool:
+        """Apply one change of this peer unless it is covered already; True if it changed the replica."""
+        self.seen_version = max(self.seen_version, event.version)
+        self.index.version = self.seen_version
+        if event.version <= self.floor or abs(self.versions.get(event.agent_id, 0)) >= event.version:
+            return False
+        if event.kind is ChangeKind.DELETE or event.record is None:
+            self._drop(event.agent_id)
+            self.versions[event.agent_id] = -event.version
+        else:
+            self._put(event.record)
+        return True
+
+    def put_record(self, record: AgentRecord) -> ChangeEvent | None:
+        """A record from a peer's snapshot; the upsert event if it was newer than what is held."""
+        if abs(self.versions.get(record.agent_id, 0)) >= record.version:
+            return None
+        self._put(record)
+        return ChangeEvent(kind=ChangeKind.UPSERT, region=self.region, version=record.version,
+                           agent_id=record.agent_id, at_ms=now_ms(), record=record)
+
+    def evict(self, agent_id: str, watermark: int) -> ChangeEvent | None:
+        """Drop an agent a snapshot at ``watermark`` no longer lists (unless held at a newer version)."""
+        current = self.index.get(agent_id)
+        if current is None or current.version > watermark:
+            return None
+        self._drop(agent_id)
+        self.versions.pop(agent_id, None)
+        return ChangeEvent(kind=ChangeKind.DELETE, region=self.region, version=watermark, agent_id=agent_id,
+                           at_ms=now_ms(), reason=DeleteReason.EVICTED)
+
+    def raise_floor(self, floor: int, seen: int) -> None:
+        """Everything up to ``floor`` is covered by a snapshot: older tombstones can go."""
+        self.floor = max(self.floor, floor)
+        self.seen_version = max(self.seen_version, seen)
+        self.index.version = self.seen_version
+        for agent_id in [a for a, v in self.versions.items() if v < 0 and -v <= self.floor]:
+            del self.versions[agent_id]
+
+    def hear(self, at_ms: int) -> None:
+        self.heard_at_ms = max(self.heard_at_ms, at_ms)
+
+    def replace(self, state: PeerState) -> list[ChangeEvent]:
+        """Swap in the state loaded from Redis; returns the changes from the old view to the new."""
+        changes = self.index.replace_all(state.records, state.seen)
+        self._digest = 0
+        for record in state.records:
+            self._digest ^= entry_hash(record.agent_id, record.version)
+        self.versions = dict(state.versions)
+        self.floor = state.floor
+        self.seen_version = state.seen
+        self.heard_at_ms = max(self.heard_at_ms, state.heard_at_ms)
+        self.beacon = state.beacon or self.beacon
+        self.anti_entropy_runs = state.anti_entropy_runs
+        self.reconciled_at_ms = state.reconciled_at_ms
+        return changes
+
+    def describe(self) -> dict[str, object]:
+        """Freshness, lag and counts for ``GET /v1/regions``."""
+        now = now_ms()
+        beacon = self.beacon
+        return {
+            "region": self.region,
+            "stale": self.stale,
+            "heard_age_ms": now - self.heard_at_ms if self.heard_at_ms else None,
+            "beacon_age_ms": now - beacon.sent_at_ms if beacon else None,
+            "beacon_watermark": beacon.watermark if beacon else None,
+            "beacon_live_count": beacon.live_count if beacon else None,
+            "beacon_digest": beacon.digest if beacon else None,
+            "seen_version": self.seen_version,
+            "events_behind": max(0, beacon.watermark - self.seen_version) if beacon else None,
+            "agents": len(self.index),
+            "digest": self.digest,
+            "in_sync": self.in_sync,
+            "anti_entropy_runs": self.anti_entropy_runs,
+            "reconciled_at_ms": self.reconciled_at_ms or None,
+        }
+
+    def _put(self, record: AgentRecord) -> None:
+        previous = self.index.put(record)
+        if previous is not None:
+            self._digest ^= entry_hash(previous.agent_id, previous.version)
+        self._digest ^= entry_hash(record.agent_id, record.version)
+        self.versions[record.agent_id] = record.version
+
+    def _drop(self, agent_id: str) -> None:
+        previous = self.index.remove(agent_id)
+        if previous is not None:
+            self._digest ^= entry_hash(previous.agent_id, previous.version)
+
+
+class CatalogState(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    FAILED = "failed"
+    CLOSED = "closed"
+
+
+class RemoteCatalog:
+    """All peer replicas, nearest first; loads from Redis, then tails the replica feed.
+
+    An async context manager. ``subscribe`` listeners are called for every applied remote
+    change (including the synthetic ones a load or reload produces); they must not block.
+    """
+
+    def __init__(self, store: ReplicaStore, *, peers: Sequence[str], stale_after_ms: int,
+                 feed_block_ms: int = 1_000) -> None:
+        self.store = store
+        self.region = store.region
+        self.feed_block_ms = feed_block_ms
+        self._peers = [PeerReplica(peer, stale_after_ms=stale_after_ms) for peer in peers]
+        self._by_region = {peer.region: peer for peer in self._peers}
+        self._listeners: list[ChangeListener] = []
+        self._loaded = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.feed_position = 0
+        self.reloads = 0
+        self.state = CatalogState.NEW
+
+    # -- RemoteCatalog protocol --------------------------------------------------------------
+
+    def peers(self) -> Sequence[PeerReplica]:
+        return self._peers
+
+    def describe(self) -> list[dict[str, object]]:
+        return [peer.describe() for peer in self._peers]
+
+    # -- public ------------------------------------------------------------------------------
+
+    def peer(self, region: str) -> PeerReplica:
+        """The replica of ``region``; raises KeyError for a region that is not a peer."""
+        return self._by_region[region]
+
+    def subscribe(self, listener: ChangeListener) -> Callable[[], None]:
+        """Call ``listener`` for every applied remote change; returns the unsubscribe function."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    async def wait_loaded(self) -> None:
+        await self._loaded.wait()
+
+    async def __aenter__(self) -> RemoteCatalog:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Load every peer from Redis (raises StoreUnavailable if it is down), then tail the feed."""
+        if self.state is not CatalogState.NEW:
+            return
+        await self.reload()
+        self.state = CatalogState.RUNNING
+        self._loaded.set()
+        self._task = asyncio.create_task(self._tail(), name=f"federation-feed-{self.region}")
+        self._task.add_done_callback(self._task_done)
+
+    async def aclose(self) -> None:
+        if self.state is CatalogState.CLOSED:
+            return
+        self.state = CatalogState.CLOSED
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def reload(self, peers: Sequence[str] | None = None) -> None:
+        """Replace the given peers (default: all) with what Redis holds."""
+        names = list(peers) if peers is not None else [peer.region for peer in self._peers]
+        seq, states = await self.store.load(names)
+        changes: list[ChangeEvent] = []
+        for name, state in states.items():
+            changes += self._by_region[name].replace(state)
+        if peers is None:
+            self.feed_position = seq
+        self.reloads += 1
+        self._emit(changes)
+
+    # -- used by the consumer (the leader), right after its Redis commit ---------------------
+
+    def committed_changes(self, region: str, events: Sequence[ChangeEvent], *, seen: int, heard_at_ms: int) -> None:
+        peer = self._by_region[region]
+        applied = [event for event in events if peer.apply_change(event)]
+        peer.seen_version = max(peer.seen_version, seen)
+        peer.index.version = peer.seen_version
+        peer.hear(heard_at_ms)
+        self._emit(applied)
+
+    def committed_beacon(self, region: str, beacon: RegionBeacon, *, heard_at_ms: int) -> None:
+        peer = self._by_region[region]
+        peer.beacon = beacon
+        peer.hear(heard_at_ms)
+
+    def committed_reconcile(self, region: str, *, put: Sequence[AgentRecord], evicted: Sequence[str],
+                            watermark: int, floor: int, seen: int, runs: int, at_ms: int) -> None:
+        peer = self._by_region[region]
+        changes = [event for record in put if (event := peer.put_record(record)) is not None]
+        changes += [event for agent_id in evicted if (event := peer.evict(agent_id, watermark)) is not None]
+        peer.raise_floor(floor, seen)
+        peer.anti_entropy_runs = max(peer.anti_entropy_runs, runs)
+        peer.reconciled_at_ms = at_ms
+        self._emit(changes)
+
+    # -- feed --------------------------------------------------------------------------------
+
+    async def _tail(self) -> None:
+        while True:
+            try:
+                entries = await self.store.read_feed(after_seq=self.feed_position, block_ms=self.feed_block_ms)
+                if entries and entries[0].seq != self.feed_position + 1:
+                    log.warning("region %s: replica feed gap (have %d, next %d); reloading", self.region,
+                                self.feed_position, entries[0].seq)
+                    await self.reload()
+                    continue
+                if not entries:
+                    if await self.store.feed_seq() < self.feed_position:
+                        log.warning("region %s: replica feed went back (Redis lost data?); reloading", self.region)
+                        await self.reload()
+                    continue
+                for entry in entries:
+                    await self._apply_entry(entry)
+                    self.feed_position = entry.seq
+            except asyncio.CancelledError:
+                raise
+            except StoreUnavailable as exc:
+                log.warning("region %s: cannot tail the replica feed: %s", self.region, exc)
+                await asyncio.sleep(_RETRY_DELAY_S)
+
+    async def _apply_entry(self, entry: FeedEntry) -> None:
+        peer = self._by_region.get(entry.peer)
+        if peer is None:
+            return  # a peer that is no longer in the topology
+        try:
+            if entry.type == "change" and entry.body:
+                event = ChangeEvent.model_validate_json(entry.body)
+                if peer.apply_change(event):
+                    self._emit([event])
+            elif entry.type == "beacon" and entry.body:
+                peer.beacon = RegionBeacon.model_validate_json(entry.body)
+            elif entry.type == "put" and entry.body:
+                change = peer.put_record(AgentRecord.model_validate_json(entry.body))
+                if change is not None:
+                    self._emit([change])
+            elif entry.type == "evict" and entry.agent_id:
+                change = peer.evict(entry.agent_id, entry.version)
+                if change is not None:
+                    self._emit([change])
+            elif entry.type == "state":
+                peer.raise_floor(entry.floor, entry.seen)
+                peer.anti_entropy_runs = max(peer.anti_entropy_runs, entry.runs)
+                peer.reconciled_at_ms = entry.at_ms
+            elif entry.type == "reload":
+                await self.reload([peer.region])
+        except ValidationError as exc:
+            log.error("region %s: replica feed entry %d of %s does not parse: %s", self.region, entry.seq,
+                      entry.peer, exc.errors()[0]["msg"])
+        peer.seen_version = max(peer.seen_version, entry.seen)
+        peer.index.version = peer.seen_version
+        peer.hear(entry.at_ms)
+
+    def _emit(self, changes: Sequence[ChangeEvent]) -> None:
+        for change in changes:
+            for listener in list(self._listeners):
+                try:
+                    listener(change)
+                except Exception:  # a broken listener must not stop replication
+                    log.exception("remote change listener %r failed", listener)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self.state is CatalogState.CLOSED:
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("region %s: replica feed task died: %r", self.region, exc)
+            self.state = CatalogState.FAILED

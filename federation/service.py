@@ -1,0 +1,127 @@
+"""``Federation``: the cross-region attachment of one region's node.
+
+It owns the replica of the peers (:class:`RemoteCatalog`), the publisher, the consumer and
+anti-entropy, and attaches them through the node's hooks only::
+
+    federation = Federation(config, store=node.store, secret=secret)
+    federation.attach(node)   # before node.start()
+
+* ``node.router.remote`` ← the catalog (routing and ``find`` see the peers, nearest first);
+* ``node.leadership`` duties ← publisher and consumer (one of each per region, on the leader);
+* ``node.watch`` ← every applied remote change (``/v1/watch`` streams them);
+* ``node.extensions`` ← the catalog's lifecycle (an aiohttp cleanup context: loaded from
+  Redis before the server accepts requests, closed with it) and ``GET /v1/federation/status``.
+
+The duties wait for the catalog to load, so a node that never serves HTTP never consumes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from node.models import TokenRole
+from node.security import Signer
+from node.store import RegionStore, now_ms
+
+from .antientropy import AntiEntropy
+from .config import FederationConfig
+from .consumer import Consumer
+from .events import region_digest
+from .publisher import Publisher
+from .replica import RemoteCatalog
+from .replica_store import ReplicaStore
+
+if TYPE_CHECKING:
+    from node.service import RegistryNode
+
+log = logging.getLogger(__name__)
+
+STATUS_PATH = "/v1/federation/status"
+_TOKEN_TTL_S = 300
+
+
+class Federation:
+    """Replication of one region with its peers over Kafka; see the module docstring."""
+
+    def __init__(self, config: FederationConfig, *, store: RegionStore, secret: bytes) -> None:
+        self.config = config
+        self.store = store
+        self.replica_store = ReplicaStore(store.redis, region=config.region, key_prefix=config.key_prefix,
+                                          feed_maxlen=config.feed_maxlen)
+        self.catalog = RemoteCatalog(self.replica_store, peers=[peer.region for peer in config.peers],
+                                     stale_after_ms=config.stale_after_ms, feed_block_ms=config.feed_block_ms)
+        signer = Signer(secret)
+        subject = f"federation:{config.region}"
+        self.anti_entropy = AntiEntropy(config, catalog=self.catalog, replica_store=self.replica_store,
+                                        token=lambda: signer.issue(subject, TokenRole.ADMIN, ttl_s=_TOKEN_TTL_S))
+        self.publisher = Publisher(config, store=store, replica_store=self.replica_store)
+        self.consumer = Consumer(config, catalog=self.catalog, replica_store=self.replica_store,
+                                 anti_entropy=self.anti_entropy)
+
+    def attach(self, node: RegistryNode) -> None:
+        """Wire into ``node`` (not yet started); see the module docstring."""
+        if node.region != self.config.region:
+            raise ValueError(f"federation of region {self.config.region} cannot attach to a node of {node.region}")
+        node.router.remote = self.catalog
+        self.catalog.subscribe(node.watch.publish)
+        node.leadership.add_duty("federation-publisher", self.publisher.run)
+        node.leadership.add_duty("federation-consumer", self.consumer.run)
+        node.extensions.append(self._install)
+
+    async def start(self) -> None:
+        await self.catalog.start()
+
+    async def aclose(self) -> None:
+        await self.catalog.aclose()
+
+    async def __aenter__(self) -> Federation:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def status(self) -> dict[str, object]:
+        """This region's own watermark and digest (what its beacon would say now) and every peer's view."""
+        snapshot = await self.store.snapshot()
+        at = now_ms()
+        digest, count = region_digest(record for record in snapshot.records if record.leased(at))
+        publisher, consumer, anti_entropy = self.publisher.stats, self.consumer.stats, self.anti_entropy.stats
+        return {
+            "region": self.config.region,
+            "topic": self.config.topic(self.config.region),
+            "watermark": snapshot.version,
+            "live_count": count,
+            "digest": digest,
+            "publisher": {"state": self.publisher.state.value, "position": publisher.position,
+                          "published": publisher.published, "beacons": publisher.beacons,
+                          "failures": publisher.failures, "topic_recreated": publisher.topic_recreated,
+                          "last_error": publisher.last_error},
+            "consumer": {"state": self.consumer.state.value, "records": consumer.records,
+                         "applied": consumer.applied, "invalid": consumer.invalid, "gaps": consumer.gaps,
+                         "beacon_mismatches": consumer.beacon_mismatches,
+                         "broker_data_losses": consumer.broker_data_losses, "failures": consumer.failures,
+                         "last_error": consumer.last_error,
+                         "offsets": {self.consumer.offset_name(p): o for p, o in self.consumer.next_offsets.items()}},
+            "anti_entropy": {"runs": anti_entropy.runs, "failures": anti_entropy.failures,
+                             "pending": self.anti_entropy.pending, "last_reason": anti_entropy.last_reason,
+                             "last_error": anti_entropy.last_error,
+                             "last_duration_ms": anti_entropy.last_duration_ms},
+            "peers": self.catalog.describe(),
+        }
+
+    def _install(self, app: web.Application) -> None:
+        async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+            await self.start()
+            yield
+            await self.aclose()
+
+        async def status(request: web.Request) -> web.Response:
+            return web.json_response(await self.status())
+
+        app.cleanup_ctx.append(lifecycle)
+        app.router.add_get(STATUS_PATH, status)
