@@ -20,7 +20,6 @@ DEFAULT_PUBLISH_BATCH = 500
 DEFAULT_CONSUME_BATCH = 1_000
 DEFAULT_SNAPSHOT_TIMEOUT_MS = 5_000
 DEFAULT_ANTI_ENTROPY_MIN_INTERVAL_MS = 1_000
-DEFAULT_LOSS_CHECK_INTERVAL_MS = 1_000
 DEFAULT_FEED_MAXLEN = 100_000
 DEFAULT_FEED_BLOCK_MS = 1_000
 TOPIC_PREFIX_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
@@ -56,7 +55,6 @@ class FederationConfig(BaseModel):
     consume_batch_max: int = Field(default=DEFAULT_CONSUME_BATCH, ge=1)
     snapshot_timeout_ms: int = Field(default=DEFAULT_SNAPSHOT_TIMEOUT_MS, ge=100)
     anti_entropy_min_interval_ms: int = Field(default=DEFAULT_ANTI_ENTROPY_MIN_INTERVAL_MS, ge=0)
-    loss_check_interval_ms: int = Field(default=DEFAULT_LOSS_CHECK_INTERVAL_MS, ge=50)
     feed_maxlen: int = Field(default=DEFAULT_FEED_MAXLEN, ge=100)
     feed_block_ms: int = Field(default=DEFAULT_FEED_BLOCK_MS, ge=1)
 

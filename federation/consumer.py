@@ -12,11 +12,12 @@ Divergence is detected three ways and healed by anti-entropy (``federation.antie
   means records were lost (the broker lost data and the log regrew past our offset, the topic's
   retention dropped them, or the peer's capped change stream was trimmed before publishing);
 * a beacon whose watermark was not reached, or whose count/digest differs at that watermark;
-* the broker lost data: every ``loss_check_interval_ms`` the partitions' end offsets are
-  compared with the applied offsets. The embedded broker never answers OFFSET_OUT_OF_RANGE — a
-  consumer ahead of a restarted broker's log just waits — so an end offset below ours is the
-  signal: read again from the beginning and reconcile. (Real Kafka's out-of-range resets to the
-  earliest offset, and the gap check catches what that skipped.)
+* the broker lost data: after every poll each partition's high watermark (from the fetch
+  responses) is compared with the applied offset. The embedded broker never answers
+  OFFSET_OUT_OF_RANGE — a consumer ahead of a restarted broker's log just waits — so a high
+  watermark below ours is the signal: read again from the beginning and reconcile. (Real
+  Kafka's out-of-range resets to the earliest offset, and the gap check catches what that
+  skipped.)
 
 A region's first consumer bootstraps each peer: it notes the topic's end offset, then pulls the
 peer's snapshot and stores that offset with the reconcile, so nothing between the two is missed.
@@ -30,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -132,16 +132,13 @@ class Consumer:
                 self.next_offsets[partition] = offset
             self.state = ConsumerState.CONSUMING
             self._backoff_ms = self.config.retry_backoff_ms
-            next_loss_check = time.monotonic() + self.config.loss_check_interval_ms / 1000
             while True:
                 batches = await consumer.getmany(*self.partitions, timeout_ms=_POLL_TIMEOUT_MS,
                                                  max_records=self.config.consume_batch_max)
                 for partition, records in batches.items():
                     if records:
                         await self._apply(partition, records)
-                if time.monotonic() >= next_loss_check:
-                    await self._check_loss(consumer)
-                    next_loss_check = time.monotonic() + self.config.loss_check_interval_ms / 1000
+                await self._check_loss(consumer)
         finally:
             try:
                 await consumer.stop()
@@ -177,6 +174,8 @@ class Consumer:
                 log.error("region %s: skipping offset %d of %s: %s", self.config.region, record.offset,
                           partition.topic, exc)
                 message = None
+            if message is not None and message.beacon is not None and _replayed(message.beacon, replica.beacon):
+                message = None  # an old beacon read again (replay, or re-reading after data loss)
             if message is not None:
                 if message.change is not None:
                     version = message.change.version
@@ -185,8 +184,7 @@ class Consumer:
                         self.anti_entropy.request(peer, f"gap: version {version} after {seen}")
                     seen = max(seen, version)
                 segment.append(message)
-            is_last = position == len(records) - 1
-            if is_last or (message is not None and message.beacon is not None):
+            if position == len(records) - 1 or (message is not None and message.beacon is not None):
                 await self._commit(peer, partition, segment, next_offset=record.offset + 1)
                 if message is not None and message.beacon is not None:
                     self._check_beacon(peer, message.beacon)
@@ -221,19 +219,29 @@ class Consumer:
         self.anti_entropy.request(peer, reason)
 
     async def _check_loss(self, consumer: AIOKafkaConsumer) -> None:
-        ends = await consumer.end_offsets(list(self.partitions))
-        for partition, end in ends.items():
+        """A partition's high watermark below the applied offset means the broker lost data.
+
+        The high watermark of the last fetch response is used, not ``end_offsets()``: the
+        embedded broker's ListOffsets answers the base offset of the last batch + 1, which
+        under load lags the records already fetched.
+        """
+        for partition, peer in self.partitions.items():
+            highwater = consumer.highwater(partition)
             ours = self.next_offsets.get(partition, 0)
-            if end >= ours:
+            if highwater is None or highwater >= ours:
                 continue
-            peer = self.partitions[partition]
             self.stats.broker_data_losses += 1
             start = (await consumer.beginning_offsets([partition]))[partition]
             log.warning("region %s: %s ends at offset %d, below the %d already applied: the broker lost data; "
                         "reading again from offset %d and reconciling with %s", self.config.region,
-                        partition.topic, end, ours, start, peer)
-            await ensure_topics(self.config, [partition.topic])
+                        partition.topic, highwater, ours, start, peer)
             consumer.seek(partition, start)
             self.next_offsets[partition] = start
             await self.replica_store.set_offset(self.offset_name(partition), start)
             self.anti_entropy.request(peer, f"the broker lost data of {partition.topic}")
+
+
+def _replayed(beacon: RegionBeacon, current: RegionBeacon | None) -> bool:
+    """An older beacon than the one held: sent earlier and covering no more (a restarted peer's
+    history has a lower watermark but a later send time, so it is not mistaken for a replay)."""
+    return current is not None and beacon.sent_at_ms <= current.sent_at_ms and beacon.watermark <= current.watermark

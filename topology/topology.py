@@ -42,7 +42,6 @@ from federation.config import (
     DEFAULT_ANTI_ENTROPY_MIN_INTERVAL_MS,
     DEFAULT_BEACON_INTERVAL_MS,
     DEFAULT_FETCH_MAX_WAIT_MS,
-    DEFAULT_LOSS_CHECK_INTERVAL_MS,
     DEFAULT_REQUEST_TIMEOUT_MS,
     DEFAULT_STALE_AFTER_MS,
     DEFAULT_TOPIC_PREFIX,
@@ -129,7 +128,6 @@ class FederationSpec(_Model):
     fetch_max_wait_ms: int = Field(default=DEFAULT_FETCH_MAX_WAIT_MS, ge=1, le=10_000)
     request_timeout_ms: int = Field(default=DEFAULT_REQUEST_TIMEOUT_MS, ge=100)
     anti_entropy_min_interval_ms: int = Field(default=DEFAULT_ANTI_ENTROPY_MIN_INTERVAL_MS, ge=0)
-    loss_check_interval_ms: int = Field(default=DEFAULT_LOSS_CHECK_INTERVAL_MS, ge=50)
 
     @model_validator(mode="after")
     def _stale_after_beacons(self) -> FederationSpec:
