@@ -21,6 +21,8 @@ from .index import VectorIndex
 from .lexical import LexicalIndex, LexicalScores, tokenize
 from .search import (
     DEFAULT_VECTOR_WEIGHT,
+    SUGGESTED_MIN_SCORE_HYBRID,
+    SUGGESTED_MIN_SCORE_LEXICAL,
     Fusion,
     Ranking,
     SearchHit,
@@ -41,6 +43,8 @@ __all__ = [
     "Ranking",
     "Fusion",
     "DEFAULT_VECTOR_WEIGHT",
+    "SUGGESTED_MIN_SCORE_HYBRID",
+    "SUGGESTED_MIN_SCORE_LEXICAL",
     "Document",
     "TextFormat",
     "DEFAULT_TEXT_FORMAT",

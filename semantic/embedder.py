@@ -247,7 +247,8 @@ class Embedder:
         vectors = await self._cache_get(list(keys.values()), dimension)
         self.stats.cache_hits += sum(1 for text in texts if keys[text] in vectors)
 
-        missing = [text for text in keys if keys[text] not in vectors]
+        # Sorted by length so each batch pads to similar lengths (padding is wasted compute).
+        missing = sorted((text for text in keys if keys[text] not in vectors), key=len)
         fresh: dict[str, np.ndarray] = {}
         for start in range(0, len(missing), self._batch_size):
             batch = missing[start : start + self._batch_size]

@@ -26,6 +26,8 @@ import redis
 import redis.asyncio
 
 from semantic import (
+    DEFAULT_MODEL_ID,
+    SUGGESTED_MIN_SCORE_HYBRID,
     Document,
     Embedder,
     EmbedderUnavailable,
@@ -36,6 +38,7 @@ from semantic import (
     MemoryVectorCache,
     Ranking,
     RedisVectorCache,
+    SearchClosedError,
     SearchMode,
     SemanticError,
     SemanticSearch,
@@ -187,6 +190,7 @@ async def test_score_is_absolute_requests_nobody_serves_score_low(search: Semant
     )
     assert len(unanswerable) == len(eval_set.unanswerable)
     assert max(unanswerable) < statistics.median(correct)
+    assert max(unanswerable) <= SUGGESTED_MIN_SCORE_HYBRID
     assert statistics.median(unanswerable) < np.percentile(correct, 10)
 
 
@@ -362,6 +366,18 @@ async def test_unloadable_model_is_typed_and_never_downloads(tmp_path: Path) -> 
     finally:
         await missing_dir.aclose()
         await hub_name.aclose()
+
+
+async def test_lifecycle_is_idempotent_and_closed_means_closed(embedder: Embedder) -> None:
+    facade = SemanticSearch(embedder=embedder)
+    await facade.start()
+    await facade.start()
+    await facade.aclose()
+    await facade.aclose()
+    with pytest.raises(SearchClosedError):
+        await facade.search("weather")
+    assert embedder.state.value == "ready"  # a facade does not close an embedder it was given
+    assert Embedder(model="all-MiniLM-L6-v2").model_id == DEFAULT_MODEL_ID  # hub name -> packaged copy
 
 
 # -- embedder and vector caches ---------------------------------------------------------------

@@ -1,0 +1,214 @@
+"""Semantic search benchmark: relevance on the eval set, indexing throughput, query latency.
+
+Run with the project's virtualenv from the repository root::
+
+    .venv/bin/python bench/semantic.py [--queries 400] [--sizes 1000,10000]
+
+Prints numbers only (no pass/fail). Query latency includes encoding the query (the vector
+cache is bypassed for queries, so every query pays a forward pass) and is split into
+encode vs rank (cosine over the matrix + BM25 + fusion + grouping).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+# This file is itself called semantic.py: drop its folder from the import path so that
+# `import semantic` finds the package at the repository root, not this script.
+_HERE = Path(__file__).resolve().parent
+_ROOT = _HERE.parent
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _HERE]
+sys.path.insert(0, str(_ROOT))
+
+import numpy as np  # noqa: E402
+
+from semantic import Document, Embedder, Fusion, MemoryVectorCache, Ranking, SemanticSearch  # noqa: E402
+from semantic.evaluation import EvalAgent, EvalSet, documents_for_agent, evaluate, index_eval_set, load_eval_set  # noqa: E402
+
+EVAL_PATH = _ROOT / "tests" / "data" / "semantic_eval.json"
+DEFAULT_SIZES = (1_000, 10_000)
+DEFAULT_QUERIES = 400
+WARMUP_QUERIES = 20
+SEED = 20240601
+
+_QUALIFIERS = (
+    "optimised for high volume", "with an audit trail", "for regulated industries", "tuned for mobile apps",
+    "with a human review step", "for small businesses", "in near real time", "as a nightly batch job",
+    "for internal teams", "with per-tenant isolation", "for the retail sector", "for hospitals and clinics",
+)
+_SUFFIXES = ("lite", "pro", "eu", "us", "apac", "v2", "beta", "edge", "batch", "stream")
+
+
+class _QueryBypassCache:
+    """Memory cache that can be bypassed, so benchmark queries always pay for encoding."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryVectorCache(max_entries=200_000)
+        self.bypass = False
+
+    async def get_many(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        return {} if self.bypass else await self.inner.get_many(keys)
+
+    async def set_many(self, mapping: Mapping[str, np.ndarray]) -> None:
+        if not self.bypass:
+            await self.inner.set_many(mapping)
+
+
+def synthesize_agents(eval_set: EvalSet, capability_count: int, *, seed: int = SEED) -> dict[str, list[Document]]:
+    """Distractor agents whose capabilities remix the eval set's vocabulary (unique texts)."""
+    rng = random.Random(seed)
+    capabilities = [(agent, capability) for agent in eval_set.agents for capability in agent.capabilities]
+    all_tags = sorted({tag for _, capability in capabilities for tag in capability.tags})
+    agents: dict[str, list[Document]] = {}
+    made = 0
+    agent_number = 0
+    while made < capability_count:
+        agent_number += 1
+        owner_id = f"synthetic.group{agent_number % 97}.agent_{agent_number}"
+        count = min(rng.randint(1, 3), capability_count - made)
+        base_agent = rng.choice(eval_set.agents)
+        documents = [
+            Document.for_description(
+                owner_id=owner_id,
+                title=f"{base_agent.display_name} {rng.choice(_SUFFIXES)} #{agent_number}",
+                description=f"{base_agent.description} {rng.choice(_QUALIFIERS).capitalize()}.",
+            )
+        ]
+        for _ in range(count):
+            _, base = rng.choice(capabilities)
+            _, other = rng.choice(capabilities)
+            documents.append(
+                Document.for_capability(
+                    owner_id=owner_id,
+                    name=f"{base.name}_{rng.choice(_SUFFIXES)}{made}",
+                    description=f"{base.description} {rng.choice(_QUALIFIERS).capitalize()}, "
+                    f"also handling {rng.choice(other.tags)} (variant {made}).",
+                    tags=tuple(rng.sample(all_tags, 3)) + base.tags[:2],
+                    examples=base.examples[:1] + other.examples[-1:],
+                )
+            )
+            made += 1
+        agents[owner_id] = documents
+    return agents
+
+
+def _percentile(values: list[float], percent: float) -> float:
+    return float(np.percentile(np.asarray(values), percent))
+
+
+async def _relevance(embedder: Embedder, eval_set: EvalSet) -> None:
+    print(f"\n== relevance on {EVAL_PATH.relative_to(_ROOT)}: {len(eval_set.agents)} agents, "
+          f"{len(eval_set.answerable)} labelled queries, {len(eval_set.unanswerable)} nobody can serve ==")
+    async with SemanticSearch(embedder=embedder) as search:
+        await index_eval_set(search, eval_set)
+        for ranking in (Ranking.VECTOR, Ranking.LEXICAL, Ranking.HYBRID):
+            metrics = await evaluate(search, eval_set.queries, ranking=ranking)
+            print("  " + metrics.line())
+        correct, nobody = metrics.correct_top_scores, metrics.unanswerable_top_scores
+        print(f"  hybrid SearchHit.score of the top hit: right answers p10={_percentile(correct, 10):.3f} "
+              f"median={statistics.median(correct):.3f}; requests nobody serves max={max(nobody):.3f} "
+              f"median={statistics.median(nobody):.3f}")
+    async with SemanticSearch(embedder=embedder, fusion=Fusion.RRF) as search:
+        await index_eval_set(search, eval_set)
+        print("  rrf(k=60) " + (await evaluate(search, eval_set.answerable)).line().strip())
+    async with SemanticSearch(semantic_enabled=False) as search:
+        await index_eval_set(search, eval_set)
+        metrics = await evaluate(search, eval_set.queries)
+        print("  semantic_enabled=False " + metrics.line().strip())
+        correct, nobody = metrics.correct_top_scores, metrics.unanswerable_top_scores
+        print(f"  lexical-mode SearchHit.score of the top hit: right answers p10={_percentile(correct, 10):.3f} "
+              f"median={statistics.median(correct):.3f}; requests nobody serves max={max(nobody):.3f} "
+              f"median={statistics.median(nobody):.3f}")
+
+
+async def _latency(search: SemanticSearch, cache: _QueryBypassCache, queries: list[str], count: int) -> None:
+    cache.bypass = True
+    try:
+        for index in range(WARMUP_QUERIES):
+            await search.search(queries[index % len(queries)], k=10)
+        totals, encodes, ranks = [], [], []
+        for index in range(count):
+            started = time.perf_counter()
+            result = await search.search(queries[index % len(queries)], k=10)
+            totals.append((time.perf_counter() - started) * 1000.0)
+            encodes.append(result.timings.encode_ms)
+            ranks.append(result.timings.rank_ms)
+    finally:
+        cache.bypass = False
+    print(f"  query latency over {count} queries (k=10, query encode included, cache bypassed):")
+    for label, values in (("total", totals), ("encode", encodes), ("rank", ranks)):
+        print(f"    {label:>6}: p50={_percentile(values, 50):6.2f} ms  p99={_percentile(values, 99):6.2f} ms  "
+              f"max={max(values):6.2f} ms")
+
+
+async def main(sizes: Sequence[int], query_count: int) -> None:
+    import torch
+
+    print(f"python {sys.version.split()[0]}, numpy {np.__version__}, torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads), {os.cpu_count()} CPUs")
+    eval_set = load_eval_set(EVAL_PATH)
+    cache = _QueryBypassCache()
+    embedder = Embedder(cache=cache)
+    started = time.perf_counter()
+    await embedder.load()
+    print(f"model {embedder.model_id} (dimension {embedder.dimension}) loaded in {time.perf_counter() - started:.1f} s")
+
+    await _relevance(embedder, eval_set)
+
+    queries = [query.query for query in eval_set.queries]
+    largest = max(sizes)
+    synthetic = synthesize_agents(eval_set, largest)
+    for size in sorted(sizes, reverse=True):
+        # The largest index is built first, on a cold cache (encode-bound); smaller ones reuse its
+        # vectors (index-bound), which is what a restart with a warm Redis cache looks like.
+        agents = {agent.agent_id: documents_for_agent(agent) for agent in eval_set.agents}
+        remaining = size - sum(len(documents) - 1 for documents in agents.values())
+        for owner_id, documents in synthetic.items():
+            if remaining <= 0:
+                break
+            kept = [documents[0]] + documents[1 : 1 + remaining]
+            agents[owner_id] = kept
+            remaining -= len(kept) - 1
+        capability_docs = sum(1 for documents in agents.values() for document in documents if document.capability)
+        total_docs = sum(len(documents) for documents in agents.values())
+        async with SemanticSearch(embedder=embedder) as search:
+            encoded_before = embedder.stats.texts_encoded
+            started = time.perf_counter()
+            await search.upsert_owners(agents)
+            elapsed = time.perf_counter() - started
+            encoded = embedder.stats.texts_encoded - encoded_before
+            print(f"\n== {capability_docs} capabilities ({total_docs} documents incl. descriptions, "
+                  f"{len(agents)} agents) ==")
+            print(f"  indexing: {total_docs / elapsed:8.0f} docs/s  ({elapsed:.2f} s, {encoded} texts encoded, "
+                  f"{total_docs - encoded} from cache)")
+            started = time.perf_counter()
+            await search.upsert_owners(agents)
+            elapsed = time.perf_counter() - started
+            print(f"  re-index, all vectors cached: {total_docs / elapsed:8.0f} docs/s ({elapsed:.2f} s)")
+            await _latency(search, cache, queries, query_count)
+    await embedder.aclose()
+
+
+def _parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--queries", type=int, default=DEFAULT_QUERIES, help="timed queries per index size")
+    parser.add_argument("--sizes", default=",".join(str(size) for size in DEFAULT_SIZES),
+                        help="comma-separated capability counts to index")
+    arguments = parser.parse_args()
+    arguments.sizes = [int(size) for size in arguments.sizes.split(",") if size]
+    if arguments.queries < 1 or not arguments.sizes or min(arguments.sizes) < 1:
+        parser.error("--queries and every --sizes entry must be >= 1")
+    return arguments
+
+
+if __name__ == "__main__":
+    options = _parse()
+    asyncio.run(main(options.sizes, min(options.queries, 100_000)))
