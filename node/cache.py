@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from .errors import StoreUnavailable
 from .models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
 from .store import RegionStore, now_ms
+from .tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -178,12 +179,8 @@ class RegionCache:
         if self.state is CacheState.CLOSED:
             return
         self.state = CacheState.CLOSED
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
+        tasks, self._tasks = self._tasks, []
+        await cancel_and_wait(tasks)
 
     def routable_now_ms(self) -> int:
         """Leases that ended before this instant are certainly over (see module docstring)."""

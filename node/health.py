@@ -21,6 +21,7 @@ from .cache import RegionCache
 from .errors import NodeError
 from .models import AgentRecord, ChangeEvent, ChangeKind, Probe
 from .store import RegionStore, now_ms
+from .tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +87,7 @@ class Prober:
                         pass
         finally:
             unsubscribe()
-            for task in inflight:
-                task.cancel()
-            await asyncio.gather(*inflight, return_exceptions=True)
+            await cancel_and_wait(inflight)
 
     def _on_change(self, event: ChangeEvent) -> None:
         if event.kind is ChangeKind.UPSERT and event.record is not None:

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from .errors import StoreUnavailable
 from .store import RegionStore
+from .tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,7 @@ class Leadership:
 
     async def aclose(self) -> None:
         if self._campaign is not None:
-            self._campaign.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._campaign
+            await cancel_and_wait([self._campaign])
             self._campaign = None
         await self._stop_duties()
         if self.is_leader:
@@ -113,9 +112,5 @@ class Leadership:
             log.exception("region %s: duty %s failed", self.store.region, name)
 
     async def _stop_duties(self) -> None:
-        for task in self._running:
-            task.cancel()
-        for task in self._running:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._running = []
+        running, self._running = self._running, []
+        await cancel_and_wait(running)

@@ -181,7 +181,7 @@ class Router:
         excluded = set(request.exclude)
         for record, capability in matched:
             if constraint is not None and capability is not None and not constraint.accepts(capability.parsed_version):
-                rejected["version"] = rejected.get("version", 0) + 1
+                rejected["incompatible_version"] = rejected.get("incompatible_version", 0) + 1
                 continue
             if request.labels and any(record.labels.get(k) != v for k, v in request.labels.items()):
                 rejected["labels"] = rejected.get("labels", 0) + 1
