@@ -206,6 +206,7 @@ class SemanticSearch:
         self._documents: dict[str, Document] = {}
         self._owner_docs: dict[str, tuple[str, ...]] = {}
         self._owner_generation: dict[str, int] = {}
+        self._upserts_in_flight: dict[str, int] = {}
         self._generation = 0
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -244,10 +245,9 @@ class SemanticSearch:
                     self.unavailable_reason = str(exc)
                     logger.warning("semantic search runs lexical-only: %s", exc)
                 else:
+                    # Nothing is indexed yet: every mutation starts the facade first.
                     self._vectors = VectorIndex(dimension=self._embedder.dimension)
                     self._mode = SearchMode.HYBRID
-                    if self._documents:
-                        await self._embed_existing()
             self._state = SearchState.READY
 
     async def aclose(self) -> None:
@@ -263,14 +263,6 @@ class SemanticSearch:
             raise SearchClosedError("the search facade was closed; create a new one")
         if self._state is SearchState.NEW:
             await self.start()
-
-    async def _embed_existing(self) -> None:
-        # Documents indexed before start() (impossible through the public API today, kept so a
-        # future lazy start cannot leave them without vectors).
-        documents = list(self._documents.values())
-        vectors = await self._encode(documents)
-        if self._vectors is not None and vectors is not None:
-            self._vectors.upsert_many([document.doc_id for document in documents], vectors)
 
     # -- mutations -------------------------------------------------------------------------
 
@@ -297,25 +289,41 @@ class SemanticSearch:
         await self._ensure_started()
         for owner_id, documents in documents_by_owner.items():
             self._validate(owner_id, documents)
+        # Each upsert takes a generation per owner; a later upsert or removal of that owner
+        # during our await takes a newer one, and our now-stale documents are dropped.
         generations: dict[str, int] = {}
         for owner_id in documents_by_owner:
             self._generation += 1
             generations[owner_id] = self._owner_generation[owner_id] = self._generation
-        ordered = [document for documents in documents_by_owner.values() for document in documents]
-        vectors = await self._encode(ordered)
-        offset = 0
-        for owner_id, documents in documents_by_owner.items():
-            owner_vectors = None if vectors is None else vectors[offset : offset + len(documents)]
-            offset += len(documents)
-            if self._owner_generation.get(owner_id) != generations[owner_id]:
-                continue  # a later upsert/remove of this owner happened while we were encoding
-            self._validate(owner_id, documents)  # ownership may have changed during the await
-            self._replace(owner_id, documents, owner_vectors)
+            self._upserts_in_flight[owner_id] = self._upserts_in_flight.get(owner_id, 0) + 1
+        try:
+            ordered = [document for documents in documents_by_owner.values() for document in documents]
+            vectors = await self._encode(ordered)
+            offset = 0
+            for owner_id, documents in documents_by_owner.items():
+                owner_vectors = None if vectors is None else vectors[offset : offset + len(documents)]
+                offset += len(documents)
+                if self._owner_generation.get(owner_id) != generations[owner_id]:
+                    continue
+                self._validate(owner_id, documents)  # another owner may have taken an id meanwhile
+                self._replace(owner_id, documents, owner_vectors)
+        finally:
+            for owner_id in generations:
+                remaining = self._upserts_in_flight[owner_id] - 1
+                if remaining:
+                    self._upserts_in_flight[owner_id] = remaining
+                else:  # bookkeeping only lives while an upsert is in flight: no growth with churn
+                    del self._upserts_in_flight[owner_id]
+                    del self._owner_generation[owner_id]
 
     def remove_owner(self, owner_id: str) -> bool:
-        """Forget every document of ``owner_id``; returns whether it had any."""
-        self._generation += 1
-        self._owner_generation[owner_id] = self._generation
+        """Forget every document of ``owner_id``; returns whether it had any.
+
+        An upsert of this owner still encoding when this is called will not re-add it.
+        """
+        if owner_id in self._owner_generation:
+            self._generation += 1
+            self._owner_generation[owner_id] = self._generation
         doc_ids = self._owner_docs.pop(owner_id, ())
         for doc_id in doc_ids:
             self._forget(doc_id)

@@ -271,21 +271,36 @@ async def test_upsert_update_remove_owner_changes_results(embedder: Embedder, ev
         assert len(facade) == sum(len(documents_for_agent(agent)) for agent in eval_set.agents)
 
 
+async def _until_encoding(embedder: Embedder, requested_before: int) -> None:
+    """Yield to the loop until an upsert has handed its texts to the embedder."""
+    deadline = time.monotonic() + 10.0
+    while embedder.stats.texts_requested == requested_before:
+        if time.monotonic() > deadline:
+            pytest.fail("the upsert never reached the embedder")
+        await asyncio.sleep(0)
+
+
 async def test_last_call_wins_when_upsert_is_overtaken(embedder: Embedder) -> None:
     async with SemanticSearch(embedder=embedder) as facade:
         owner = "race.cond.agent"
         fresh_text = f"Irrigation scheduling for vineyards, run {time.time_ns()}"  # never cached: encoding suspends
         before = embedder.stats.texts_requested
         upsert = asyncio.create_task(facade.upsert_owner(owner, [_capability(owner, "vineyard.irrigate", fresh_text)]))
-        deadline = time.monotonic() + 10.0
-        while embedder.stats.texts_requested == before:  # wait until the upsert is inside encode()
-            if time.monotonic() > deadline:
-                pytest.fail("the upsert never reached the embedder")
-            await asyncio.sleep(0)
+        await _until_encoding(embedder, before)
         facade.remove_owner(owner)
         await upsert
         assert owner not in facade.owners()
         assert (await facade.search("water the vineyard", k=5)).hits == []
+
+        # Two overlapping upserts: the one called last wins even if the first finishes later.
+        first_text = f"Frost protection for orchards, run {time.time_ns()}"
+        before = embedder.stats.texts_requested
+        first = asyncio.create_task(facade.upsert_owner(owner, [_capability(owner, "orchard.frost", first_text)]))
+        await _until_encoding(embedder, before)
+        await facade.upsert_owner(owner, [_capability(owner, "poetry.write", "Writes sonnets and haiku")])
+        await first
+        assert [document.capability for document in facade.documents_of(owner)] == ["poetry.write"]
+        assert facade._owner_generation == {} and facade._upserts_in_flight == {}  # no bookkeeping left behind
 
 
 # -- lexical-only mode ------------------------------------------------------------------------
