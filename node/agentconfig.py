@@ -1,0 +1,262 @@
+"""An agent's configuration: which node, which token, what to register, how to call others.
+
+One TOML file serves the SDK (:class:`node.client.ReachClient`), the sidecar and preflight::
+
+    [node]
+    url = "http://127.0.0.1:7070"
+    token_env = "AGENT_REACH_TOKEN"       # or token = "ar1…" or token_file = "~/.agent-reach/agent.token"
+
+    [agent]                               # a Registration, field for field (see /v1/openapi.json)
+    agent_id = "demo.translate.en_01"
+    description = "Translates short texts between Chinese, English and French."
+    transport = "http+token"
+    endpoints = { primary = "http://127.0.0.1:8701/invoke" }
+    [[agent.capabilities]]
+    name = "translate.text"
+
+    [client]                              # optional; every key has a default (ClientSettings)
+    connect_timeout_ms = 3000
+    retry_initial_backoff_ms = 500
+
+    [sidecar]                             # optional; only the sidecar reads it
+    ready_url = "http://127.0.0.1:8701/readyz"
+
+Relative ``token_file`` paths are relative to the TOML file. Units are in the names. This
+module does no network I/O.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ValidationFailed
+from .models import Registration
+
+DEFAULT_CONNECT_TIMEOUT_MS = 3_000
+DEFAULT_READ_TIMEOUT_MS = 10_000
+DEFAULT_REQUEST_TIMEOUT_MS = 30_000
+DEFAULT_NODE_TIMEOUT_MS = 5_000
+DEFAULT_RETRY_INITIAL_BACKOFF_MS = 500
+DEFAULT_RETRY_MAX_BACKOFF_MS = 8_000
+DEFAULT_RETRY_MULTIPLIER = 2.0
+DEFAULT_JITTER_RATIO = 0.2
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_BREAKER_FAILURES = 5
+DEFAULT_BREAKER_WINDOW_MS = 30_000
+DEFAULT_BREAKER_COOLDOWN_MS = 10_000
+DEFAULT_REPORT_BATCH_SIZE = 100
+DEFAULT_REPORT_FLUSH_INTERVAL_MS = 1_000
+DEFAULT_REPORT_QUEUE_LIMIT = 10_000
+DEFAULT_SIDECAR_PROBE_INTERVAL_MS = 2_000
+DEFAULT_SIDECAR_PROBE_TIMEOUT_MS = 1_000
+DEFAULT_SIDECAR_FAILURE_THRESHOLD = 3
+DEFAULT_SIDECAR_SUCCESS_THRESHOLD = 2
+TOKEN_ENV = "AGENT_REACH_TOKEN"
+
+
+class AgentConfigError(ValidationFailed):
+    """The agent configuration (TOML file or keywords) is invalid; the message names the key."""
+
+    code = "invalid_agent_config"
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff with jitter: ``min(max, initial × multiplier^attempt) ± jitter``.
+
+    ``attempt`` counts retries from 0 (the wait before the first retry). With the defaults the
+    waits are 0.5 s, 1 s, 2 s, 4 s, 8 s, 8 s … each scaled by a uniform factor in [0.8, 1.2].
+    """
+
+    initial_backoff_s: float = DEFAULT_RETRY_INITIAL_BACKOFF_MS / 1000
+    multiplier: float = DEFAULT_RETRY_MULTIPLIER
+    max_backoff_s: float = DEFAULT_RETRY_MAX_BACKOFF_MS / 1000
+    jitter_ratio: float = DEFAULT_JITTER_RATIO
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+    def __post_init__(self) -> None:
+        if self.initial_backoff_s < 0 or self.max_backoff_s < self.initial_backoff_s:
+            raise ValueError("backoffs must satisfy 0 <= initial_backoff_s <= max_backoff_s")
+        if self.multiplier < 1.0 or not 0.0 <= self.jitter_ratio < 1.0 or self.max_attempts < 1:
+            raise ValueError("need multiplier >= 1, 0 <= jitter_ratio < 1 and max_attempts >= 1")
+
+    def base_backoff_s(self, attempt: int) -> float:
+        """The wait before retry number ``attempt`` (0-based), without jitter."""
+        if attempt < 0:
+            raise ValueError("attempt counts from 0")
+        # Cap the exponent so a long retry loop never overflows a float.
+        return min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** min(attempt, 64))
+
+    def backoff_s(self, attempt: int, rng: random.Random) -> float:
+        """The jittered wait; draws exactly one ``rng.random()``."""
+        return self.base_backoff_s(attempt) * (1.0 + self.jitter_ratio * (2.0 * rng.random() - 1.0))
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClientSettings(_Settings):
+    """How the SDK talks to the node and to other agents (``[client]``)."""
+
+    connect_timeout_ms: int = Field(default=DEFAULT_CONNECT_TIMEOUT_MS, ge=1, le=600_000)
+    read_timeout_ms: int = Field(default=DEFAULT_READ_TIMEOUT_MS, ge=1, le=3_600_000,
+                                 description="Longest silence while reading one response.")
+    request_timeout_ms: int = Field(default=DEFAULT_REQUEST_TIMEOUT_MS, ge=1, le=3_600_000,
+                                    description="Overall budget of one call(), all attempts and backoffs included.")
+    node_timeout_ms: int = Field(default=DEFAULT_NODE_TIMEOUT_MS, ge=1, le=600_000,
+                                 description="Total timeout of one request to the registry node.")
+    retry_initial_backoff_ms: int = Field(default=DEFAULT_RETRY_INITIAL_BACKOFF_MS, ge=0)
+    retry_max_backoff_ms: int = Field(default=DEFAULT_RETRY_MAX_BACKOFF_MS, ge=0)
+    retry_multiplier: float = Field(default=DEFAULT_RETRY_MULTIPLIER, ge=1.0, le=100.0)
+    jitter_ratio: float = Field(default=DEFAULT_JITTER_RATIO, ge=0.0, lt=1.0)
+    max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=20,
+                              description="Attempts per call() for idempotent operations (1 = no retry).")
+    breaker_failures: int = Field(default=DEFAULT_BREAKER_FAILURES, ge=1)
+    breaker_window_ms: int = Field(default=DEFAULT_BREAKER_WINDOW_MS, ge=1)
+    breaker_cooldown_ms: int = Field(default=DEFAULT_BREAKER_COOLDOWN_MS, ge=1)
+    register_max_wait_ms: int | None = Field(default=None, ge=0,
+                                             description="Give up registering after this long; None = keep trying.")
+    heartbeat_interval_ms: int | None = Field(default=None, ge=50,
+                                              description="None = what the node says (lease_ttl / 3).")
+    heartbeat_in_thread: bool = Field(default=True, description="Heartbeats on their own thread and event loop, "
+                                      "so a handler that blocks the caller's loop cannot starve them.")
+    report_outcomes: bool = True
+    report_batch_size: int = Field(default=DEFAULT_REPORT_BATCH_SIZE, ge=1, le=500)
+    report_flush_interval_ms: int = Field(default=DEFAULT_REPORT_FLUSH_INTERVAL_MS, ge=1)
+    report_queue_limit: int = Field(default=DEFAULT_REPORT_QUEUE_LIMIT, ge=1)
+    record_traces: bool = Field(default=True, description="Send direct-call deliveries to the node's trace log.")
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(initial_backoff_s=self.retry_initial_backoff_ms / 1000, multiplier=self.retry_multiplier,
+                           max_backoff_s=self.retry_max_backoff_ms / 1000, jitter_ratio=self.jitter_ratio,
+                           max_attempts=self.max_attempts)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ClientSettings:
+        if self.retry_max_backoff_ms < self.retry_initial_backoff_ms:
+            raise ValueError("retry_max_backoff_ms must be at least retry_initial_backoff_ms")
+        return self
+
+
+class SidecarSettings(_Settings):
+    """How the sidecar watches the agent it stands beside (``[sidecar]``).
+
+    URLs default to ``/healthz`` and ``/readyz`` on the host of the agent's primary endpoint.
+    """
+
+    health_url: str | None = None
+    ready_url: str | None = None
+    probe_interval_ms: int = Field(default=DEFAULT_SIDECAR_PROBE_INTERVAL_MS, ge=50, le=3_600_000)
+    probe_timeout_ms: int = Field(default=DEFAULT_SIDECAR_PROBE_TIMEOUT_MS, ge=10, le=60_000)
+    failure_threshold: int = Field(default=DEFAULT_SIDECAR_FAILURE_THRESHOLD, ge=1, le=100)
+    success_threshold: int = Field(default=DEFAULT_SIDECAR_SUCCESS_THRESHOLD, ge=1, le=100)
+
+
+class NodeSection(_Settings):
+    """Which node, with which bearer token (``[node]``); exactly one token source."""
+
+    url: str
+    token: str | None = Field(default=None, repr=False)
+    token_file: str | None = None
+    token_env: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("must be the node's base URL, e.g. http://127.0.0.1:7070")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _one_token_source(self) -> NodeSection:
+        sources = [name for name in ("token", "token_file", "token_env") if getattr(self, name)]
+        if len(sources) > 1:
+            raise ValueError(f"give one of token, token_file or token_env, not {' and '.join(sources)}")
+        return self
+
+
+class AgentConfig(_Settings):
+    """A whole agent TOML file. ``agent`` may be absent for a pure caller."""
+
+    node: NodeSection
+    agent: Registration | None = None
+    client: ClientSettings = Field(default_factory=ClientSettings)
+    sidecar: SidecarSettings = Field(default_factory=SidecarSettings)
+    source: str | None = Field(default=None, exclude=True, description="Where this config was read from.")
+
+    def resolve_token(self) -> str:
+        """The bearer token from ``token``, ``token_file``, ``token_env`` or ``$AGENT_REACH_TOKEN``.
+
+        Raises :class:`AgentConfigError` saying which source was tried when none yields a token.
+        """
+        node = self.node
+        if node.token:
+            return node.token.strip()
+        if node.token_file:
+            path = Path(node.token_file).expanduser()
+            if not path.is_absolute() and self.source:
+                path = Path(self.source).parent / path
+            try:
+                text = path.read_text().strip()
+            except OSError as exc:
+                raise AgentConfigError(f"node.token_file {path} cannot be read: {exc.strerror}",
+                                       field="node.token_file") from exc
+            if not text:
+                raise AgentConfigError(f"node.token_file {path} is empty", field="node.token_file")
+            return text.splitlines()[0].strip()
+        variable = node.token_env or TOKEN_ENV
+        value = os.environ.get(variable, "").strip()
+        if not value:
+            raise AgentConfigError(f"no token: set ${variable}, or node.token / node.token_file in the config "
+                                   "('agent-reach token issue --agent AGENT_ID' prints one)", field="node.token")
+        return value
+
+    def sidecar_urls(self) -> tuple[str, str]:
+        """The (health, ready) URLs the sidecar probes."""
+        if self.agent is None:
+            raise AgentConfigError("the sidecar needs an [agent] section", field="agent")
+        base = _origin(self.agent.endpoints["primary"])
+        return (self.sidecar.health_url or f"{base}/healthz", self.sidecar.ready_url or f"{base}/readyz")
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+
+
+def parse_agent_config(data: dict[str, Any], *, source: str | None = None) -> AgentConfig:
+    """Validate a decoded config; raises :class:`AgentConfigError` naming the first bad key."""
+    try:
+        return AgentConfig.model_validate({**data, "source": source})
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        key = ".".join(str(part) for part in first["loc"])
+        message = f"unknown key {key!r}" if first["type"] == "extra_forbidden" else f"{key}: {first['msg']}"
+        where = f" in {source}" if source else ""
+        raise AgentConfigError(f"{message}{where}", field=key) from exc
+
+
+def load_agent_config(path: str | os.PathLike[str]) -> AgentConfig:
+    """Read and validate an agent TOML file; raises :class:`AgentConfigError`."""
+    file = Path(path).expanduser()
+    try:
+        data = tomllib.loads(file.read_text())
+    except OSError as exc:
+        raise AgentConfigError(f"cannot read {file}: {exc.strerror}", field=None) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise AgentConfigError(f"{file} is not valid TOML: {exc}", field=None) from exc
+    return parse_agent_config(data, source=str(file))
+
+
+__all__ = ["AgentConfig", "AgentConfigError", "ClientSettings", "NodeSection", "RetryPolicy", "SidecarSettings",
+           "load_agent_config", "parse_agent_config"]
