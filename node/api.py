@@ -239,6 +239,8 @@ def build_app(node: RegistryNode) -> web.Application:
     app.add_routes(routes)
     for extension in node.extensions:
         extension(app)
+    from .proxy import install_proxy_routes  # here, not at the top: node.proxy imports this module
+    install_proxy_routes(app, node)
     return app
 
 

@@ -7,6 +7,7 @@ from functools import lru_cache
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from .envelope import Envelope, Policy, RouteEvents, SendAccepted, Trace
 from .models import (
     AgentList,
     AgentRecord,
@@ -24,7 +25,8 @@ from .models import (
 
 _MODELS: list[type[BaseModel]] = [
     Registration, RegisterResponse, Heartbeat, HeartbeatResponse, AgentRecord, AgentList, RouteRequest,
-    RouteTicket, OutcomeReport, OutcomeReports, Snapshot, ErrorBody,
+    RouteTicket, OutcomeReport, OutcomeReports, Snapshot, ErrorBody, Envelope, SendAccepted, RouteEvents, Trace,
+    Policy,
 ]
 _ERRORS = {"400": "Malformed request", "401": "Missing, forged or expired token", "403": "Not allowed",
            "404": "Not found", "413": "Body too large", "422": "A field is invalid", "429": "Rate limited",
@@ -94,6 +96,18 @@ def build_openapi(region: str) -> dict[str, object]:
             _param("since", description="replay changes after this version"), _param("capability"), _param("pattern")])},
         "/v1/regions": {"get": _operation("Topology, peer freshness, counts")},
         "/v1/federation/snapshot": {"get": _operation("Live local records + watermark", response=Snapshot)},
+        "/v1/send": {"post": _operation(
+            "Proxy mode: route and deliver an envelope (hop limit, expiry, once per id); the target's answer "
+            "as is, or 202 SendAccepted with delivery=callback", body=Envelope, parameters=[
+                _param("delivery", description="sync (default) | callback: the result goes to the caller's "
+                       "registered callback_endpoint"),
+                _param("version", description="capability version constraint"),
+                _param("scope", description="local|local-first|global")])},
+        "/v1/traces/{trace_id}": {"get": _operation("Route decisions, deliveries and outcomes of one trace",
+                                                    response=Trace, parameters=[_param("trace_id", "path")])},
+        "/v1/traces": {"post": _operation("Record the caller's own direct-call route events", body=RouteEvents)},
+        "/v1/policy": {"get": _operation("The region's policy for agents and the caller's token claims",
+                                         response=Policy)},
         "/v1/openapi.json": {"get": _operation("This document", public=True)},
         "/healthz": {"get": _operation("Process liveness", public=True)},
         "/readyz": {"get": _operation("Readiness (cache loaded, Redis reachable)", public=True)},
