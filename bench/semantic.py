@@ -28,10 +28,23 @@ _ROOT = _HERE.parent
 sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _HERE]
 sys.path.insert(0, str(_ROOT))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from semantic import Document, Embedder, Fusion, MemoryVectorCache, Ranking, SemanticSearch  # noqa: E402
-from semantic.evaluation import EvalAgent, EvalSet, documents_for_agent, evaluate, index_eval_set, load_eval_set  # noqa: E402
+from semantic import (
+    Document,
+    Embedder,
+    Fusion,
+    MemoryVectorCache,
+    Ranking,
+    SemanticSearch,
+)
+from semantic.evaluation import (
+    EvalSet,
+    documents_for_agent,
+    evaluate,
+    index_eval_set,
+    load_eval_set,
+)
 
 EVAL_PATH = _ROOT / "tests" / "data" / "semantic_eval.json"
 DEFAULT_SIZES = (1_000, 10_000)

@@ -6,8 +6,20 @@ with ``semantic_enabled=False``) search runs lexical-only (BM25) and says so (``
 """
 
 from .cache import LayeredVectorCache, MemoryVectorCache, RedisVectorCache, VectorCache
-from .documents import DEFAULT_TEXT_FORMAT, Document, TextFormat, embedding_text, lexical_text
-from .embedder import DEFAULT_MODEL_ID, Embedder, EmbedderState, EmbedderStats, packaged_model_path
+from .documents import (
+    DEFAULT_TEXT_FORMAT,
+    Document,
+    TextFormat,
+    embedding_text,
+    lexical_text,
+)
+from .embedder import (
+    DEFAULT_MODEL_ID,
+    Embedder,
+    EmbedderState,
+    EmbedderStats,
+    packaged_model_path,
+)
 from .errors import (
     EmbedderUnavailable,
     EmbeddingError,

@@ -91,9 +91,7 @@ _STEP4_ORDERED = tuple(sorted(_STEP4, key=len, reverse=True))
 
 
 def _step1(word: str) -> str:
-    if word.endswith("sses"):
-        word = word[:-2]
-    elif word.endswith("ies"):
+    if word.endswith(("sses", "ies")):
         word = word[:-2]
     elif word.endswith("s") and not word.endswith("ss"):
         word = word[:-1]

@@ -21,27 +21,26 @@ __all__ = [
     "humanize_name",
 ]
 
-MAX_FIELD_CHARS = 4_000  # one capability description; longer text is truncated by the model anyway
-MAX_LIST_ITEMS = 64
-
 
 class Document(BaseModel):
     """One searchable unit: a capability of an agent, or the agent's description.
 
     ``doc_id`` must be unique across all owners; :meth:`for_capability` and
-    :meth:`for_description` build conventional ids (``"<owner_id>#<capability>"`` and
-    ``"<owner_id>#"``).
+    :meth:`for_description` build conventional ids (``"<owner_id>#<capability>[@<version>]"``
+    and ``"<owner_id>#"``). ``capability`` is None for the agent-description document.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    doc_id: str = Field(min_length=1, max_length=512)
-    owner_id: str = Field(min_length=1, max_length=256)
-    capability: str | None = Field(default=None, max_length=256)
-    title: str = Field(default="", max_length=512)
-    text: str = Field(default="", max_length=MAX_FIELD_CHARS)
-    tags: tuple[str, ...] = Field(default=(), max_length=MAX_LIST_ITEMS)
-    examples: tuple[str, ...] = Field(default=(), max_length=MAX_LIST_ITEMS)
+    # No length caps beyond non-empty ids: the registry validates registrations at its boundary,
+    # and the embedder truncates long text to the model's window (256 word pieces) by itself.
+    doc_id: str = Field(min_length=1)
+    owner_id: str = Field(min_length=1)
+    capability: str | None = None
+    title: str = ""
+    text: str = ""
+    tags: tuple[str, ...] = ()  # lists are accepted and frozen into tuples
+    examples: tuple[str, ...] = ()
 
     @classmethod
     def for_capability(
@@ -52,10 +51,15 @@ class Document(BaseModel):
         description: str = "",
         tags: list[str] | tuple[str, ...] = (),
         examples: list[str] | tuple[str, ...] = (),
+        version: str | None = None,
     ) -> Document:
-        """A capability document titled by the capability name (e.g. ``translate.text``)."""
+        """A capability document titled by the capability name (e.g. ``translate.text``).
+
+        Pass ``version`` when an agent offers the same capability name at several versions,
+        so that their doc ids differ.
+        """
         return cls(
-            doc_id=f"{owner_id}#{name}",
+            doc_id=f"{owner_id}#{name}@{version}" if version else f"{owner_id}#{name}",
             owner_id=owner_id,
             capability=name,
             title=name,

@@ -10,6 +10,7 @@ operations per query term instead of a Python loop over every posting.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import Counter
@@ -43,14 +44,14 @@ _WORD = re.compile(r"[a-z0-9]+")
 # Function words and request boilerplate ("who can", "please", "I need") carry no capability
 # meaning; dropping them also keeps the longest postings lists out of every query.
 _STOPWORDS = frozenset(
-    """
-    a about after all also am an and any are as at be been before being but by can could did do
-    does doing for from had has have having he her here hers him his how i if in into is it its
-    just me my myself no nor not of off on once only or other our ours out over own please same
-    she should so some such than that the their theirs them then there these they this those
-    through to too under until up us very was we were what when where which while who whom why
-    will with would you your yours yourself s t d ll m re ve
-    """.split()
+    (
+        "a about after all also am an and any are as at be been before being but by can could did do "
+        "does doing for from had has have having he her here hers him his how i if in into is it its "
+        "just me my myself no nor not of off on once only or other our ours out over own please same "
+        "she should so some such than that the their theirs them then there these they this those "
+        "through to too under until up us very was we were what when where which while who whom why "
+        "will with would you your yours yourself s t d ll m re ve"
+    ).split()
 )
 
 
@@ -92,7 +93,7 @@ def index_terms(text: str, *, bigrams: bool) -> list[str]:
     words = tokenize(text)
     if not bigrams:
         return words
-    return words + [f"{first}>{second}" for first, second in zip(words, words[1:])]
+    return words + [f"{first}>{second}" for first, second in itertools.pairwise(words)]
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,13 @@ from enum import Enum
 
 import numpy as np
 
-from .documents import DEFAULT_TEXT_FORMAT, Document, TextFormat, embedding_text, lexical_text
+from .documents import (
+    DEFAULT_TEXT_FORMAT,
+    Document,
+    TextFormat,
+    embedding_text,
+    lexical_text,
+)
 from .embedder import Embedder
 from .errors import EmbedderUnavailable, InvalidDocumentError, SearchClosedError
 from .index import VectorIndex, top_k_of_scores
