@@ -125,7 +125,7 @@ def build_app(node: RegistryNode) -> web.Application:
             log.exception("unhandled error in %s %s", request.method, request.path)
             response = json_response({"error": "internal_error", "message": "the node failed; see its log",
                                       "field": None}, status=500)
-        node.metrics.requests(route, str(response.status)).inc()
+        node.metrics.count(node.metrics.requests, route, str(response.status))
         return response
 
     app = web.Application(middlewares=[middleware], client_max_size=node.config.max_body_bytes)
@@ -174,10 +174,10 @@ def build_app(node: RegistryNode) -> web.Application:
         try:
             ticket = await node.resolve(route_request, _caller(request))
         except NodeError:
-            node.metrics.resolves("none", "none", "none").inc()
+            node.metrics.count(node.metrics.resolves, "none", "none", "none")
             raise
         node.metrics.resolve_seconds.observe(time.perf_counter() - started)
-        node.metrics.resolves("ok", ticket.match.kind.value, ticket.locality.value).inc()
+        node.metrics.count(node.metrics.resolves, "ok", ticket.match.kind.value, ticket.locality.value)
         return json_response(ticket)
 
     @routes.post("/v1/reports")

@@ -4,10 +4,12 @@
 the federation replica for peer regions. ``RegionCache`` keeps one index current with the
 region's Redis: it loads a snapshot, then ``XREAD BLOCK``s the change stream from the
 snapshot's version; a version gap (the capped stream was trimmed past us, or Redis was wiped)
-reloads the snapshot. Heartbeats that only move leases append nothing, so the cache also
-re-reads the lease set every ``lease_sync_interval_ms``; routing treats a lease as passed only
-against the time of the last successful sync, so a node cut off from Redis keeps routing on
-what it knew instead of emptying its table. Likewise, when more than ``preserve_fraction`` of
+reloads the snapshot. Heartbeats that only move leases append nothing, so every
+``lease_sync_interval_ms`` the cache re-reads the leases it holds as ending within two
+intervals (ZMSCORE; an agent heartbeating through another replica is re-read about once per
+lease, not once per interval). Routing treats a lease as passed only against the start of the
+last successful sync — every lease that ended before that instant was re-read then — so a node
+cut off from Redis keeps routing on what it knew instead of emptying its table. Likewise, when more than ``preserve_fraction`` of
 a region's leases have passed at once (agents cut off from Redis, not dead), routing stops
 expiring leases lazily until the share drops again (self-preservation, as the sweeper does).
 """
@@ -39,13 +41,17 @@ ChangeListener = Callable[[ChangeEvent], None]
 class AgentIndex:
     """Records of one region by agent_id and by capability name (no I/O)."""
 
-    __slots__ = ("region", "records", "by_capability", "version")
+    __slots__ = ("region", "records", "by_capability", "version", "generation", "capability_generation")
 
     def __init__(self, region: str) -> None:
         self.region = region
         self.records: dict[str, AgentRecord] = {}
         self.by_capability: dict[str, dict[str, AgentRecord]] = {}
         self.version = 0
+        # Bumped on every put/remove (and per capability name), so readers that derive data
+        # from the index (the router's tables) know when to rebuild it.
+        self.generation = 0
+        self.capability_generation: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.records)
@@ -61,16 +67,24 @@ class AgentIndex:
         previous = self.records.get(record.agent_id)
         if previous is not None:
             self._unindex(previous)
+            self._bump(previous)
         self.records[record.agent_id] = record
         for capability in record.capabilities:
             self.by_capability.setdefault(capability.name, {})[record.agent_id] = record
+        self._bump(record)
         return previous
 
     def remove(self, agent_id: str) -> AgentRecord | None:
         previous = self.records.pop(agent_id, None)
         if previous is not None:
             self._unindex(previous)
+            self._bump(previous)
         return previous
+
+    def _bump(self, record: AgentRecord) -> None:
+        self.generation += 1
+        for capability in record.capabilities:
+            self.capability_generation[capability.name] = self.generation
 
     def _unindex(self, record: AgentRecord) -> None:
         for capability in record.capabilities:
@@ -112,6 +126,7 @@ class AgentIndex:
                                            agent_id=record.agent_id, at_ms=at, record=record))
         self.records.clear()
         self.by_capability.clear()
+        self.capability_generation.clear()
         for record in records:
             self.put(record)
         self.version = version
@@ -268,9 +283,11 @@ class RegionCache:
             await asyncio.sleep(self.lease_sync_interval_ms / 1000)
             try:
                 started = now_ms()
-                leases = await self.store.leases()
-                for agent_id, expires in leases.items():
-                    self.touch_lease(agent_id, expires)
+                soon = started + 2 * self.lease_sync_interval_ms
+                ending = [record.agent_id for record in self.index if record.lease_expires_at_ms <= soon]
+                if ending:
+                    for agent_id, expires in (await self.store.leases(ending)).items():
+                        self.touch_lease(agent_id, expires)
                 self.lease_synced_at_ms = started
                 self._check_preservation(started)
             except asyncio.CancelledError:

@@ -29,6 +29,19 @@ class NodeMetrics:
                                ["outcome"], registry=self.registry).labels
         self.gauges: dict[str, Gauge] = {}
         self._labels = labels
+        self._children: dict[tuple[str, ...], Counter] = {}
+
+    def count(self, family, *labels: str) -> None:
+        """Increment ``family`` (e.g. ``self.requests``) for ``labels``; children are cached.
+
+        prometheus-client's ``labels()`` takes a lock and builds a key on every call, which
+        shows on the resolve hot path.
+        """
+        key = (id(family.__self__), *labels)  # family is a bound Counter.labels
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = family(*labels)
+        child.inc()
 
     def gauge(self, name: str, documentation: str, function) -> None:  # function: Callable[[], float]
         """A gauge read from ``function`` at scrape time."""

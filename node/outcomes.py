@@ -22,6 +22,8 @@ DEFAULT_BREAKER_COOLDOWN_MS = 10_000
 DEFAULT_ERROR_HALF_LIFE_MS = 30_000
 ERROR_EWMA_ALPHA = 0.2
 MIN_ERROR_FACTOR = 0.1
+ERROR_RECHECK_MS = 1_000
+NEGLIGIBLE_ERROR_RATE = 0.01
 
 
 class BreakerState(str, enum.Enum):
@@ -54,10 +56,15 @@ class OutcomeTracker:
         self.error_half_life_ms = error_half_life_ms
         self._agents: dict[str, AgentHealth] = {}
         self.opened_total = 0
+        # Bumped whenever a routing-relevant fact changes (a breaker moves, an error rate
+        # moves), so the router knows its precomputed tables are out of date.
+        self.generation = 0
 
     def record(self, agent_id: str, outcome: Outcome, *, now_ms: int) -> BreakerState:
         health = self._agents.setdefault(agent_id, AgentHealth())
         failed = outcome is not Outcome.SUCCESS
+        if failed or health.error_rate or health.state is not BreakerState.CLOSED:
+            self.generation += 1
         health.error_rate = self._decayed(health, now_ms) * (1 - ERROR_EWMA_ALPHA) + (ERROR_EWMA_ALPHA if failed else 0.0)
         health.error_rate_at_ms = now_ms
         if not failed:
@@ -88,6 +95,7 @@ class OutcomeTracker:
         if health.state is BreakerState.OPEN and now_ms - health.opened_at_ms >= self.cooldown_ms:
             health.state = BreakerState.HALF_OPEN
             health.trial_issued_at_ms = 0
+            self.generation += 1
         return health.state
 
     def admits(self, agent_id: str, *, now_ms: int) -> bool:
@@ -105,6 +113,22 @@ class OutcomeTracker:
         health = self._agents.get(agent_id)
         if health is not None and health.state is BreakerState.HALF_OPEN:
             health.trial_issued_at_ms = now_ms
+            self.generation += 1
+
+    def next_change_ms(self, agent_id: str) -> int | None:
+        """When this agent's breaker next moves by itself (time passing), if ever.
+
+        Error rates decay continuously; callers holding derived weights re-read
+        :meth:`weight_factor` every ``ERROR_RECHECK_MS`` while it is below 1.
+        """
+        health = self._agents.get(agent_id)
+        if health is None:
+            return None
+        if health.state is BreakerState.OPEN:
+            return health.opened_at_ms + self.cooldown_ms
+        if health.state is BreakerState.HALF_OPEN and health.trial_issued_at_ms:
+            return health.trial_issued_at_ms + self.cooldown_ms
+        return None
 
     def weight_factor(self, agent_id: str, *, now_ms: int) -> float:
         """1.0 for a clean agent down to ``MIN_ERROR_FACTOR`` for one that keeps failing."""
@@ -117,7 +141,11 @@ class OutcomeTracker:
         if health.error_rate == 0.0:
             return 0.0
         elapsed = max(0, now_ms - health.error_rate_at_ms)
-        return health.error_rate * math.pow(0.5, elapsed / self.error_half_life_ms)
+        rate = health.error_rate * math.pow(0.5, elapsed / self.error_half_life_ms)
+        if rate < NEGLIGIBLE_ERROR_RATE:
+            health.error_rate = 0.0  # forgotten: weights stop being re-derived for it
+            return 0.0
+        return rate
 
     def forget(self, agent_id: str) -> None:
         self._agents.pop(agent_id, None)

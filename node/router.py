@@ -15,18 +15,21 @@ semantic fallback (an attached :class:`Matcher`) is the only await.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 import os
 import random
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from .cache import AgentIndex, RegionCache
 from .errors import NoAgentAvailable
 from .models import (
     AgentRecord,
+    Capability,
     Locality,
     Match,
     MatchKind,
@@ -40,7 +43,7 @@ from .models import (
     compile_pattern,
     version_constraint,
 )
-from .outcomes import OutcomeTracker
+from .outcomes import ERROR_RECHECK_MS, OutcomeTracker
 from .security import Signer
 from .store import now_ms
 
@@ -50,6 +53,10 @@ DEFAULT_SEMANTIC_THRESHOLD = 0.45
 MAX_ALTERNATES = 2
 STATUS_FACTORS = {Status.READY: 1.0, Status.DEGRADED: 0.5, Status.BUSY: 0.2}
 DEFAULT_CAPACITY = 10
+MAX_TABLES = 4_096
+MAX_TIME_MS = 2**62
+ALTERNATE_SAMPLING_MIN = 8
+EXACT_MATCHES = {kind: Match(kind=kind) for kind in (MatchKind.EXACT, MatchKind.PATTERN, MatchKind.AGENT_ID)}
 
 
 class PeerView(Protocol):
@@ -83,25 +90,57 @@ class Matcher(Protocol):
                     ) -> list[SemanticMatch]: ...
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Candidate:
+    """One routable agent with its effective weight and its prebuilt ticket target."""
+
     record: AgentRecord
     weight: float
-    locality: Locality
-    stale: bool
+    target: RouteTarget
     capability: str | None = None
     version: str | None = None
+
+    @property
+    def agent_id(self) -> str:
+        return self.record.agent_id
+
+
+@dataclass(slots=True)
+class Table:
+    """The routable agents of one (region, selector), derived from an index and kept until stale.
+
+    Rebuilt when the index changes for that capability, when outcome state moves, when the
+    earliest lease in it may have passed, or when ``valid_until_ms`` (a breaker cool-down, a
+    decaying error penalty) comes — so the hot path is a lookup and a bisect, not a scan.
+    """
+
+    candidates: list[Candidate]
+    cumulative: list[float]
+    registered_weight: float
+    matched: int
+    rejected: dict[str, int]
+    has_acl: bool
+    index_generation: int
+    outcome_generation: int
+    preserving: bool
+    min_lease_ms: int
+    valid_until_ms: int
 
 
 @dataclass(slots=True)
 class Level:
+    """Candidates of one priority level (a region), after the request's own filters."""
+
     name: str
     candidates: list[Candidate]
     registered_weight: float
     stale: bool = False
+    cumulative: list[float] | None = None
 
     @property
     def healthy_weight(self) -> float:
+        if self.cumulative:
+            return self.cumulative[-1]
         return sum(candidate.weight for candidate in self.candidates)
 
 
@@ -125,6 +164,8 @@ class Router:
         self.remote: RemoteCatalog | None = None
         self.matcher: Matcher | None = None
         self._random = rng or random.Random()
+        self._tables: OrderedDict[tuple[object, ...], Table] = OrderedDict()
+        self.table_builds = 0
 
     # -- public ------------------------------------------------------------------------------
 
@@ -151,9 +192,8 @@ class Router:
 
     def _levels(self, request: RouteRequest, caller: TokenClaims, now: int, reasons: dict[str, str]) -> list[Level]:
         horizon = self.cache.routable_now_ms()
-        local = self._level(self.region, self.cache.index, request, caller, now, horizon, Locality.LOCAL,
-                            stale=False, reasons=reasons)
-        levels = [local]
+        levels = [self._level(self.region, self.cache.index, request, caller, now, horizon, Locality.LOCAL,
+                              stale=False, reasons=reasons)]
         stale_levels: list[Level] = []
         if request.scope is not Scope.LOCAL and self.remote is not None:
             for peer in self.remote.peers():
@@ -166,19 +206,65 @@ class Router:
         if request.preferred_region:
             levels.sort(key=lambda level: level.name != request.preferred_region)
         if request.scope is Scope.GLOBAL:
-            merged = Level("global", [c for level in levels for c in level.candidates],
-                           sum(level.registered_weight for level in levels))
-            levels = [merged]
+            levels = [Level("global", [c for level in levels for c in level.candidates],
+                            sum(level.registered_weight for level in levels))]
         return levels + stale_levels
 
     def _level(self, region: str, index: AgentIndex, request: RouteRequest, caller: TokenClaims, now: int,
                horizon: int | None, locality: Locality, *, stale: bool, reasons: dict[str, str]) -> Level:
-        matched, why_not = self._matching(index, request)
-        candidates: list[Candidate] = []
-        registered = 0.0
-        rejected: dict[str, int] = {}
+        if request.capability and not request.pattern and not request.agent_id:
+            table = self._table(region, index, request, now, horizon, locality, stale)
+        else:
+            matched = self._matching(index, request)
+            table = self._build(matched, request, now, horizon, locality, stale, index_generation=-1)
+        candidates = table.candidates
+        cumulative: list[float] | None = table.cumulative
+        if table.has_acl or request.exclude:
+            excluded = set(request.exclude)
+            candidates = [c for c in candidates
+                          if c.record.agent_id not in excluded and _caller_allowed(c.record, caller)]
+            cumulative = None
+            if len(candidates) < len(table.candidates):
+                rejected = dict(table.rejected)
+                rejected["excluded_or_acl"] = len(table.candidates) - len(candidates)
+                table = replace(table, rejected=rejected)
+        if not candidates:
+            label = "local" if locality is Locality.LOCAL else f"region {region}{' (stale)' if stale else ''}"
+            reasons[label] = self._why_empty(request, table)
+        return Level(region, candidates, table.registered_weight, stale, cumulative)
+
+    def _table(self, region: str, index: AgentIndex, request: RouteRequest, now: int, horizon: int | None,
+               locality: Locality, stale: bool) -> Table:
+        name = request.capability or ""
+        key = (region, name, request.version, tuple(sorted(request.labels.items())) if request.labels else (), stale)
+        generation = index.capability_generation.get(name, 0)
+        table = self._tables.get(key)
+        if (table is not None and table.index_generation == generation
+                and table.outcome_generation == self.outcomes.generation
+                and table.preserving == self.cache.preserving and now < table.valid_until_ms
+                and (horizon is None or horizon < table.min_lease_ms)):
+            return table
+        matched = [(record, _capability(record, name)) for record in index.with_capability(name).values()]
+        table = self._build(matched, request, now, horizon, locality, stale, index_generation=generation)
+        self._tables[key] = table
+        self._tables.move_to_end(key)
+        if len(self._tables) > MAX_TABLES:
+            self._tables.popitem(last=False)
+        return table
+
+    def _build(self, matched: list[tuple[AgentRecord, Capability | None]], request: RouteRequest, now: int,
+               horizon: int | None, locality: Locality, stale: bool, *, index_generation: int) -> Table:
+        self.table_builds += 1
         constraint = version_constraint(request.version) if request.version else None
-        excluded = set(request.exclude)
+        outcome_generation = self.outcomes.generation
+        candidates: list[Candidate] = []
+        cumulative: list[float] = []
+        rejected: dict[str, int] = {}
+        registered = 0.0
+        running = 0.0
+        has_acl = False
+        min_lease = MAX_TIME_MS
+        valid_until = MAX_TIME_MS
         for record, capability in matched:
             if constraint is not None and capability is not None and not constraint.accepts(capability.parsed_version):
                 rejected["incompatible_version"] = rejected.get("incompatible_version", 0) + 1
@@ -186,50 +272,58 @@ class Router:
             if request.labels and any(record.labels.get(k) != v for k, v in request.labels.items()):
                 rejected["labels"] = rejected.get("labels", 0) + 1
                 continue
-            if not _caller_allowed(record, caller):
-                rejected["acl"] = rejected.get("acl", 0) + 1
-                continue
             registered += record.weight
-            problem = self._unroutable(record, now, horizon, excluded)
+            changes_at = self.outcomes.next_change_ms(record.agent_id)
+            if changes_at is not None:
+                valid_until = min(valid_until, changes_at)
+            problem = self._unroutable(record, now, horizon)
             if problem is not None:
                 rejected[problem] = rejected.get(problem, 0) + 1
                 continue
-            weight = self._effective_weight(record, now)
+            factor = self.outcomes.weight_factor(record.agent_id, now_ms=now)
+            if factor < 1.0:
+                valid_until = min(valid_until, now + ERROR_RECHECK_MS)
+            weight = self._effective_weight(record) * factor
             if weight <= 0:
                 rejected["zero_weight"] = rejected.get("zero_weight", 0) + 1
                 continue
-            candidates.append(Candidate(record, weight, locality, stale,
+            has_acl = has_acl or bool(record.allowed_callers)
+            if horizon is not None:
+                min_lease = min(min_lease, record.lease_expires_at_ms)
+            running += weight
+            cumulative.append(running)
+            candidates.append(Candidate(record, weight, _target(record, locality, stale),
                                         capability.name if capability else None,
                                         capability.version if capability else None))
-        if not candidates:
-            label = "local" if locality is Locality.LOCAL else f"region {region}{' (stale)' if stale else ''}"
-            if not matched:
-                reasons[label] = why_not
-            else:
-                detail = ", ".join(f"{count} {reason}" for reason, count in sorted(rejected.items()))
-                reasons[label] = f"{len(matched)} matched, none routable ({detail})"
-        return Level(region, candidates, registered, stale)
+        return Table(candidates, cumulative, registered, len(matched), rejected, has_acl, index_generation,
+                     outcome_generation, self.cache.preserving, min_lease, valid_until)
 
-    def _matching(self, index: AgentIndex, request: RouteRequest
-                  ) -> tuple[list[tuple[AgentRecord, object]], str]:
+    def _matching(self, index: AgentIndex, request: RouteRequest) -> list[tuple[AgentRecord, Capability | None]]:
         if request.agent_id:
             record = index.get(request.agent_id)
-            return ([(record, None)] if record else []), f"no agent {request.agent_id}"
-        if request.pattern:
-            regex = compile_pattern(request.pattern)
-            found = [(record, None) for record in index if regex.match(record.agent_id)]
-            if request.capability:
-                found = [(r, _capability(r, request.capability)) for r, _ in found]
-                found = [(r, c) for r, c in found if c is not None]
-            return found, f"no agent matches {request.pattern}" + (
-                f" with capability {request.capability}" if request.capability else "")
-        name = request.capability or ""
-        holders = index.with_capability(name)
-        return [(record, _capability(record, name)) for record in holders.values()], f"no agent has capability {name!r}"
+            if record is None:
+                return []
+            return [(record, _capability(record, request.capability) if request.capability else None)]
+        regex = compile_pattern(request.pattern or "*.*.*")
+        found: list[tuple[AgentRecord, Capability | None]] = [
+            (record, None) for record in index if regex.match(record.agent_id)]
+        if request.capability:
+            found = [(r, c) for r, _ in found if (c := _capability(r, request.capability)) is not None]
+        return found
 
-    def _unroutable(self, record: AgentRecord, now: int, horizon: int | None, excluded: set[str]) -> str | None:
-        if record.agent_id in excluded:
-            return "excluded"
+    @staticmethod
+    def _why_empty(request: RouteRequest, table: Table) -> str:
+        if table.matched == 0:
+            if request.agent_id:
+                return f"no agent {request.agent_id}"
+            if request.pattern:
+                with_capability = f" with capability {request.capability}" if request.capability else ""
+                return f"no agent matches {request.pattern}{with_capability}"
+            return f"no agent has capability {request.capability!r}"
+        detail = ", ".join(f"{count} {reason}" for reason, count in sorted(table.rejected.items()))
+        return f"{table.matched} matched, none routable ({detail})"
+
+    def _unroutable(self, record: AgentRecord, now: int, horizon: int | None) -> str | None:
         if horizon is not None and record.lease_expires_at_ms <= horizon:
             return "lease_expired"
         if not record.live:
@@ -242,11 +336,12 @@ class Router:
             return "circuit_open"
         return None
 
-    def _effective_weight(self, record: AgentRecord, now: int) -> float:
+    @staticmethod
+    def _effective_weight(record: AgentRecord) -> float:
+        """Weight × status factor × load factor (the error factor is applied by the caller)."""
         capacity = record.max_concurrency or DEFAULT_CAPACITY
         load_factor = 1.0 / (1.0 + (record.load.inflight + record.load.queued) / capacity)
-        return (record.weight * STATUS_FACTORS[record.status] * load_factor
-                * self.outcomes.weight_factor(record.agent_id, now_ms=now))
+        return record.weight * STATUS_FACTORS[record.status] * load_factor
 
     # -- decision ----------------------------------------------------------------------------
 
@@ -260,10 +355,11 @@ class Router:
         if request.conversation_id:
             target = _rendezvous(chosen_level.candidates, request.conversation_id)
         else:
-            target = self._weighted(chosen_level.candidates)
+            target = self._weighted(chosen_level.candidates, chosen_level.cumulative)
         alternates = self._alternates(target, chosen_level, levels)
         if target.capability is not None:
-            match = match.model_copy(update={"capability": target.capability, "version": target.version})
+            match = Match.model_construct(kind=match.kind, capability=target.capability, version=target.version,
+                                          score=match.score)
         return self._ticket(target, alternates, match, request, caller, now)
 
     def _pick_level(self, levels: list[Level], request: RouteRequest) -> Level | None:
@@ -291,9 +387,12 @@ class Router:
                 return level
         return usable[-1]
 
-    def _weighted(self, candidates: list[Candidate]) -> Candidate:
+    def _weighted(self, candidates: list[Candidate], cumulative: list[float] | None = None) -> Candidate:
         if len(candidates) == 1:
             return candidates[0]
+        if cumulative:
+            position = bisect.bisect_right(cumulative, self._random.random() * cumulative[-1])
+            return candidates[min(position, len(candidates) - 1)]
         total = sum(candidate.weight for candidate in candidates)
         draw = self._random.random() * total
         for candidate in candidates:
@@ -303,12 +402,22 @@ class Router:
         return candidates[-1]
 
     def _alternates(self, target: Candidate, level: Level, levels: Iterable[Level]) -> list[Candidate]:
-        pool = [c for c in level.candidates if c is not target]
         alternates: list[Candidate] = []
-        while pool and len(alternates) < MAX_ALTERNATES:
-            pick = self._weighted(pool)
-            alternates.append(pick)
-            pool.remove(pick)
+        pool = level.candidates
+        if len(pool) > ALTERNATE_SAMPLING_MIN and level.cumulative:
+            # Large pools: weighted draws with rejection instead of copying the pool.
+            for _ in range(MAX_ALTERNATES * 4):
+                pick = self._weighted(pool, level.cumulative)
+                if pick is not target and pick not in alternates:
+                    alternates.append(pick)
+                    if len(alternates) == MAX_ALTERNATES:
+                        break
+        if len(alternates) < MAX_ALTERNATES:
+            rest = [c for c in pool if c is not target and c not in alternates]
+            while rest and len(alternates) < MAX_ALTERNATES:
+                pick = self._weighted(rest)
+                alternates.append(pick)
+                rest = [c for c in rest if c is not pick]
         for other in levels:
             if len(alternates) >= MAX_ALTERNATES:
                 break
@@ -325,19 +434,20 @@ class Router:
         agents = [target.record.agent_id, *(c.record.agent_id for c in alternates)]
         signature = self.signer.sign_ticket({"t": ticket_id, "a": agents, "c": caller.sub, "e": expires})
         self.outcomes.issued(target.record.agent_id, now_ms=now)
-        return RouteTicket(
-            ticket_id=ticket_id, trace_id=trace_id, target=_target(target), alternates=[_target(c) for c in alternates],
-            match=match, locality=target.locality, issued_at_ms=now, expires_at_ms=expires, caller=caller.sub,
-            signature=signature,
+        # Everything here is built from validated records: construct without re-validating.
+        return RouteTicket.model_construct(
+            ticket_id=ticket_id, trace_id=trace_id, target=target.target, alternates=[c.target for c in alternates],
+            match=match, locality=target.target.locality, issued_at_ms=now, expires_at_ms=expires,
+            caller=caller.sub, signature=signature,
         )
 
     @staticmethod
     def _exact_match(request: RouteRequest) -> Match:
         if request.agent_id:
-            return Match(kind=MatchKind.AGENT_ID)
+            return EXACT_MATCHES[MatchKind.AGENT_ID]
         if request.pattern:
-            return Match(kind=MatchKind.PATTERN)
-        return Match(kind=MatchKind.EXACT)
+            return EXACT_MATCHES[MatchKind.PATTERN]
+        return EXACT_MATCHES[MatchKind.EXACT]
 
     @staticmethod
     def _no_agent_message(request: RouteRequest) -> str:
@@ -386,17 +496,17 @@ class Router:
             candidates = []
             for hit in by_region.get(region, []):
                 record = index.get(hit.agent_id)
-                if record is None or not _caller_allowed(record, caller):
+                if record is None or record.agent_id in excluded or not _caller_allowed(record, caller):
                     continue
-                if self._unroutable(record, now, horizon if locality is Locality.LOCAL else None, excluded):
+                if self._unroutable(record, now, horizon if locality is Locality.LOCAL else None):
                     continue
-                candidates.append(Candidate(record, self._effective_weight(record, now), locality, stale,
+                candidates.append(Candidate(record, self._effective_weight(record), _target(record, locality, stale),
                                             hit.capability, _version_of(record, hit.capability)))
             levels.append(Level(region, candidates, 0.0, stale))
         return sorted(levels, key=lambda level: level.stale)
 
 
-def _capability(record: AgentRecord, name: str):  # -> Capability | None
+def _capability(record: AgentRecord, name: str) -> Capability | None:
     for capability in record.capabilities:
         if capability.name == name:
             return capability
@@ -427,10 +537,10 @@ def _rendezvous(candidates: list[Candidate], key: str) -> Candidate:
     return best
 
 
-def _target(candidate: Candidate) -> RouteTarget:
-    record = candidate.record
+def _target(record: AgentRecord, locality: Locality, stale: bool) -> RouteTarget:
     endpoint = record.endpoints["primary"]
-    if candidate.locality is Locality.REMOTE:
+    if locality is Locality.REMOTE:
         endpoint = record.endpoints.get("external", endpoint)
-    return RouteTarget(agent_id=record.agent_id, region=record.region, endpoint=endpoint, transport=record.transport,
-                       callback_endpoint=record.callback_endpoint, locality=candidate.locality, stale=candidate.stale)
+    return RouteTarget.model_construct(agent_id=record.agent_id, region=record.region, endpoint=endpoint,
+                                       transport=record.transport, callback_endpoint=record.callback_endpoint,
+                                       locality=locality, stale=stale)

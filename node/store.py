@@ -33,6 +33,7 @@ from .models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
 DEFAULT_KEY_PREFIX = "ar"
 DEFAULT_CHANGE_STREAM_MAXLEN = 100_000
 _CAS_ATTEMPTS = 8
+_LEASE_BATCH = 1_000
 
 # KEYS: agents, leases, version, changes. ARGV: agent_id, body (record JSON without version),
 # lease expiry ms, now ms, stream maxlen.
@@ -277,11 +278,18 @@ class RegionStore:
         async with self._translate():
             return int(await self.redis.get(self.key_version) or 0)
 
-    async def leases(self) -> dict[str, int]:
-        """Every agent's lease expiry (ms)."""
+    async def leases(self, agent_ids: list[str] | None = None) -> dict[str, int]:
+        """Lease expiry (ms) of the given agents (those still stored), or of every agent."""
         async with self._translate():
-            pairs = await self.redis.zrange(self.key_leases, 0, -1, withscores=True)
-        return {agent_id: int(score) for agent_id, score in pairs}
+            if agent_ids is None:
+                pairs = await self.redis.zrange(self.key_leases, 0, -1, withscores=True)
+                return {agent_id: int(score) for agent_id, score in pairs}
+            found: dict[str, int] = {}
+            for start in range(0, len(agent_ids), _LEASE_BATCH):
+                batch = agent_ids[start:start + _LEASE_BATCH]
+                scores = await self.redis.zmscore(self.key_leases, batch)
+                found.update((agent_id, int(score)) for agent_id, score in zip(batch, scores) if score is not None)
+            return found
 
     async def expired_ids(self, *, now_ms: int, limit: int) -> list[str]:
         async with self._translate():

@@ -72,8 +72,9 @@ async def test_unrenewed_lease_disappears_with_tombstone_on_stream_and_watch(nod
     started = asyncio.get_running_loop().time()
     await wait_for(lambda: _resolve_status(node), timeout_s=5, message="agent to disappear from resolve")
     elapsed_ms = (asyncio.get_running_loop().time() - started) * 1000
-    # lease_ttl (1 s) + sweep/lease-sync interval (0.1 s) + scheduling slack
-    assert elapsed_ms < 1_000 + 100 + 500, elapsed_ms
+    print(f"lease 1000 ms, sweep/lease-sync 100 ms: gone from resolve after {elapsed_ms:.0f} ms")
+    # lease_ttl (1 s) + sweep/lease-sync interval (0.1 s) + slack for a loaded 2-core machine
+    assert 1_000 <= elapsed_ms + 50 and elapsed_ms < 1_000 + 100 + 1_000, elapsed_ms
 
     changes = await node.node.store.read_changes(after_version=version)
     tombstones = [c for c in changes if c.kind is ChangeKind.DELETE and c.agent_id == "lang.translate.lapse"]

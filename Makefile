@@ -1,0 +1,44 @@
+# Agent-Reach: `make up` runs the local three-region cluster, `make test` runs the tests.
+# Every target installs what it needs into a local virtualenv first.
+
+PYTHON  ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install up test bench bench-resolve bench-federation bench-semantic clean
+
+install: $(STAMP)
+
+# torch is pinned and installed first: an unpinned torch pulled in by sentence-transformers
+# would be a multi-GB CUDA build, while 2.13.0 (CPU) is what these machines carry.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[semantic,embedded,dev]'
+	touch $(STAMP)
+
+up: install
+	$(BIN)/agent-reach up $(TOPOLOGY)
+
+test: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: bench-resolve bench-federation bench-semantic
+
+# wrk drives the resolve benchmark from a separate process; it comes from Debian's packages.
+bench-resolve: install
+	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	$(BIN)/python bench/resolve.py
+
+bench-federation: install
+	$(BIN)/python bench/federation.py
+
+bench-semantic: install
+	$(BIN)/python bench/semantic.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,204 @@
+"""Resolve throughput and latency at 1k and 10k agents, against a bare aiohttp handler.
+
+Everything runs on this machine over 127.0.0.1: an embedded redis-server, the node as its own
+process (`agent-reach node`), and wrk as the load generator in a third process, with a Lua
+script that posts a resolve body for a random capability. The baseline is a bare aiohttp
+handler that answers a fixed JSON body, driven the same way in the same run: the ratio says
+how much of the machine's HTTP capacity the router keeps.
+
+Run: `make bench-resolve` (installs wrk if absent) or `.venv/bin/python bench/resolve.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from node.models import AgentRecord, Capability, TokenRole  # noqa: E402
+from node.security import Signer  # noqa: E402
+from node.store import RegionStore, now_ms  # noqa: E402
+from topology.embedded import EmbeddedRedis  # noqa: E402
+
+SECRET = "bench-secret-0123456789abcdef"
+CAPABILITIES = 100
+REGION = "bench"
+
+BASELINE_APP = textwrap.dedent("""
+    import sys
+    from aiohttp import web
+    BODY = b'{"target":{"agent_id":"a.b.c","endpoint":"http://127.0.0.1:9"},"ok":true}'
+    async def handler(request):
+        await request.read()
+        return web.Response(body=BODY, content_type="application/json")
+    app = web.Application()
+    app.router.add_post("/v1/resolve", handler)
+    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
+""")
+
+WRK_SCRIPT = textwrap.dedent("""
+    local capabilities = %d
+    wrk.method = "POST"
+    wrk.headers["Content-Type"] = "application/json"
+    wrk.headers["Authorization"] = "Bearer %s"
+    request = function()
+        local body = string.format('{"capability":"cap.c%%d"}', math.random(0, capabilities - 1))
+        return wrk.format(nil, "/v1/resolve", nil, body)
+    end
+    response = function(status, headers, body)
+        if status ~= 200 then wrk.thread:set("bad", (wrk.thread:get("bad") or 0) + 1) end
+    end
+    done = function(summary, latency, requests)
+        io.write(string.format("NON2XX %%d\\n", summary.errors.status))
+        for _, p in pairs({50, 90, 99, 99.9}) do
+            io.write(string.format("P%%g %%d\\n", p, latency:percentile(p)))
+        end
+        io.write(string.format("RPS %%.1f\\n", summary.requests / (summary.duration / 1e6)))
+    end
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_http(url: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"{url} did not come up within {timeout_s}s")
+
+
+async def populate(redis_url: str, agents: int) -> None:
+    store = RegionStore.from_url(redis_url, region=REGION)
+    now = now_ms()
+    lease = now + 3_600_000
+    await store.redis.delete(store.key_agents, store.key_leases, store.key_version, store.key_changes)
+    for start in range(0, agents, 50):
+        batch = []
+        for i in range(start, min(agents, start + 50)):
+            record = AgentRecord(
+                agent_id=f"bench.pool{i % 50}.a{i}", region=REGION, display_name=f"agent {i}",
+                description="benchmark agent", capabilities=[Capability(name=f"cap.c{i % CAPABILITIES}", version="1")],
+                endpoints={"primary": f"http://127.0.0.1:{10_000 + i % 50_000}"}, lease_ttl_ms=3_600_000,
+                weight=100, registered_at_ms=now, updated_at_ms=now, lease_expires_at_ms=lease,
+            )
+            batch.append(store.register(record, at_ms=now))
+        await asyncio.gather(*batch)
+    await store.aclose()
+
+
+def run_wrk(url: str, token: str, *, seconds: int, connections: int) -> dict[str, float]:
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(WRK_SCRIPT % (CAPABILITIES, token))
+    try:
+        output = subprocess.run(
+            ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "2s", "-s", script.name, url],
+            check=True, capture_output=True, text=True, timeout=seconds + 60,
+        ).stdout
+    finally:
+        os.unlink(script.name)
+    figures = {key: float(value) for key, value in re.findall(r"^(NON2XX|P[\d.]+|RPS) ([\d.]+)$", output, re.M)}
+    return figures
+
+
+def spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def line(label: str, figures: dict[str, float]) -> str:
+    return (f"{label:<28} {figures['RPS']:>10,.0f} req/s   p50 {figures['P50'] / 1000:6.2f} ms   "
+            f"p99 {figures['P99'] / 1000:6.2f} ms   p99.9 {figures['P99.9'] / 1000:6.2f} ms   "
+            f"non-2xx {int(figures['NON2XX'])}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--agents", type=int, nargs="+", default=[1_000, 10_000])
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed: `make bench-resolve` installs it (apt-get install wrk)")
+
+    token = Signer(SECRET.encode()).issue("bench.caller.c1", TokenRole.CALLER, ttl_s=3600)
+    print(f"resolve benchmark: wrk -t1 -c{args.connections} -d{args.seconds}s, {CAPABILITIES} capabilities, "
+          f"random capability per request; {os.cpu_count()} cores shared by server, wrk and redis")
+
+    baseline_port = free_port()
+    baseline = spawn([sys.executable, "-c", BASELINE_APP, str(baseline_port)])
+    try:
+        _wait_port(baseline_port)
+        run_wrk(f"http://127.0.0.1:{baseline_port}", token, seconds=2, connections=args.connections)  # warm-up
+        base = run_wrk(f"http://127.0.0.1:{baseline_port}", token, seconds=args.seconds, connections=args.connections)
+    finally:
+        stop(baseline)
+    print(line("bare aiohttp handler", base))
+
+    redis = EmbeddedRedis()
+    redis.start_sync()
+    try:
+        for agents in args.agents:
+            asyncio.run(populate(redis.url, agents))
+            port = free_port()
+            env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
+            node = spawn([str(Path(sys.executable).with_name("agent-reach")), "--log-level", "WARNING", "node",
+                          "--region", REGION, "--redis", redis.url, "--port", str(port)], env=env)
+            try:
+                wait_http(f"http://127.0.0.1:{port}/readyz")
+                url = f"http://127.0.0.1:{port}"
+                run_wrk(url, token, seconds=2, connections=args.connections)  # warm-up
+                figures = run_wrk(url, token, seconds=args.seconds, connections=args.connections)
+            finally:
+                stop(node)
+            print(line(f"resolve @ {agents:,} agents", figures)
+                  + f"   ratio {figures['RPS'] / base['RPS']:.2f}")
+    finally:
+        redis.stop_sync()
+
+
+def _wait_port(port: int, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"port {port} did not open within {timeout_s}s")
+
+
+if __name__ == "__main__":
+    main()
