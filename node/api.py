@@ -172,13 +172,13 @@ def build_app(node: RegistryNode) -> web.Application:
         started = time.perf_counter()
         route_request = await parse_body(request, RouteRequest)
         try:
-            ticket = await node.resolve(route_request, _caller(request))
+            decision = await node.decide(route_request, _caller(request))
         except NodeError:
             node.metrics.count(node.metrics.resolves, "none", "none", "none")
             raise
         node.metrics.resolve_seconds.observe(time.perf_counter() - started)
-        node.metrics.count(node.metrics.resolves, "ok", ticket.match.kind.value, ticket.locality.value)
-        return json_response(ticket)
+        node.metrics.count(node.metrics.resolves, "ok", decision.match["kind"], decision.target.target["locality"])
+        return web.Response(body=decision.to_json(), content_type="application/json")
 
     @routes.post("/v1/reports")
     async def reports(request: web.Request) -> web.Response:

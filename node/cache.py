@@ -17,7 +17,6 @@ expiring leases lazily until the share drops again (self-preservation, as the sw
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 from collections.abc import Callable, Iterator

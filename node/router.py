@@ -25,16 +25,16 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+import orjson
+
 from .cache import AgentIndex, RegionCache
 from .errors import NoAgentAvailable
 from .models import (
     AgentRecord,
     Capability,
     Locality,
-    Match,
     MatchKind,
     RouteRequest,
-    RouteTarget,
     RouteTicket,
     Scope,
     Status,
@@ -56,7 +56,9 @@ DEFAULT_CAPACITY = 10
 MAX_TABLES = 4_096
 MAX_TIME_MS = 2**62
 ALTERNATE_SAMPLING_MIN = 8
-EXACT_MATCHES = {kind: Match(kind=kind) for kind in (MatchKind.EXACT, MatchKind.PATTERN, MatchKind.AGENT_ID)}
+EXACT_MATCHES: dict[MatchKind, dict[str, object]] = {
+    kind: {"kind": kind.value, "capability": None, "version": None, "score": 1.0}
+    for kind in (MatchKind.EXACT, MatchKind.PATTERN, MatchKind.AGENT_ID)}
 
 
 class PeerView(Protocol):
@@ -92,17 +94,47 @@ class Matcher(Protocol):
 
 @dataclass(slots=True, eq=False)
 class Candidate:
-    """One routable agent with its effective weight and its prebuilt ticket target."""
+    """One routable agent with its effective weight and its ticket target (as plain data)."""
 
     record: AgentRecord
     weight: float
-    target: RouteTarget
+    target: dict[str, object]
     capability: str | None = None
     version: str | None = None
 
     @property
     def agent_id(self) -> str:
         return self.record.agent_id
+
+
+@dataclass(slots=True)
+class Decision:
+    """A routing decision; ``ticket()`` is its pydantic form, ``to_json()`` its wire form."""
+
+    ticket_id: str
+    trace_id: str
+    target: Candidate
+    alternates: list[Candidate]
+    match: dict[str, object]
+    issued_at_ms: int
+    expires_at_ms: int
+    caller: str
+    signature: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "ticket_id": self.ticket_id, "trace_id": self.trace_id, "target": self.target.target,
+            "alternates": [candidate.target for candidate in self.alternates], "match": self.match,
+            "locality": self.target.target["locality"], "issued_at_ms": self.issued_at_ms,
+            "expires_at_ms": self.expires_at_ms, "caller": self.caller, "signature": self.signature,
+        }
+
+    def to_json(self) -> bytes:
+        """The ticket as JSON, without building pydantic models (the resolve hot path)."""
+        return orjson.dumps(self.as_dict())
+
+    def ticket(self) -> RouteTicket:
+        return RouteTicket.model_validate(self.as_dict())
 
 
 @dataclass(slots=True)
@@ -174,8 +206,12 @@ class Router:
 
         Raises :class:`NoAgentAvailable` with the reason of every stage.
         """
+        return (await self.decide(request, caller)).ticket()
+
+    async def decide(self, request: RouteRequest, caller: TokenClaims) -> Decision:
+        """Like :meth:`resolve`, as a :class:`Decision`."""
         try:
-            return self.route(request, caller)
+            return self.decide_exact(request, caller)
         except NoAgentAvailable as exc:
             if not (request.capability and request.semantic and self.matcher is not None):
                 raise
@@ -183,6 +219,9 @@ class Router:
 
     def route(self, request: RouteRequest, caller: TokenClaims) -> RouteTicket:
         """The exact stages only (memory only, no await)."""
+        return self.decide_exact(request, caller).ticket()
+
+    def decide_exact(self, request: RouteRequest, caller: TokenClaims) -> Decision:
         now = now_ms()
         reasons: dict[str, str] = {}
         levels = self._levels(request, caller, now, reasons)
@@ -346,7 +385,7 @@ class Router:
     # -- decision ----------------------------------------------------------------------------
 
     def _decide(self, levels: list[Level], request: RouteRequest, caller: TokenClaims, now: int,
-                reasons: dict[str, str], match: Match) -> RouteTicket:
+                reasons: dict[str, str], match: dict[str, object]) -> Decision:
         fresh = [level for level in levels if not level.stale]
         stale = [level for level in levels if level.stale]
         chosen_level = self._pick_level(fresh, request) or self._pick_level(stale, request)
@@ -358,8 +397,7 @@ class Router:
             target = self._weighted(chosen_level.candidates, chosen_level.cumulative)
         alternates = self._alternates(target, chosen_level, levels)
         if target.capability is not None:
-            match = Match.model_construct(kind=match.kind, capability=target.capability, version=target.version,
-                                          score=match.score)
+            match = {**match, "capability": target.capability, "version": target.version}
         return self._ticket(target, alternates, match, request, caller, now)
 
     def _pick_level(self, levels: list[Level], request: RouteRequest) -> Level | None:
@@ -426,23 +464,18 @@ class Router:
             alternates.append(max(other.candidates, key=lambda c: c.weight))
         return alternates
 
-    def _ticket(self, target: Candidate, alternates: list[Candidate], match: Match, request: RouteRequest,
-                caller: TokenClaims, now: int) -> RouteTicket:
+    def _ticket(self, target: Candidate, alternates: list[Candidate], match: dict[str, object],
+                request: RouteRequest, caller: TokenClaims, now: int) -> Decision:
         ticket_id = os.urandom(8).hex()
         trace_id = request.trace_id or os.urandom(16).hex()
         expires = now + self.ticket_ttl_ms
         agents = [target.record.agent_id, *(c.record.agent_id for c in alternates)]
         signature = self.signer.sign_ticket({"t": ticket_id, "a": agents, "c": caller.sub, "e": expires})
         self.outcomes.issued(target.record.agent_id, now_ms=now)
-        # Everything here is built from validated records: construct without re-validating.
-        return RouteTicket.model_construct(
-            ticket_id=ticket_id, trace_id=trace_id, target=target.target, alternates=[c.target for c in alternates],
-            match=match, locality=target.target.locality, issued_at_ms=now, expires_at_ms=expires,
-            caller=caller.sub, signature=signature,
-        )
+        return Decision(ticket_id, trace_id, target, alternates, match, now, expires, caller.sub, signature)
 
     @staticmethod
-    def _exact_match(request: RouteRequest) -> Match:
+    def _exact_match(request: RouteRequest) -> dict[str, object]:
         if request.agent_id:
             return EXACT_MATCHES[MatchKind.AGENT_ID]
         if request.pattern:
@@ -457,7 +490,7 @@ class Router:
     # -- semantic ----------------------------------------------------------------------------
 
     async def _route_semantic(self, request: RouteRequest, caller: TokenClaims, exact: NoAgentAvailable
-                              ) -> RouteTicket:
+                              ) -> Decision:
         reasons: dict[str, str] = dict(exact.details["stages"]) if exact.details else {}  # type: ignore[arg-type]
         hits = await self.matcher.match(request.capability or "", k=10)  # type: ignore[union-attr]
         now = now_ms()
@@ -477,8 +510,8 @@ class Router:
         hit = scores[(target.record.region, target.record.agent_id)]
         alternates = sorted((c for lv in levels for c in lv.candidates if c is not target),
                             key=lambda c: -scores[(c.record.region, c.record.agent_id)].score)[:MAX_ALTERNATES]
-        match = Match(kind=MatchKind.SEMANTIC, capability=hit.capability, score=round(hit.score, 4),
-                      version=_version_of(target.record, hit.capability))
+        match = {"kind": MatchKind.SEMANTIC.value, "capability": hit.capability, "score": round(hit.score, 4),
+                 "version": _version_of(target.record, hit.capability)}
         return self._ticket(target, alternates, match, request, caller, now)
 
     def _semantic_levels(self, hits: list[SemanticMatch], request: RouteRequest, caller: TokenClaims,
@@ -537,10 +570,11 @@ def _rendezvous(candidates: list[Candidate], key: str) -> Candidate:
     return best
 
 
-def _target(record: AgentRecord, locality: Locality, stale: bool) -> RouteTarget:
+def _target(record: AgentRecord, locality: Locality, stale: bool) -> dict[str, object]:
+    """A :class:`RouteTarget` as plain data (see ``Decision.to_json``)."""
     endpoint = record.endpoints["primary"]
     if locality is Locality.REMOTE:
         endpoint = record.endpoints.get("external", endpoint)
-    return RouteTarget.model_construct(agent_id=record.agent_id, region=record.region, endpoint=endpoint,
-                                       transport=record.transport, callback_endpoint=record.callback_endpoint,
-                                       locality=locality, stale=stale)
+    return {"agent_id": record.agent_id, "region": record.region, "endpoint": endpoint,
+            "transport": record.transport, "callback_endpoint": record.callback_endpoint,
+            "locality": locality.value, "stale": stale}

@@ -36,7 +36,7 @@ from .models import (
     TokenRole,
 )
 from .outcomes import OutcomeTracker
-from .router import Router
+from .router import Decision, Router
 from .security import Signer, authorize_agent
 from .store import RegionStore, now_ms
 from .sweeper import Sweeper
@@ -214,6 +214,10 @@ class RegistryNode:
 
     async def resolve(self, request: RouteRequest, caller: TokenClaims) -> RouteTicket:
         return await self.router.resolve(request, caller)
+
+    async def decide(self, request: RouteRequest, caller: TokenClaims) -> Decision:
+        """Like :meth:`resolve`, as the router's :class:`Decision` (``to_json()`` is cheap)."""
+        return await self.router.decide(request, caller)
 
     def report(self, report: OutcomeReport, caller: TokenClaims) -> None:
         """Feed one call outcome into the error penalty and breaker of the agent called."""

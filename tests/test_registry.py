@@ -113,6 +113,8 @@ async def test_two_nodes_on_one_redis_share_records_and_one_sweeps(node_factory)
     assert a.node.leadership.is_leader != b.node.leadership.is_leader
     # Let the lease lapse: exactly the leader expires it.
     await wait_for(lambda: _resolve_status(b), timeout_s=5, message="expiry seen by B")
+    await wait_for(lambda: a.node.sweeper.stats.expired + b.node.sweeper.stats.expired, timeout_s=5,
+                   message="the sweep")
     leader, follower = (a, b) if a.node.leadership.is_leader else (b, a)
     assert leader.node.sweeper.stats.expired == 1
     assert follower.node.sweeper.stats.sweeps == 0 and follower.node.sweeper.stats.expired == 0
