@@ -39,8 +39,14 @@ CAPABILITIES = 100
 REGION = "bench"
 
 BASELINE_APP = textwrap.dedent("""
+    import asyncio
     import sys
     from aiohttp import web
+    try:
+        import uvloop  # the node runs on uvloop when installed: compare like with like
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
     BODY = b'{"target":{"agent_id":"a.b.c","endpoint":"http://127.0.0.1:9"},"ok":true}'
     async def handler(request):
         await request.read()

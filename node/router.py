@@ -466,8 +466,9 @@ class Router:
 
     def _ticket(self, target: Candidate, alternates: list[Candidate], match: dict[str, object],
                 request: RouteRequest, caller: TokenClaims, now: int) -> Decision:
-        ticket_id = os.urandom(8).hex()
-        trace_id = request.trace_id or os.urandom(16).hex()
+        ids = os.urandom(24).hex()
+        ticket_id = ids[:16]
+        trace_id = request.trace_id or ids[16:]
         expires = now + self.ticket_ttl_ms
         agents = [target.record.agent_id, *(c.record.agent_id for c in alternates)]
         signature = self.signer.sign_ticket({"t": ticket_id, "a": agents, "c": caller.sub, "e": expires})

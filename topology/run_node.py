@@ -20,6 +20,7 @@ from node.config import DEFAULT_PORT, NodeConfig
 from node.models import TokenRole
 from node.security import Signer, load_secret
 
+from .runtime import run
 from .compose import build_node
 from .topology import Topology, TopologyError, load_topology
 
@@ -51,7 +52,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     try:
-        return asyncio.run(_main(args, topology))
+        return run(_main(args, topology))
     except TopologyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
