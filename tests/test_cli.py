@@ -1,0 +1,96 @@
+"""The `agent-reach` command: a node with embedded Redis starts, serves and stops cleanly; tokens."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from node.models import TokenRole
+from node.security import Signer
+
+AGENT_REACH = str(Path(sys.executable).with_name("agent-reach"))
+SECRET = "cli-test-secret-0123456789"
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _read_until(process: subprocess.Popen[str], pattern: str, timeout_s: float = 30.0) -> re.Match[str]:
+    deadline = time.monotonic() + timeout_s
+    seen = []
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            if process.poll() is not None:
+                break
+            continue
+        seen.append(line)
+        found = re.search(pattern, line)
+        if found:
+            return found
+    raise AssertionError(f"no line matching {pattern!r} within {timeout_s}s; output: {''.join(seen)}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_node_with_embedded_redis_starts_serves_and_stops_cleanly(signum: int, tmp_path: Path) -> None:
+    env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
+    process = subprocess.Popen([AGENT_REACH, "node", "--region", "cli", "--port", "0"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        found = _read_until(process, r"url=http://127\.0\.0\.1:(\d+) redis=redis://127\.0\.0\.1:(\d+)")
+        http_port, redis_port = int(found.group(1)), int(found.group(2))
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/readyz", timeout=5) as response:
+            assert response.status == 200
+        assert _port_open(redis_port)
+        process.send_signal(signum)
+        assert process.wait(timeout=20) == 0
+        # No orphan: the embedded redis-server is gone with the node.
+        deadline = time.monotonic() + 5
+        while _port_open(redis_port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _port_open(redis_port), "the embedded redis-server outlived the node"
+        assert not _port_open(http_port)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def test_token_issue_prints_a_verifiable_token(tmp_path: Path) -> None:
+    env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
+    out = subprocess.run([AGENT_REACH, "token", "issue", "--agent", "payment.risk_check.prod_01", "--ttl-s", "60"],
+                         env=env, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    claims = Signer(SECRET.encode()).verify(out)
+    assert claims.sub == "payment.risk_check.prod_01" and claims.role is TokenRole.AGENT
+    assert claims.exp - claims.iat == 60
+
+    bad = subprocess.run([AGENT_REACH, "token", "issue", "--agent", "Not Valid"], env=env, capture_output=True,
+                         text=True, timeout=30)
+    assert bad.returncode == 2 and "namespace.group.name" in bad.stderr
+
+
+def test_secret_file_is_created_once_and_reused(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_REACH_SECRET")}
+    secret_file = tmp_path / "secret"
+    env["AGENT_REACH_SECRET_FILE"] = str(secret_file)
+    first = subprocess.run([AGENT_REACH, "token", "issue", "--admin"], env=env, capture_output=True, text=True,
+                           check=True, timeout=30)
+    assert secret_file.exists() and oct(secret_file.stat().st_mode & 0o777) == "0o600"
+    assert str(secret_file) in first.stderr
+    second = subprocess.run([AGENT_REACH, "token", "issue", "--admin"], env=env, capture_output=True, text=True,
+                            check=True, timeout=30)
+    signer = Signer(secret_file.read_text().strip().encode())
+    assert signer.verify(first.stdout.strip()).role is TokenRole.ADMIN
+    assert signer.verify(second.stdout.strip()).role is TokenRole.ADMIN
