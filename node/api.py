@@ -291,9 +291,12 @@ async def _watch(node: RegistryNode, request: web.Request) -> web.StreamResponse
     pattern = request.query.get("pattern")
     try:
         regex = compile_pattern(pattern) if pattern else None
-        since = int(request.query["since"]) if "since" in request.query else None
     except ValueError as exc:
-        raise ValidationFailed(f"bad watch parameter: {exc}", field="since" if "since" in str(exc) else "pattern") from None
+        raise ValidationFailed(f"pattern: {exc}", field="pattern") from None
+    try:
+        since = int(request.query["since"]) if "since" in request.query else None
+    except ValueError:
+        raise ValidationFailed("since must be a region version (an integer)", field="since") from None
 
     def accept(event: ChangeEvent) -> bool:
         if regex is not None and not regex.match(event.agent_id):

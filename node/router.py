@@ -54,6 +54,7 @@ MAX_ALTERNATES = 2
 STATUS_FACTORS = {Status.READY: 1.0, Status.DEGRADED: 0.5, Status.BUSY: 0.2}
 DEFAULT_CAPACITY = 10
 MAX_TABLES = 4_096
+WEIGHT_FACTORS = frozenset({"weight", "status", "load", "errors"})
 MAX_TIME_MS = 2**62
 ALTERNATE_SAMPLING_MIN = 8
 EXACT_MATCHES: dict[MatchKind, dict[str, object]] = {
@@ -183,9 +184,15 @@ class Router:
                  ticket_ttl_ms: int = DEFAULT_TICKET_TTL_MS,
                  overprovisioning_factor: float = DEFAULT_OVERPROVISIONING_FACTOR,
                  semantic_threshold: float = DEFAULT_SEMANTIC_THRESHOLD,
-                 rng: random.Random | None = None) -> None:
+                 factors: frozenset[str] = WEIGHT_FACTORS, rng: random.Random | None = None) -> None:
         if ticket_ttl_ms <= 0 or overprovisioning_factor < 1.0:
             raise ValueError("ticket_ttl_ms must be positive and overprovisioning_factor at least 1.0")
+        if not factors <= WEIGHT_FACTORS:
+            raise ValueError(f"unknown weight factors {sorted(factors - WEIGHT_FACTORS)}; use {sorted(WEIGHT_FACTORS)}")
+        # Which parts of the effective weight apply; all of them in production, subsets in
+        # bench/routing.py to show that the blend beats each part alone.
+        self.factors = factors
+        self._use_errors = "errors" in factors
         self.cache = cache
         self.region = cache.store.region
         self.signer = signer
@@ -319,7 +326,7 @@ class Router:
             if problem is not None:
                 rejected[problem] = rejected.get(problem, 0) + 1
                 continue
-            factor = self.outcomes.weight_factor(record.agent_id, now_ms=now)
+            factor = self.outcomes.weight_factor(record.agent_id, now_ms=now) if self._use_errors else 1.0
             if factor < 1.0:
                 valid_until = min(valid_until, now + ERROR_RECHECK_MS)
             weight = self._effective_weight(record) * factor
@@ -375,12 +382,15 @@ class Router:
             return "circuit_open"
         return None
 
-    @staticmethod
-    def _effective_weight(record: AgentRecord) -> float:
+    def _effective_weight(self, record: AgentRecord) -> float:
         """Weight × status factor × load factor (the error factor is applied by the caller)."""
-        capacity = record.max_concurrency or DEFAULT_CAPACITY
-        load_factor = 1.0 / (1.0 + (record.load.inflight + record.load.queued) / capacity)
-        return record.weight * STATUS_FACTORS[record.status] * load_factor
+        weight = float(record.weight) if "weight" in self.factors else 1.0
+        if "status" in self.factors:
+            weight *= STATUS_FACTORS[record.status]
+        if "load" in self.factors:
+            capacity = record.max_concurrency or DEFAULT_CAPACITY
+            weight /= 1.0 + (record.load.inflight + record.load.queued) / capacity
+        return weight
 
     # -- decision ----------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from .cache import RegionCache
 from .config import NodeConfig
-from .errors import Forbidden, NodeError, UnknownAgent, ValidationFailed
+from .errors import Forbidden, NodeError, Unauthorized, UnknownAgent, ValidationFailed
 from .health import Prober
 from .leader import Leadership, new_node_id
 from .metrics import NodeMetrics
@@ -127,8 +127,7 @@ class RegistryNode:
     # -- identity ----------------------------------------------------------------------------
 
     def authenticate(self, authorization: str | None) -> TokenClaims:
-        from .errors import Unauthorized
-
+        """The caller's claims from an ``Authorization`` header; raises :class:`Unauthorized`."""
         if not authorization:
             raise Unauthorized("send 'Authorization: Bearer <token>'; 'agent-reach token issue' prints one",
                                code="missing_token")

@@ -25,7 +25,11 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from pydantic import ValidationError
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
 
 from .errors import Conflict, StoreUnavailable, UnknownAgent
 from .models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
@@ -160,7 +164,13 @@ class RegionStore:
     @classmethod
     def from_url(cls, url: str, *, region: str, **options: object) -> RegionStore:
         """A store on a new connection pool; ``aclose()`` closes it."""
-        client = aioredis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+        # A restarted Redis leaves pooled connections dead; retry once on a fresh one instead of
+        # failing the request. Every script is safe to run again (upserts, CAS, idempotent deletes).
+        client = aioredis.Redis.from_url(
+            url, decode_responses=True, health_check_interval=30,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.01), retries=2),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        )
         return cls(client, region=region, **options)  # type: ignore[arg-type]
 
     async def aclose(self) -> None:
