@@ -122,3 +122,48 @@ async def test_rate_limit_answers_429(node_factory) -> None:
     assert statuses[:3] == [200, 200, 200] and statuses[-1] == 429
     # another caller has a bucket of its own
     assert (await node.call("GET", "/v1/agents"))[0] == 200
+
+
+def _mutations(rng, base: dict) -> list[bytes]:
+    """Seeded junk shaped like real bodies: wrong types, deletions, huge and odd values."""
+    junk_values = [None, True, -1, 2**70, 1e308, "", "x" * 5_000, [], {}, [1, "a"], {"a": {"b": None}},
+                   "\u0000", "../../etc", "<script>", "ó" * 100]
+    bodies: list[bytes] = []
+    for _ in range(60):
+        body = dict(base)
+        for _ in range(rng.randint(1, 3)):
+            key = rng.choice([*body.keys(), "agent_id", "zzz", "capabilities", "endpoints"])
+            action = rng.random()
+            if action < 0.3:
+                body.pop(key, None)
+            else:
+                body[key] = rng.choice(junk_values)
+        bodies.append(json.dumps(body).encode())
+    bodies += [b"\xff\xfe", b"null", b"1", b'"string"', b"{" * 1000, b'{"a":' * 200 + b"1" + b"}" * 200]
+    return bodies
+
+
+async def test_junk_never_gets_a_5xx_or_changes_records(node: RunningNode) -> None:
+    import random
+
+    rng = random.Random(20261130)
+    await node.register(GOOD)
+    before = await _stored(node)
+    # Keep the good agent untouched: junk goes to other agent ids.
+    bases = [
+        ("POST", "/v1/agents", {**registration("lang.translate.fuzz")}),
+        ("PUT", "/v1/agents/lang.translate.fuzz/heartbeat", {"status": "busy", "load": {"inflight": 1}}),
+        ("POST", "/v1/resolve", {"capability": "translate.text", "version": "1", "labels": {"a": "b"}}),
+        ("POST", "/v1/reports", {"signature": "x.y", "agent_id": "a.b.c", "outcome": "success"}),
+    ]
+    statuses: dict[int, int] = {}
+    for method, path, base in bases:
+        for body in _mutations(rng, base):
+            status, answer = await node.call(method, path, data=body, headers={"Content-Type": "application/json"})
+            statuses[status] = statuses.get(status, 0) + 1
+            assert status < 500, (method, path, body[:200], answer)
+            if status >= 400:
+                assert isinstance(answer, dict) and answer.get("error") and answer.get("message"), answer
+    print("junk statuses:", dict(sorted(statuses.items())))
+    after = [(agent_id, version) for agent_id, version in await _stored(node) if agent_id != "lang.translate.fuzz"]
+    assert after == before
