@@ -312,8 +312,9 @@ class Embedder:
         if self._state is EmbedderState.CLOSED:
             return
         self._state = EmbedderState.CLOSED
-        self._model = None
         executor, self._executor = self._executor, None
         if executor is not None:
-            # Waiting for a forward pass in progress happens on a helper thread, not the loop.
+            # Batches already queued still run (their callers are awaiting them); waiting for
+            # them happens on a helper thread, not the loop.
             await asyncio.to_thread(executor.shutdown, wait=True)
+        self._model = None
