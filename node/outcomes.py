@@ -67,6 +67,9 @@ class OutcomeTracker:
             self.generation += 1
         health.error_rate = self._decayed(health, now_ms) * (1 - ERROR_EWMA_ALPHA) + (ERROR_EWMA_ALPHA if failed else 0.0)
         health.error_rate_at_ms = now_ms
+        if outcome is Outcome.REJECTED:
+            # A 429 says "too busy", not "broken": it lowers the weight but never trips the breaker.
+            return health.state
         if not failed:
             if health.state is BreakerState.HALF_OPEN:
                 health.state = BreakerState.CLOSED

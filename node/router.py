@@ -55,6 +55,7 @@ STATUS_FACTORS = {Status.READY: 1.0, Status.DEGRADED: 0.5, Status.BUSY: 0.2}
 DEFAULT_CAPACITY = 10
 MAX_TABLES = 4_096
 WEIGHT_FACTORS = frozenset({"weight", "status", "load", "errors"})
+DEFAULT_MAX_EJECTION_FRACTION = 0.5
 MAX_TIME_MS = 2**62
 ALTERNATE_SAMPLING_MIN = 8
 EXACT_MATCHES: dict[MatchKind, dict[str, object]] = {
@@ -184,7 +185,9 @@ class Router:
                  ticket_ttl_ms: int = DEFAULT_TICKET_TTL_MS,
                  overprovisioning_factor: float = DEFAULT_OVERPROVISIONING_FACTOR,
                  semantic_threshold: float = DEFAULT_SEMANTIC_THRESHOLD,
-                 factors: frozenset[str] = WEIGHT_FACTORS, rng: random.Random | None = None) -> None:
+                 factors: frozenset[str] = WEIGHT_FACTORS,
+                 max_ejection_fraction: float = DEFAULT_MAX_EJECTION_FRACTION,
+                 rng: random.Random | None = None) -> None:
         if ticket_ttl_ms <= 0 or overprovisioning_factor < 1.0:
             raise ValueError("ticket_ttl_ms must be positive and overprovisioning_factor at least 1.0")
         if not factors <= WEIGHT_FACTORS:
@@ -193,6 +196,9 @@ class Router:
         # bench/routing.py to show that the blend beats each part alone.
         self.factors = factors
         self._use_errors = "errors" in factors
+        if not 0.0 <= max_ejection_fraction <= 1.0:
+            raise ValueError("max_ejection_fraction must be within [0, 1]")
+        self.max_ejection_fraction = max_ejection_fraction
         self.cache = cache
         self.region = cache.store.region
         self.signer = signer
@@ -311,6 +317,8 @@ class Router:
         has_acl = False
         min_lease = MAX_TIME_MS
         valid_until = MAX_TIME_MS
+        ejected: list[tuple[AgentRecord, Capability | None]] = []
+        admitted: list[tuple[AgentRecord, Capability | None]] = []
         for record, capability in matched:
             if constraint is not None and capability is not None and not constraint.accepts(capability.parsed_version):
                 rejected["incompatible_version"] = rejected.get("incompatible_version", 0) + 1
@@ -323,9 +331,24 @@ class Router:
             if changes_at is not None:
                 valid_until = min(valid_until, changes_at)
             problem = self._unroutable(record, now, horizon)
+            if problem == "circuit_open":
+                ejected.append((record, capability))
+                continue
             if problem is not None:
                 rejected[problem] = rejected.get(problem, 0) + 1
                 continue
+            admitted.append((record, capability))
+        # Like Envoy's max_ejection_percent: breakers may take out at most this share of a pool
+        # of otherwise routable agents; beyond it, overload (not agent faults) is the likelier cause
+        # and ejecting more would only pile the traffic onto the rest. The least-failing return.
+        allowed = int(self.max_ejection_fraction * (len(admitted) + len(ejected)))
+        if len(ejected) > allowed and not request.agent_id:  # one named agent is no pool
+            ejected.sort(key=lambda pair: -self.outcomes.weight_factor(pair[0].agent_id, now_ms=now))
+            admitted += ejected[:len(ejected) - allowed]
+            ejected = ejected[len(ejected) - allowed:]
+        if ejected:
+            rejected["circuit_open"] = len(ejected)
+        for record, capability in admitted:
             factor = self.outcomes.weight_factor(record.agent_id, now_ms=now) if self._use_errors else 1.0
             if factor < 1.0:
                 valid_until = min(valid_until, now + ERROR_RECHECK_MS)

@@ -157,3 +157,27 @@ async def test_labels_acl_and_alternates(node: RunningNode) -> None:
     named = [ticket["target"]["agent_id"], *(a["agent_id"] for a in ticket["alternates"])]
     assert sorted(named) == ["lang.translate.eu", "lang.translate.us"], "two alternates, no ACL-denied agent"
     assert ticket["expires_at_ms"] > ticket["issued_at_ms"]
+
+
+async def test_breakers_eject_at_most_half_of_a_pool(node: RunningNode) -> None:
+    from node.models import Outcome
+    from node.store import now_ms
+
+    agents = [f"lang.translate.e{i}" for i in range(4)]
+    for agent_id in agents:
+        await node.register(registration(agent_id))
+    outcomes = node.node.outcomes
+    for agent_id in agents[:3]:
+        for _ in range(outcomes.failure_threshold):
+            outcomes.record(agent_id, Outcome.FAILURE, now_ms=now_ms())
+    # A fourth failure on e0 makes it the worst: it stays out, the least-failing ejected one returns.
+    outcomes.record(agents[0], Outcome.TIMEOUT, now_ms=now_ms())
+    routed = set(route_many(node, 400, capability="translate.text"))
+    assert len(routed) == 2 and agents[3] in routed and agents[0] not in routed, routed
+    status, body = await node.resolve(agent_id=agents[1])
+    assert status == 404 and "circuit_open" in str(body["details"]), "a named agent gets no pool exemption"
+    # 429s lower the weight but never open a breaker.
+    for _ in range(outcomes.failure_threshold * 2):
+        outcomes.record(agents[3], Outcome.REJECTED, now_ms=now_ms())
+    assert outcomes.admits(agents[3], now_ms=now_ms())
+    assert outcomes.weight_factor(agents[3], now_ms=now_ms()) < 0.5
