@@ -210,7 +210,7 @@ class Consumer:
             reason = f"beacon at version {beacon.watermark}, replica read only up to {replica.seen_version}"
         elif beacon.watermark < replica.seen_version:
             reason = f"beacon at version {beacon.watermark}, below the {replica.seen_version} already read"
-        elif beacon.live_count != len(replica.index) or beacon.digest != replica.digest:
+        elif beacon.digest is not None and (beacon.live_count != len(replica.index) or beacon.digest != replica.digest):
             reason = (f"at version {beacon.watermark} the peer has {beacon.live_count} agents (digest "
                       f"{beacon.digest}), the replica {len(replica.index)} ({replica.digest})")
         else:

@@ -46,12 +46,19 @@ def region_digest(records: Iterable[AgentRecord]) -> tuple[str, int]:
 
 
 class RegionBeacon(Strict):
-    """A region's periodic statement: at ``watermark``, it holds ``live_count`` agents with ``digest``."""
+    """A region's periodic statement: at ``watermark``, it holds ``live_count`` agents with ``digest``.
+
+    The digest is left out while some records' leases have passed but their expiry has not been
+    swept into the change stream yet: the snapshot served for anti-entropy leaves those records
+    out, the replicas still hold them until the deletes arrive, so comparing would only pull
+    snapshots for nothing. The watermark is still compared.
+    """
 
     region: Region
     watermark: int = Field(ge=0, description="Region version every earlier record on the topic covers.")
     live_count: int = Field(ge=0)
-    digest: str = Field(pattern=r"^[0-9a-f]{16}$")
+    digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$",
+                               description="None while leases have passed but the sweeper has not removed them yet.")
     sent_at_ms: int = Field(ge=0)
 
 

@@ -10,9 +10,10 @@ which consumers skip by version.
 
 Every ``beacon_interval_ms`` the publisher takes a snapshot of the region (version ``V``),
 sends every change up to exactly ``V`` and then a :class:`RegionBeacon` for ``V`` with the
-count and digest of the live agents, so on the topic a beacon follows precisely the changes it
-covers. Before each beacon it re-creates the topic if the broker lost it (a restarted
-memory-only broker forgets its topics, and clients would otherwise write to ghost partitions).
+count and digest of its agents (no digest while a passed lease awaits the sweeper), so on the
+topic a beacon follows precisely the changes it covers. Before each beacon it re-creates the
+topic if the broker lost it (a restarted memory-only broker forgets its topics, and clients
+would otherwise write to ghost partitions that vanish when the topic is created again).
 
 Runs as a leader duty: one publisher per region at a time.
 """
@@ -37,7 +38,7 @@ from .config import FederationConfig
 from .errors import BrokerUnavailable
 from .events import FederationMessage, RegionBeacon, region_digest
 from .kafka import PARTITION, ensure_topics, make_producer
-from .replica_store import ReplicaStore
+from .replica_store import ReplicaStore, shielded_read
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,8 @@ class Publisher:
                     position = await self._beacon(producer, position)
                     next_beacon = time.monotonic() + self.config.beacon_interval_ms / 1000
                 block_ms = max(1, int((next_beacon - time.monotonic()) * 1000))
-                events = await self.store.read_changes(after_version=position, block_ms=block_ms,
-                                                       count=self.config.publish_batch_max)
+                events = await shielded_read(self.store.read_changes(
+                    after_version=position, block_ms=block_ms, count=self.config.publish_batch_max))
                 if events:
                     position = await self._publish(producer, events)
         finally:
@@ -155,7 +156,9 @@ class Publisher:
                 break
             position = await self._publish(producer, events)
         at = now_ms()
-        digest, count = region_digest(record for record in snapshot.records if record.leased(at))
+        digest, count = region_digest(snapshot.records)
+        if any(not record.leased(at) for record in snapshot.records):
+            digest, count = None, sum(1 for record in snapshot.records if record.leased(at))
         message = FederationMessage(beacon=RegionBeacon(region=self.config.region, watermark=watermark,
                                                         live_count=count, digest=digest, sent_at_ms=at))
         try:

@@ -35,7 +35,7 @@ from node.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
 from node.store import now_ms
 
 from .events import RegionBeacon, digest_hex, entry_hash
-from .replica_store import FeedEntry, PeerState, ReplicaStore
+from .replica_store import FeedEntry, PeerState, ReplicaStore, shielded_read
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class PeerReplica:
     def in_sync(self) -> bool:
         """The last beacon's watermark was reached and the replica matches its count and digest."""
         beacon = self.beacon
-        return (beacon is not None and beacon.watermark == self.seen_version
+        return (beacon is not None and beacon.watermark == self.seen_version and beacon.digest is not None
                 and beacon.live_count == len(self.index) and beacon.digest == self.digest)
 
     def apply_change(self, event: ChangeEvent) -> bool:
@@ -289,7 +289,8 @@ class RemoteCatalog:
     async def _tail(self) -> None:
         while True:
             try:
-                entries = await self.store.read_feed(after_seq=self.feed_position, block_ms=self.feed_block_ms)
+                entries = await shielded_read(self.store.read_feed(after_seq=self.feed_position,
+                                                                   block_ms=self.feed_block_ms))
                 if entries and entries[0].seq != self.feed_position + 1:
                     log.warning("region %s: replica feed gap (have %d, next %d); reloading", self.region,
                                 self.feed_position, entries[0].seq)
