@@ -460,17 +460,24 @@ class _Heartbeater:
 
 
 class _Reporter:
-    """Sends outcome reports (and direct-call route events) to the node in batches, in the background."""
+    """Sends outcome reports (and direct-call route events) to the node in batches, in the background.
 
-    def __init__(self, api: _NodeApi, *, batch_size: int, flush_interval_s: float, queue_limit: int) -> None:
+    A batch goes out when it holds ``batch_size`` items or ``flush_interval_s`` after its first
+    item, whichever comes first. ``flush()`` puts a marker in the queue and waits until every
+    item before it has been sent, so nothing is lost in a half-collected batch.
+    """
+
+    def __init__(self, api: _NodeApi, *, batch_size: int, flush_interval_s: float, queue_limit: int,
+                 flush_timeout_s: float) -> None:
         self.api = api
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
         self.queue_limit = queue_limit
+        self.flush_timeout_s = flush_timeout_s
         self.sent_reports = 0
         self.sent_batches = 0
         self.dropped = 0
-        self._queue: asyncio.Queue[OutcomeReport | RouteEvent] = asyncio.Queue()
+        self._queue: asyncio.Queue[OutcomeReport | RouteEvent | asyncio.Event] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -483,20 +490,25 @@ class _Reporter:
             return
         self._queue.put_nowait(item)
 
+    async def flush(self) -> None:
+        """Wait until everything queued so far has been sent (or ``flush_timeout_s`` passed)."""
+        if self._task is None or self._task.done():
+            return
+        sent = asyncio.Event()
+        self._queue.put_nowait(sent)
+        try:
+            await asyncio.wait_for(sent.wait(), self.flush_timeout_s)
+        except TimeoutError:
+            log.warning("outcome reports not flushed within %.1fs", self.flush_timeout_s)
+
     async def aclose(self) -> None:
-        """Stop the background task and send what is still queued (best effort)."""
+        """Send what is queued, then stop the background task."""
+        await self.flush()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        await self.flush()
-
-    async def flush(self) -> None:
-        """Send everything queued now."""
-        while not self._queue.empty():
-            batch = [self._queue.get_nowait() for _ in range(min(self.batch_size, self._queue.qsize()))]
-            await self._send(batch)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -505,17 +517,26 @@ class _Reporter:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = [await self._queue.get()]
+            item = await self._queue.get()
             deadline = loop.time() + self.flush_interval_s
-            while len(batch) < self.batch_size:
+            batch: list[OutcomeReport | RouteEvent] = []
+            marker: asyncio.Event | None = None
+            while True:
+                if isinstance(item, asyncio.Event):
+                    marker = item
+                    break
+                batch.append(item)
                 remaining = deadline - loop.time()
-                if remaining <= 0:
+                if len(batch) >= self.batch_size or remaining <= 0:
                     break
                 try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                    item = await asyncio.wait_for(self._queue.get(), remaining)
                 except TimeoutError:
                     break
-            await self._send(batch)
+            if batch:
+                await self._send(batch)
+            if marker is not None:
+                marker.set()
 
     async def _send(self, batch: list[OutcomeReport | RouteEvent]) -> None:
         reports = [item.model_dump(mode="json") for item in batch if isinstance(item, OutcomeReport)]
@@ -682,7 +703,8 @@ class ReachClient:
                                  timeout_s=self.settings.node_timeout_ms / 1000)
             self._reporter = _Reporter(self._api, batch_size=self.settings.report_batch_size,
                                        flush_interval_s=self.settings.report_flush_interval_ms / 1000,
-                                       queue_limit=self.settings.report_queue_limit)
+                                       queue_limit=self.settings.report_queue_limit,
+                                       flush_timeout_s=2 * self.settings.node_timeout_ms / 1000)
             self._reporter.start()
             if self.registration is not None:
                 await self.register()
@@ -777,6 +799,10 @@ class ReachClient:
             await self._reporter.flush()
 
     # -- node queries ------------------------------------------------------------------------
+
+    async def node_health(self) -> dict[str, Any]:
+        """The node's ``/healthz`` answer (raises :class:`NodeUnreachable` if it does not answer)."""
+        return await self._require_api().request("GET", "/healthz")
 
     async def policy(self) -> Policy:
         """The region's policy and what the node makes of this client's token (``GET /v1/policy``)."""

@@ -8,9 +8,10 @@ import sys
 from collections.abc import Sequence
 
 from . import launcher, run_node, tokens
+from . import preflight, sidecar
 
 # Each module adds its subparser and sets ``func`` (taking the parsed args, returning an exit code).
-COMMAND_MODULES = [run_node, tokens, launcher]
+COMMAND_MODULES = [run_node, tokens, launcher, preflight, sidecar]
 
 
 def build_parser() -> argparse.ArgumentParser:
