@@ -272,6 +272,7 @@ class OnceCache:
         self.max_body_bytes = max_body_bytes
         self._release = self.redis.register_script(_RELEASE)
         self._inflight: dict[str, asyncio.Future[Answer]] = {}
+        self.waiting = 0  # duplicates now waiting for a first send's answer
 
     def key(self, caller: str, envelope_id: str) -> str:
         return f"{self.prefix}{caller}:{envelope_id}"
@@ -286,10 +287,13 @@ class OnceCache:
         while True:
             local = self._inflight.get(key)
             if local is not None:
+                self.waiting += 1
                 try:
                     return await asyncio.shield(local), True
                 except _ClaimAgain:
                     continue
+                finally:
+                    self.waiting -= 1
             future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
             self._inflight[key] = future
             try:
@@ -338,6 +342,13 @@ class OnceCache:
             await self.redis.set(key, answer.dump(), px=self.ttl_ms)
 
     async def _wait_stored(self, key: str, deadline: float) -> Answer | None:
+        self.waiting += 1
+        try:
+            return await self._poll_stored(key, deadline)
+        finally:
+            self.waiting -= 1
+
+    async def _poll_stored(self, key: str, deadline: float) -> Answer | None:
         while True:
             async with _redis_errors("read the envelope id's claim"):
                 raw = await self.redis.get(key)
