@@ -16,8 +16,9 @@ from .config import (
     topic_name,
 )
 from .consumer import Consumer, ConsumerState, ConsumerStats
+from .digest import DigestTracker, RegionState, entry_hash, read_region_state, region_digest
 from .errors import BrokerUnavailable, FederationError, InvalidMessage, SnapshotUnavailable
-from .events import FederationMessage, RegionBeacon, entry_hash, region_digest
+from .events import FederationMessage, RegionBeacon
 from .publisher import Publisher, PublisherState, PublisherStats
 from .replica import CatalogState, PeerReplica, RemoteCatalog
 from .replica_store import ReplicaStore
@@ -43,6 +44,9 @@ __all__ = [
     "RegionBeacon",
     "region_digest",
     "entry_hash",
+    "DigestTracker",
+    "RegionState",
+    "read_region_state",
     "topic_name",
     "STATUS_PATH",
     "DEFAULT_BEACON_INTERVAL_MS",

@@ -6,43 +6,18 @@ tell a gap (version ``n`` followed by ``n + 2``) from a duplicate. A registry ch
 thousands of times per second, which one partition carries easily. Records are keyed by
 agent_id (per-agent order on any future multi-partition layout) and beacons by ``~beacon``.
 
-The digest of a region is the XOR of a 64-bit hash of every live ``(agent_id, version)``:
-independent of order and cheap to update one record at a time, so the replica keeps it
-incrementally and compares it with each beacon. This module does no I/O.
+A beacon carries the region's digest (``federation.digest``). This module does no I/O.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable
-
 from pydantic import Field, ValidationError, model_validator
 
-from node.models import AgentRecord, ChangeEvent, Region, Strict
+from node.models import ChangeEvent, Region, Strict
 
 from .errors import InvalidMessage
 
 BEACON_KEY = b"~beacon"
-DIGEST_HEX_CHARS = 16
-
-
-def entry_hash(agent_id: str, version: int) -> int:
-    """The 64-bit hash one ``(agent_id, version)`` contributes to a digest."""
-    return int.from_bytes(hashlib.blake2b(f"{agent_id}\x00{version}".encode(), digest_size=8).digest(), "big")
-
-
-def digest_hex(value: int) -> str:
-    return f"{value:0{DIGEST_HEX_CHARS}x}"
-
-
-def region_digest(records: Iterable[AgentRecord]) -> tuple[str, int]:
-    """Digest (hex) and count of a set of records."""
-    value = 0
-    count = 0
-    for record in records:
-        value ^= entry_hash(record.agent_id, record.version)
-        count += 1
-    return digest_hex(value), count
 
 
 class RegionBeacon(Strict):

@@ -8,10 +8,11 @@ While Kafka is down nothing moves: the backlog waits in the stream and goes out 
 the broker is back — and a crash between send and acknowledgement only causes duplicates,
 which consumers skip by version.
 
-Every ``beacon_interval_ms`` the publisher takes a snapshot of the region (version ``V``),
-sends every change up to exactly ``V`` and then a :class:`RegionBeacon` for ``V`` with the
-count and digest of its agents (no digest while a passed lease awaits the sweeper), so on the
-topic a beacon follows precisely the changes it covers. Before each beacon it re-creates the
+Every ``beacon_interval_ms`` the publisher reads the region's version ``V``, sends every
+change up to exactly ``V`` and then a :class:`RegionBeacon` for ``V`` with the count and digest
+of its agents (no digest while a passed lease awaits the sweeper), so on the topic a beacon
+follows precisely the changes it covers. The digest is tracked from the changes it sends
+(``federation.digest.DigestTracker``), so a beacon costs two Redis reads, not a region scan. Before each beacon it re-creates the
 topic if the broker lost it (a restarted memory-only broker forgets its topics, and clients
 would otherwise write to ghost partitions that vanish when the topic is created again).
 
@@ -29,18 +30,25 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
+from redis.exceptions import RedisError
 
 from node.errors import StoreUnavailable
 from node.models import ChangeEvent
 from node.store import RegionStore, now_ms
 
 from .config import FederationConfig
+from .digest import DigestTracker, read_region_state
 from .errors import BrokerUnavailable
-from .events import FederationMessage, RegionBeacon, region_digest
+from .events import FederationMessage, RegionBeacon
 from .kafka import PARTITION, ensure_topics, make_producer
 from .replica_store import ReplicaStore, shielded_read
 
 log = logging.getLogger(__name__)
+
+# The tracked digest is checked against a full read of the region this often (a safety net:
+# with consecutive changes it cannot drift, but a wrong digest would make every peer pull
+# snapshots until it is right).
+FULL_DIGEST_EVERY_BEACONS = 60
 
 
 class PublisherState(enum.Enum):
@@ -71,6 +79,8 @@ class Publisher:
         self.state = PublisherState.IDLE
         self.stats = PublisherStats()
         self._backoff_ms = config.retry_backoff_ms
+        self.digest = DigestTracker()
+        self._beacons_since_full_read = 0
 
     async def run(self) -> None:
         """Publish until cancelled; Kafka or Redis outages are logged and retried with a backoff."""
@@ -129,6 +139,8 @@ class Publisher:
                                         f"{result!r}") from result
         position = events[-1].version
         await self.replica_store.set_published(position)
+        for event in events:
+            self.digest.advance(event)
         self.stats.published += len(events)
         self.stats.position = position
         return position
@@ -140,8 +152,41 @@ class Publisher:
             self.stats.topic_recreated += 1
             log.warning("region %s: topic %s was missing (the broker lost its data); re-created it — peers "
                         "re-sync by anti-entropy", self.config.region, self.topic)
-        snapshot = await self.store.snapshot()
-        watermark = snapshot.version
+        watermark = await self.store.version()
+        if watermark < position:
+            # The region's Redis lost its data and its versions started again: publish its new
+            # history from the start (peers see the lower watermark and replace their replica).
+            log.warning("region %s: version %d is below the %d already published: the region's Redis lost data; "
+                        "publishing its new history", self.config.region, watermark, position)
+            position = 0
+            await self.replica_store.set_published(0)
+            self.digest = DigestTracker()
+        if self.digest.version < 0 or self._beacons_since_full_read >= FULL_DIGEST_EVERY_BEACONS:
+            self.digest.reset(await read_region_state(self.store))
+            self._beacons_since_full_read = 0
+            watermark = max(watermark, self.digest.version)
+        position = await self._drain_to(producer, position, watermark)
+        if self.digest.version != watermark:
+            # A change did not follow on (trimmed from the stream before it was published).
+            self.digest.reset(await read_region_state(self.store))
+            watermark = self.digest.version
+            position = await self._drain_to(producer, position, watermark)
+        self._beacons_since_full_read += 1
+        at = now_ms()
+        passed = await self._passed_leases(at)
+        live = len(self.digest.versions) - passed
+        beacon = RegionBeacon(region=self.config.region, watermark=watermark, live_count=max(0, live),
+                              digest=self.digest.digest if passed == 0 else None, sent_at_ms=at)
+        message = FederationMessage(beacon=beacon)
+        try:
+            await producer.send_and_wait(self.topic, message.encode(), key=message.key(), partition=PARTITION)
+        except KafkaError as exc:
+            raise BrokerUnavailable(f"Kafka did not acknowledge the beacon of {self.config.region}: {exc!r}") from exc
+        self.stats.beacons += 1
+        return position
+
+    async def _drain_to(self, producer: AIOKafkaProducer, position: int, watermark: int) -> int:
+        """Publish every change after ``position`` up to exactly ``watermark``."""
         while position < watermark:
             events = await self.store.read_changes(after_version=position,
                                                    count=min(self.config.publish_batch_max, watermark - position))
@@ -151,19 +196,14 @@ class Publisher:
                 # in versions and heal it by anti-entropy.
                 log.warning("region %s: changes %d..%d left the change stream before they were published",
                             self.config.region, position + 1, watermark)
-                position = watermark
-                await self.replica_store.set_published(position)
-                break
+                await self.replica_store.set_published(watermark)
+                return watermark
             position = await self._publish(producer, events)
-        at = now_ms()
-        digest, count = region_digest(snapshot.records)
-        if any(not record.leased(at) for record in snapshot.records):
-            digest, count = None, sum(1 for record in snapshot.records if record.leased(at))
-        message = FederationMessage(beacon=RegionBeacon(region=self.config.region, watermark=watermark,
-                                                        live_count=count, digest=digest, sent_at_ms=at))
-        try:
-            await producer.send_and_wait(self.topic, message.encode(), key=message.key(), partition=PARTITION)
-        except KafkaError as exc:
-            raise BrokerUnavailable(f"Kafka did not acknowledge the beacon of {self.config.region}: {exc!r}") from exc
-        self.stats.beacons += 1
         return position
+
+    async def _passed_leases(self, at_ms: int) -> int:
+        """Agents whose lease has passed but whose expiry the sweeper has not written yet."""
+        try:
+            return int(await self.store.redis.zcount(self.store.key_leases, "-inf", at_ms))
+        except RedisError as exc:
+            raise StoreUnavailable(f"Redis of region {self.config.region} cannot count leases: {exc}") from exc

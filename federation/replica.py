@@ -34,7 +34,8 @@ from node.errors import StoreUnavailable
 from node.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
 from node.store import now_ms
 
-from .events import RegionBeacon, digest_hex, entry_hash
+from .digest import digest_hex, entry_hash
+from .events import RegionBeacon
 from .replica_store import FeedEntry, PeerState, ReplicaStore, shielded_read
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from node.store import RegionStore, now_ms
 from .antientropy import AntiEntropy
 from .config import FederationConfig
 from .consumer import Consumer
-from .events import region_digest
+from .digest import read_region_state
 from .publisher import Publisher
 from .replica import RemoteCatalog
 from .replica_store import ReplicaStore
@@ -87,14 +87,13 @@ class Federation:
 
     async def status(self) -> dict[str, object]:
         """This region's own watermark and digest (what its beacon would say now) and every peer's view."""
-        snapshot = await self.store.snapshot()
-        at = now_ms()
-        digest, count = region_digest(record for record in snapshot.records if record.leased(at))
+        state = await read_region_state(self.store)
+        digest, count = state.live_digest(at_ms=now_ms())
         publisher, consumer, anti_entropy = self.publisher.stats, self.consumer.stats, self.anti_entropy.stats
         return {
             "region": self.config.region,
             "topic": self.config.topic(self.config.region),
-            "watermark": snapshot.version,
+            "watermark": state.version,
             "live_count": count,
             "digest": digest,
             "publisher": {"state": self.publisher.state.value, "position": publisher.position,

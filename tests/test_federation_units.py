@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from federation import (
+    DigestTracker,
     Federation,
     FederationConfig,
     FederationMessage,
@@ -25,6 +26,7 @@ from federation import (
     Publisher,
     RemoteCatalog,
     ReplicaStore,
+    read_region_state,
     region_digest,
 )
 from node.api import bound_port, serve
@@ -246,6 +248,31 @@ async def test_reconcile_keeps_newer_records_drops_missing_ones_and_refuses_olde
         _, loaded = await store.load(["p"])
         assert {r.agent_id: r.version for r in loaded["p"].records} == versions_of(catalog)
         assert loaded["p"].floor == 8
+
+
+async def test_tracked_digest_equals_a_full_read_and_notices_a_gap(redis_url: str, region: str) -> None:
+    store = RegionStore.from_url(redis_url, region=region)
+    try:
+        for n in range(6):
+            await store.register(record(f"dig.grp.a{n}", 0, region), at_ms=now_ms())
+        tracker = DigestTracker()
+        tracker.reset(await read_region_state(store))
+        start = tracker.version
+        await store.register(record("dig.grp.a1", 0, region, weight=5), at_ms=now_ms())
+        await store.deregister("dig.grp.a2", at_ms=now_ms())
+        await store.register(record("dig.grp.new", 0, region), at_ms=now_ms())
+        for event in await store.read_changes(after_version=0):
+            tracker.advance(event)  # the ones up to ``start`` are already counted
+        snapshot = await store.snapshot()
+        assert tracker.version == snapshot.version == start + 3
+        assert tracker.digest == region_digest(snapshot.records)[0]
+        assert (await read_region_state(store)).live_digest(at_ms=now_ms()) == region_digest(snapshot.records)
+        gap = ChangeEvent(kind=ChangeKind.DELETE, region=region, version=tracker.version + 2, agent_id="dig.grp.a0",
+                          at_ms=0, reason=DeleteReason.DEREGISTERED)
+        tracker.advance(gap)
+        assert tracker.version == -1  # the caller must read the region again
+    finally:
+        await store.aclose()
 
 
 # -- publisher --------------------------------------------------------------------------------
