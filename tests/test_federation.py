@@ -183,6 +183,14 @@ async def test_register_in_one_region_is_resolvable_in_the_others_and_removal_fo
         assert ticket["target"]["stale"] is False
         record = await cluster.agent(region, agents[0])
         assert record is not None and record["region"] == "ra"
+    status, body = await cluster.resolve("rb", capability=capability, scope="local")
+    assert status == 404 and body["error"] == "no_agent_available"
+    status, body = await cluster.resolve("rb", capability=capability, scope="global")
+    assert status == 200 and body["target"]["region"] == "ra"
+    status, local_list = await cluster.call("rb", "GET", f"/v1/agents?capability={capability}&scope=local")
+    assert status == 200 and local_list["count"] == 0
+    status, global_list = await cluster.call("rb", "GET", f"/v1/agents?capability={capability}&scope=global")
+    assert status == 200 and {a["agent_id"] for a in global_list["agents"]} >= set(agents)
     view = await cluster.peer_view("rb", "ra")
     assert view["agents"] >= len(agents) and view["stale"] is False
     assert view["beacon_age_ms"] is not None and view["events_behind"] is not None
