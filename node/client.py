@@ -311,7 +311,7 @@ class _Heartbeater:
         self.registration = registration
         self.interval_s = interval_s
         self.node_timeout_s = node_timeout_s
-        self.policy = policy
+        self.retry_policy = policy
         self.load = load
         self.status = status
         self.rng = random.Random(rng.random())  # its own stream: the thread must not share the caller's RNG
@@ -402,7 +402,7 @@ class _Heartbeater:
                     self.stats.last_error = f"{exc.code}: {exc.message}"
                     if _retryable_node_error(exc):
                         # Retry sooner than the interval so one lost beat does not cost the lease.
-                        wait_s = min(self.interval_s, self.policy.backoff_s(failures, self.rng))
+                        wait_s = min(self.interval_s, self.retry_policy.backoff_s(failures, self.rng))
                         failures += 1
                     log.warning("heartbeat of %s failed: %s", self.registration.agent_id, exc.message)
                 except Exception as exc:  # noqa: BLE001 - one bad beat must not end the loop
@@ -664,7 +664,7 @@ class ReachClient:
         self.clock = clock
         self.sleep = sleep
         self.rng = rng or random.Random()
-        self.policy = self.settings.retry_policy()
+        self.retry_policy = self.settings.retry_policy()
         self.breakers = OutcomeTracker(failure_threshold=self.settings.breaker_failures,
                                        window_ms=self.settings.breaker_window_ms,
                                        cooldown_ms=self.settings.breaker_cooldown_ms)
@@ -722,7 +722,7 @@ class ReachClient:
             registration = registration.model_copy(update={"status": self._status})
         max_wait = self.settings.register_max_wait_ms
         self.registered = await register_with_backoff(
-            self._require_api(), registration, self.policy, rng=self.rng, sleep=self.sleep, clock=self.clock,
+            self._require_api(), registration, self.retry_policy, rng=self.rng, sleep=self.sleep, clock=self.clock,
             max_wait_s=None if max_wait is None else max_wait / 1000,
             stopping=lambda: self.state in (ClientState.CLOSING, ClientState.CLOSED))
         if self._heartbeater is None:
@@ -730,7 +730,7 @@ class ReachClient:
             self._heartbeater = _Heartbeater(
                 base_url=self.node_url, token=self.token, registration=self.registration,
                 interval_s=interval_ms / 1000, node_timeout_s=min(self.settings.node_timeout_ms, interval_ms) / 1000,
-                policy=self.policy, load=self.load, status=lambda: self._status, rng=self.rng)
+                policy=self.retry_policy, load=self.load, status=lambda: self._status, rng=self.rng)
             if self.settings.heartbeat_in_thread:
                 self._heartbeater.start_thread()
             else:
@@ -856,14 +856,14 @@ class ReachClient:
                                       preferred_region=preferred_region, exclude=None, trace_id=envelope.trace_id)
         timeouts = aiohttp.ClientTimeout(sock_connect=(connect_timeout_ms or settings.connect_timeout_ms) / 1000,
                                          sock_read=(read_timeout_ms or settings.read_timeout_ms) / 1000)
-        max_attempts = self.policy.max_attempts if idempotent else 1
+        max_attempts = self.retry_policy.max_attempts if idempotent else 1
         tried: list[str] = []
         attempts: list[Attempt] = []
         queue: list[_Pick] = []
         last_error: _AttemptError | None = None
         for attempt in range(max_attempts):
             if attempt > 0:
-                delay = self.policy.backoff_s(attempt - 1, self.rng)
+                delay = self.retry_policy.backoff_s(attempt - 1, self.rng)
                 if self.clock() + delay >= deadline:
                     raise self._timeout(envelope, attempts, overall_s)
                 self.backoffs_s.append(delay)

@@ -371,7 +371,7 @@ max_attempts = 4
 """)
     client = ReachClient(config=config, read_timeout_ms=2_000)
     assert client.settings.connect_timeout_ms == 1_500 and client.settings.read_timeout_ms == 2_000
-    assert client.policy.initial_backoff_s == 0.25 and client.policy.max_attempts == 4
+    assert client.retry_policy.initial_backoff_s == 0.25 and client.retry_policy.max_attempts == 4
     async with client:
         assert client.registered is not None and client.registered.heartbeat_interval_ms == 2_000
         status, record = await node.call("GET", "/v1/agents/lang.translate.toml")
