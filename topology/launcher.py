@@ -273,6 +273,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--log-dir", metavar="DIR", help="keep node logs here (default: a temporary directory "
                                                          "removed on exit)")
     parser.add_argument("--secret-file", help="cluster secret file (see README: Security)")
+    parser.add_argument("--demo", action="store_true", help="also start the demo agents (examples/) in different "
+                                                            "regions and show a local and a cross-region call")
     parser.set_defaults(func=_run)
 
 
@@ -295,6 +297,7 @@ async def _main(args: argparse.Namespace, topology: Topology) -> int:
                            run_dir=Path(args.log_dir) if args.log_dir else None,
                            log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()))
     stopping = asyncio.ensure_future(stop.wait())
+    demo = None
     try:
         starting = asyncio.ensure_future(cluster.start())
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -313,6 +316,8 @@ async def _main(args: argparse.Namespace, topology: Topology) -> int:
         print(cluster.summary(), flush=True)
         print(f"  secret {source}", flush=True)
         print(f"admin token (24 h): {cluster.admin_token()}", flush=True)
+        if args.demo:
+            demo = await _start_demo(cluster)
         print("Ctrl-C stops everything.", flush=True)
         exited = asyncio.ensure_future(cluster.wait_any_exit())
         await asyncio.wait({stopping, exited}, return_when=asyncio.FIRST_COMPLETED)
@@ -326,5 +331,17 @@ async def _main(args: argparse.Namespace, topology: Topology) -> int:
         return 0
     finally:
         stopping.cancel()
+        if demo is not None:
+            await demo.aclose()
         await cluster.aclose()
         print("agent-reach up: stopped", flush=True)
+
+
+async def _start_demo(cluster: LocalCluster):  # -> examples.demo.Demo
+    """The demo agents of ``examples/`` (shipped with the source, not as a package), one region each."""
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from examples.demo import start_demo
+
+    return await start_demo({name: cluster.url(name) for name in cluster.nodes}, cluster.admin_token())
