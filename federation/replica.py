@@ -93,6 +93,11 @@ class PeerReplica:
             self._put(event.record)
         return True
 
+    def covers(self, agent_id: str, version: int, *, below_floor: bool = True) -> bool:
+        """A change of ``agent_id`` at ``version`` would not apply: held at that version or later
+        (or, for a change from the topic, at or below the floor)."""
+        return (below_floor and version <= self.floor) or abs(self.versions.get(agent_id, 0)) >= version
+
     def put_record(self, record: AgentRecord) -> ChangeEvent | None:
         """A record from a peer's snapshot; the upsert event if it was newer than what is held."""
         if abs(self.versions.get(record.agent_id, 0)) >= record.version:
@@ -316,7 +321,10 @@ class RemoteCatalog:
         if peer is None:
             return  # a peer that is no longer in the topology
         try:
-            if entry.type == "change" and entry.body:
+            if (entry.type in ("change", "put") and entry.agent_id
+                    and peer.covers(entry.agent_id, entry.version, below_floor=entry.type == "change")):
+                pass  # applied already (the leader applies its commits directly): skip parsing the body
+            elif entry.type == "change" and entry.body:
                 event = ChangeEvent.model_validate_json(entry.body)
                 if peer.apply_change(event):
                     self._emit([event])

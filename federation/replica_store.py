@@ -98,7 +98,7 @@ for i = 6, #ARGV, 5 do
         end
         local s = redis.call('INCR', KEYS[6])
         redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[3], s .. '-0', 'peer', ARGV[1], 'type', 'change',
-                   'at', ARGV[2], 'seen', seen, 'body', ARGV[i + 4])
+                   'at', ARGV[2], 'seen', seen, 'agent_id', id, 'version', ARGV[i + 2], 'body', ARGV[i + 4])
         applied[#applied + 1] = n
       end
     end
@@ -170,7 +170,7 @@ else
     local i = 8 + (k - 1) * 3
     s = redis.call('INCR', KEYS[6])
     redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[3], s .. '-0', 'peer', ARGV[1], 'type', 'put', 'at', ARGV[2],
-               'seen', seen, 'body', ARGV[i + 2])
+               'seen', seen, 'agent_id', ARGV[i], 'version', ARGV[i + 1], 'body', ARGV[i + 2])
   end
   for _, id in ipairs(evicted) do
     s = redis.call('INCR', KEYS[6])
