@@ -272,7 +272,8 @@ class RemoteCatalog:
         applied = [event for event in events if peer.apply_change(event)]
         peer.seen_version = max(peer.seen_version, seen)
         peer.index.version = peer.seen_version
-        peer.hear(heard_at_ms)
+        if applied:  # replays of old records say nothing about the peer being alive now
+            peer.hear(heard_at_ms)
         self._emit(applied)
 
     def committed_beacon(self, region: str, beacon: RegionBeacon, *, heard_at_ms: int) -> None:

@@ -104,7 +104,8 @@ for i = 6, #ARGV, 5 do
     end
   end
 end
-redis.call('HSET', KEYS[3], 'seen', seen, 'heard_at_ms', ARGV[2])
+redis.call('HSET', KEYS[3], 'seen', seen)
+if #applied > 0 then redis.call('HSET', KEYS[3], 'heard_at_ms', ARGV[2]) end
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[4], ARGV[4], ARGV[5]) end
 table.insert(applied, 1, seen)
 return applied
