@@ -107,6 +107,14 @@ def test_topology_without_kafka_or_redis_says_how_to_get_them(tmp_path: Path) ->
         load_topology(tmp_path / "missing.toml")
 
 
+def test_node_command_without_kafka_says_how_to_get_one(tmp_path: Path, redis_url: str,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    file = tmp_path / "no-kafka.toml"
+    file.write_text(BASE.format(extra_a=f'redis_url = "{redis_url}"'))
+    assert cli.main(["node", "--topology", str(file), "--region", "a", "--port", "0"]) == 2
+    assert "names no kafka.bootstrap_servers" in capsys.readouterr().err
+
+
 def test_node_command_rejects_a_bad_topology_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     file = tmp_path / "bad.toml"
     file.write_text(BASE.format(extra_a='prefer = ["a"]'))
