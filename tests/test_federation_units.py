@@ -432,6 +432,17 @@ async def test_new_node_bootstraps_from_the_snapshot_followers_tail_and_restarts
             assert status == 200 and ticket["target"]["region"] == x and ticket["locality"] == "remote"
             assert federation_f.consumer.stats.records == 0  # it never read Kafka itself
 
+            # The leader goes away: the follower takes over the duties and consumes from the
+            # offsets the old leader stored, without a new bootstrap.
+            pair.running.remove(node_y)
+            await node_y.aclose()
+            await wait_for(lambda: follower.node.leadership.is_leader, timeout_s=5, message="follower promoted")
+            await node_x.register(registration("boot.grp.after", lease_ttl_ms=600_000))
+            await wait_for(lambda: federation_f.catalog.peer(x).index.get("boot.grp.after"), timeout_s=5,
+                           message="the promoted follower consumes")
+            assert federation_f.consumer.stats.applied >= 1
+            assert "bootstrap" not in federation_f.anti_entropy.stats.last_reason.values()
+
             # Everything else gone (x, the broker): a restarted y reloads x's agents from Redis.
             for running in pair.running:
                 await running.aclose()
@@ -439,7 +450,7 @@ async def test_new_node_bootstraps_from_the_snapshot_followers_tail_and_restarts
             await kafka.stop()
             restarted, federation_r = await pair.start(y)
             assert {r.agent_id for r in federation_r.catalog.peer(x).index} == {
-                "boot.grp.a0", "boot.grp.a1", "boot.grp.a2", "boot.grp.late"}
+                "boot.grp.a0", "boot.grp.a1", "boot.grp.a2", "boot.grp.late", "boot.grp.after"}
             await wait_for(lambda: federation_r.catalog.peer(x).stale, timeout_s=5, message="x stale after silence")
             status, ticket = await restarted.resolve(capability="translate.text")
             assert status == 200 and ticket["target"]["stale"] is True
