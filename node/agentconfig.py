@@ -37,6 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .envelope import DEFAULT_MAX_HOPS, MAX_HOPS_CEILING
 from .errors import ValidationFailed
 from .models import Registration
 
@@ -120,6 +121,8 @@ class ClientSettings(_Settings):
     jitter_ratio: float = Field(default=DEFAULT_JITTER_RATIO, ge=0.0, lt=1.0)
     max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=20,
                               description="Attempts per call() for idempotent operations (1 = no retry).")
+    max_hops: int = Field(default=DEFAULT_MAX_HOPS, ge=1, le=MAX_HOPS_CEILING,
+                          description="A direct call is a hop too: refuse to send an envelope that reached this.")
     breaker_failures: int = Field(default=DEFAULT_BREAKER_FAILURES, ge=1)
     breaker_window_ms: int = Field(default=DEFAULT_BREAKER_WINDOW_MS, ge=1)
     breaker_cooldown_ms: int = Field(default=DEFAULT_BREAKER_COOLDOWN_MS, ge=1)

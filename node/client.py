@@ -38,7 +38,10 @@ Errors (the node's tree, :mod:`node.errors`, plus)::
             └── CallTimeout       504 the overall request timeout passed
 
 A node error with a known code is raised as its own class (``NoAgentAvailable``,
-``UnknownAgent``, ``Unauthorized`` …) with the node's code, message, field and details.
+``UnknownAgent``, ``Unauthorized``, :class:`~node.envelope.HopLimitExceeded`,
+:class:`~node.envelope.EnvelopeExpired` …) with the node's code, message, field and details.
+``call()`` raises those last two itself before sending: a direct call is a hop, like a
+proxied one, so ``hop_count`` is incremented and an A→B→A loop stops at ``max_hops`` (5).
 """
 
 from __future__ import annotations
@@ -63,7 +66,9 @@ from pydantic import BaseModel, ValidationError
 from .agentconfig import AgentConfig, AgentConfigError, ClientSettings, RetryPolicy, load_agent_config
 from .envelope import (
     Envelope,
+    EnvelopeExpired,
     EnvelopeType,
+    HopLimitExceeded,
     Policy,
     RouteEvent,
     RouteEventKind,
@@ -179,7 +184,8 @@ class CallTimeout(CallFailed):
     code = "call_timeout"
 
 
-_BY_CODE: dict[str, type[NodeError]] = {"unknown_agent": UnknownAgent, "no_agent_available": NoAgentAvailable}
+_BY_CODE: dict[str, type[NodeError]] = {"unknown_agent": UnknownAgent, "no_agent_available": NoAgentAvailable,
+                                         "hop_limit_exceeded": HopLimitExceeded, "envelope_expired": EnvelopeExpired}
 _BY_STATUS: dict[int, type[NodeError]] = {400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound,
                                           409: Conflict, 413: PayloadTooLarge, 422: ValidationFailed,
                                           429: RateLimited, 503: StoreUnavailable}
@@ -413,7 +419,8 @@ class _Heartbeater:
         self.state = HeartbeatState.STOPPED
 
     async def _pause(self, seconds: float) -> None:
-        assert self._stop is not None and self._wake is not None  # set by _main before the loop
+        if self._stop is None or self._wake is None:
+            raise RuntimeError("the heartbeat loop is not running")
         stop = asyncio.ensure_future(self._stop.wait())
         wake = asyncio.ensure_future(self._wake.wait())
         try:
@@ -850,6 +857,24 @@ class ReachClient:
                                 operation=operation or capability, payload=payload,
                                 expire_at_ms=epoch_ms() + int(overall_s * 1000), idempotent=idempotent,
                                 extensions=dict(extensions or {}), **({"trace_id": trace_id} if trace_id else {}))
+        elif capability is None and agent_id is None and pattern is None:
+            # route a prepared envelope the way the proxy would: its target, else its operation
+            target = envelope.target_agent
+            if target and "*" in target:
+                pattern = target
+            elif target:
+                agent_id = target
+            capability = envelope.operation if not target or pattern else None
+        if conversation_id is None and isinstance(envelope.extensions.get("conversation_id"), str):
+            conversation_id = envelope.extensions["conversation_id"]
+        if envelope.expired():
+            raise EnvelopeExpired(f"envelope {envelope.id} expired at {envelope.expire_at_ms} ms; send a new one",
+                                  field="expire_at_ms")
+        if envelope.hop_count >= settings.max_hops:
+            raise HopLimitExceeded(f"envelope {envelope.id} already made {envelope.hop_count} hops (the limit is "
+                                   f"{settings.max_hops}): a loop between agents, or a chain too long",
+                                   field="hop_count")
+        envelope = envelope.forwarded()  # a direct call is a hop too, so A→B→A loops end here as in the proxy
         idempotent = envelope.idempotent or idempotent
         request = self._route_request(capability=capability, agent_id=agent_id, pattern=pattern, version=version,
                                       labels=labels, conversation_id=conversation_id, scope=scope,
@@ -970,7 +995,7 @@ class ReachClient:
             if cached is not None and cached[1] > self.clock():
                 return cached[0]
         ticket = RouteTicket.model_validate(await self._require_api().request("POST", "/v1/resolve", request))
-        if use_cache or not request.exclude:
+        if not request.exclude:  # a decision that excludes agents answers one call, not the next
             lifetime_s = max(0, ticket.expires_at_ms - ticket.issued_at_ms) / 1000 * TICKET_EXPIRY_MARGIN
             if len(self._tickets) >= TICKET_CACHE_SIZE:
                 now = self.clock()

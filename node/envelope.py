@@ -18,6 +18,11 @@ Fields, each with one job::
 ``ack`` means "received", ``response`` means "done" (with the result), ``event`` is a
 business-level push such as progress; do not mix them.
 
+Errors (both raised by the proxy and by the SDK before a direct call)::
+
+    ValidationFailed ── HopLimitExceeded   422 hop_count reached the maximum (default 5)
+    NodeError ──────── EnvelopeExpired     410 expire_at_ms has passed
+
 The second half holds the records of what happened to envelopes — route events and the trace
 of one collaboration — and the region policy a client can read before it registers.
 This module does no I/O.
@@ -32,6 +37,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .errors import NodeError, ValidationFailed
 from .models import TokenClaims
 
 DEFAULT_MAX_HOPS = 5
@@ -55,6 +61,19 @@ def new_trace_id() -> str:
 
 def epoch_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+class HopLimitExceeded(ValidationFailed):
+    """The envelope already travelled the maximum number of hops: a loop, or a chain too long."""
+
+    code = "hop_limit_exceeded"
+
+
+class EnvelopeExpired(NodeError):
+    """The envelope's ``expire_at_ms`` has passed: nobody may act on it any more."""
+
+    status = 410
+    code = "envelope_expired"
 
 
 class EnvelopeType(str, enum.Enum):
@@ -221,5 +240,5 @@ def looks_like_envelope(body: object) -> bool:
     return isinstance(body, dict) and "id" in body and "type" in body and "trace_id" in body
 
 
-__all__ = ["DEFAULT_MAX_HOPS", "Envelope", "EnvelopeType", "Policy", "RouteEvent", "RouteEventKind", "RouteEvents",
+__all__ = ["DEFAULT_MAX_HOPS", "Envelope", "EnvelopeExpired", "EnvelopeType", "HopLimitExceeded", "Policy", "RouteEvent", "RouteEventKind", "RouteEvents",
            "SendAccepted", "Trace", "epoch_ms", "looks_like_envelope", "new_message_id", "new_trace_id"]

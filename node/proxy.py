@@ -61,7 +61,9 @@ from .envelope import (
     MAX_HOPS_CEILING,
     TRACE_ID_PATTERN,
     Envelope,
+    EnvelopeExpired,
     EnvelopeType,
+    HopLimitExceeded,
     Policy,
     RouteEvent,
     RouteEventKind,
@@ -95,19 +97,6 @@ return 0
 
 
 # -- errors ----------------------------------------------------------------------------------
-
-
-class HopLimitExceeded(ValidationFailed):
-    """The envelope already travelled the maximum number of hops: a loop, or a chain too long."""
-
-    code = "hop_limit_exceeded"
-
-
-class EnvelopeExpired(NodeError):
-    """The envelope's ``expire_at_ms`` has passed: nobody may act on it any more."""
-
-    status = 410
-    code = "envelope_expired"
 
 
 class NoCallbackEndpoint(ValidationFailed):

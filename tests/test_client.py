@@ -211,6 +211,8 @@ async def test_heartbeat_keeps_flowing_while_the_handler_blocks_the_event_loop(n
         assert sent_during >= 4, agent.client.heartbeat_stats
         assert len(leases) >= 4, sorted(leases)
         assert statuses and all(status == 200 for status in statuses), statuses
+        print(f"\nhandler blocked its loop {block_s:.1f} s: {sent_during} heartbeats, {len(leases)} lease renewals "
+              f"seen, {len(statuses)} resolves all 200")
         assert agent.client.heartbeat_stats.thread_name == "reach-heartbeat-work.blocker.threaded"
         # the load callback was read on the heartbeat thread while the handler ran
         assert node.node.cache.index.get(agent.agent_id) is not None
@@ -221,6 +223,8 @@ async def test_heartbeats_on_the_agents_own_loop_starve_and_then_reregister(node
     async with ThreadedAgent(node, "work.blocker.task", heartbeat_in_thread=False) as agent:
         leases, statuses, _ = await _leases_while_blocked(node, agent, 3.0)
         assert 404 in statuses, "the lease should lapse when heartbeats share the blocked loop"
+        print(f"\nheartbeats on the blocked loop: {len(leases)} lease value(s) seen, "
+              f"{statuses.count(404)}/{len(statuses)} resolves found nobody")
         # once the handler returns, the next heartbeat meets unknown_agent and registers again
         assert agent.client is not None
         await wait_for(lambda: agent.client.heartbeat_stats.reregistered >= 1, timeout_s=5,
@@ -282,6 +286,8 @@ async def test_killing_one_of_two_targets_mid_run(node: RunningNode) -> None:
             assert sleep.waits == [expected_backoff(0, replay.random()) for _ in sleep.waits]
             assert len(sleep.waits) == len(failovers)
             assert all(0.4 <= wait <= 0.6 for wait in sleep.waits)
+            print(f"\nkill one of two: 45 calls, {len(failovers)} failed over after one backoff each "
+                  f"({', '.join(f'{w * 1000:.0f} ms' for w in sleep.waits)}), then the breaker skipped the dead agent")
             await client.flush_reports()
         # the outcomes reached the node in batches and lowered the dead agent's weight there
         reports_posts = node.node.metrics.requests("/v1/reports", "200")._value.get()

@@ -7,12 +7,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from node.api import bound_port
 from node.client import ReachClient
 from node.config import NodeConfig
-from node.envelope import Envelope, epoch_ms
+from node.envelope import Envelope, EnvelopeExpired, HopLimitExceeded, epoch_ms
 from node.models import TokenRole
 from node.proxy import PROXY_KEY, ProxySettings, configure_proxy
 from node.service import RegistryNode
@@ -314,6 +315,17 @@ async def test_direct_calls_record_their_deliveries_in_the_trace(node: RunningNo
             trace = await client.trace("trace-direct")
         assert [(e.event.value, e.mode, e.agent_id, e.result) for e in trace.events] == \
             [("delivery", "direct", "lang.translate.direct", "success")]
+        # a direct call is a hop too: the agent sees hop_count 1, and a chain at the limit is not sent
+        assert agent.received[0]["hop_count"] == 1
+        async with ReachClient(node.url, token=token) as client:
+            deep = Envelope(operation="translate.text", payload={}, hop_count=5)
+            with pytest.raises(HopLimitExceeded):
+                await client.call("translate.text", envelope=deep)
+            with pytest.raises(EnvelopeExpired):
+                await client.call(envelope=Envelope(operation="translate.text", expire_at_ms=epoch_ms() - 1))
+            routed = await client.call(envelope=Envelope(operation="translate.text", payload={"x": 1}, hop_count=2))
+            assert routed.agent_id == "lang.translate.direct"
+        assert len(agent.received) == 2 and agent.received[1]["hop_count"] == 3
     finally:
         await agent.aclose()
 
