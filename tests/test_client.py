@@ -14,7 +14,7 @@ from aiohttp import web
 
 from node.agentconfig import AgentConfigError, RetryPolicy, load_agent_config
 from node.api import bound_port, serve
-from node.client import CallFailed, CallRejected, ReachClient
+from node.client import CallFailed, CallRejected, CallTimeout, ReachClient
 from node.models import Load, TokenRole
 from node.outcomes import BreakerState
 
@@ -389,3 +389,57 @@ max_attempts = 4
     assert caught.value.field == "client.retries" and "unknown key" in caught.value.message
     with pytest.raises(AgentConfigError):
         ReachClient(config=None, node_url=node.url, token="t", connect_timeout=5)
+
+
+class SlowAgent(AgentServer):
+    """Answers only when the test releases it."""
+
+    release: asyncio.Event
+
+    async def _invoke(self, request: web.Request) -> web.Response:
+        self.calls += 1
+        await self.release.wait()
+        return web.json_response({"late": True})
+
+
+async def test_connect_read_and_overall_timeouts_are_separate(node: RunningNode) -> None:
+    slow = await SlowAgent("slow").start()
+    slow.release = asyncio.Event()
+    # A listener whose accept queue is full: the kernel drops further SYNs, so connecting hangs.
+    jammed = socket.socket()
+    jammed.bind(("127.0.0.1", 0))
+    jammed.listen(0)
+    jammed_port = jammed.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(("127.0.0.1", jammed_port))
+        fillers.append(filler)
+    try:
+        await node.register(registration("work.slow.one", capability="work.slow", endpoint=slow.url + "/invoke"))
+        await node.register(registration("work.jammed.one", capability="work.jammed",
+                                         endpoint=f"http://127.0.0.1:{jammed_port}/invoke"))
+        async with ReachClient(node.url, token=node.admin_token, sleep=RecordingSleep()) as client:
+            started = time.perf_counter()
+            with pytest.raises(CallFailed) as caught:
+                await client.call("work.jammed", {}, connect_timeout_ms=200, read_timeout_ms=10_000)
+            assert caught.value.attempts[0].outcome.value == "timeout"
+            assert time.perf_counter() - started < 2.0  # the connect timeout, not the read one
+
+            started = time.perf_counter()
+            with pytest.raises(CallFailed) as caught:
+                await client.call("work.slow", {}, connect_timeout_ms=10_000, read_timeout_ms=200)
+            assert caught.value.attempts[0].outcome.value == "timeout" and slow.calls == 1
+            assert time.perf_counter() - started < 2.0  # the read timeout
+
+            started = time.perf_counter()
+            with pytest.raises(CallTimeout):
+                await client.call("work.slow", {}, idempotent=True, timeout_ms=300, read_timeout_ms=10_000)
+            assert time.perf_counter() - started < 2.0  # the overall budget, all attempts included
+    finally:
+        for filler in fillers:
+            filler.close()
+        jammed.close()
+        slow.release.set()
+        await slow.aclose()
