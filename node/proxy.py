@@ -73,7 +73,7 @@ from .envelope import (
     looks_like_envelope,
 )
 from .errors import Conflict, Forbidden, NodeError, NotFound, RateLimited, StoreUnavailable, ValidationFailed
-from .models import Outcome, OutcomeReport, RouteRequest, RouteTarget, RouteTicket, Scope, TokenClaims, TokenRole
+from .models import Outcome, OutcomeReport, RouteRequest, RouteTarget, RouteTicket, TokenClaims, TokenRole
 from .service import RegistryNode
 from .store import now_ms
 
