@@ -112,6 +112,8 @@ PASSTHROUGH = "passthrough"
 TICKET_CACHE_SIZE = 1_024
 TICKET_EXPIRY_MARGIN = 0.9
 HEARTBEAT_STOP_TIMEOUT_S = 10.0
+MAX_RESOLVES_PER_PICK = 3
+MAX_EXCLUDE = 64  # RouteRequest.exclude's limit
 LoadCallback = Callable[[], "Load | Mapping[str, Any] | None"]
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -883,6 +885,7 @@ class ReachClient:
                                          sock_read=(read_timeout_ms or settings.read_timeout_ms) / 1000)
         max_attempts = self.retry_policy.max_attempts if idempotent else 1
         tried: list[str] = []
+        tried_endpoints: set[str] = set()
         attempts: list[Attempt] = []
         queue: list[_Pick] = []
         last_error: _AttemptError | None = None
@@ -893,10 +896,11 @@ class ReachClient:
                     raise self._timeout(envelope, attempts, overall_s)
                 self.backoffs_s.append(delay)
                 await self.sleep(delay)
-            pick = await self._next_pick(request, queue, tried, first=attempt == 0)
+            pick = await self._next_pick(request, queue, tried, tried_endpoints, first=attempt == 0)
             if pick is None:
                 break
             tried.append(pick.target.agent_id)
+            tried_endpoints.add(pick.target.endpoint)
             remaining = deadline - self.clock()
             if remaining <= 0:
                 raise self._timeout(envelope, attempts, overall_s)
@@ -1012,33 +1016,35 @@ class ReachClient:
     def _admits(self, agent_id: str) -> bool:
         return self.breakers.admits(agent_id, now_ms=self._now_ms())
 
-    async def _next_pick(self, request: RouteRequest, queue: list[_Pick], tried: list[str], *,
-                         first: bool) -> _Pick | None:
+    async def _next_pick(self, request: RouteRequest, queue: list[_Pick], tried: list[str],
+                         tried_endpoints: set[str], *, first: bool) -> _Pick | None:
         """The next target: the ticket's target, then its alternates, then a fresh decision.
 
-        Never an agent already tried in this call, nor one whose breaker is open.
+        Never an agent or an address already tried in this call, nor an agent whose breaker is open.
         """
         if first:
             ticket = await self._resolve(request)
             queue.extend(_Pick(ticket, target) for target in (ticket.target, *ticket.alternates))
-        while True:
+        for _ in range(MAX_RESOLVES_PER_PICK + 1):
             while queue:
                 pick = queue.pop(0)
-                if pick.target.agent_id not in tried and self._admits(pick.target.agent_id):
+                if (pick.target.agent_id not in tried and pick.target.endpoint not in tried_endpoints
+                        and self._admits(pick.target.agent_id)):
                     self.breakers.issued(pick.target.agent_id, now_ms=self._now_ms())
                     return pick
             now = self._now_ms()
             open_breakers = [a for a in self._targets_seen if not self.breakers.admits(a, now_ms=now)]
-            exclude = sorted(set(tried) | set(open_breakers))
+            exclude = [*tried, *sorted(set(open_breakers) - set(tried))][:MAX_EXCLUDE]
             try:
                 ticket = await self._resolve(request.model_copy(update={"exclude": exclude}), fresh=True)
             except NoAgentAvailable:
                 return None
             fresh = [_Pick(ticket, target) for target in (ticket.target, *ticket.alternates)
-                     if target.agent_id not in tried]
+                     if target.agent_id not in tried and target.endpoint not in tried_endpoints]
             if not fresh:
                 return None
             queue.extend(fresh)
+        return None
 
     async def _deliver(self, target: RouteTarget, envelope: Envelope, timeouts: aiohttp.ClientTimeout,
                        remaining_s: float) -> tuple[int, Any, Envelope | None]:
