@@ -13,11 +13,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import orjson
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from .errors import BadRequest, NodeError, NotFound, PayloadTooLarge, RateLimited, ValidationFailed
 from .models import (
@@ -33,62 +32,17 @@ from .models import (
     TokenClaims,
     compile_pattern,
 )
+from .http import CALLER, NODE_KEY, json_response, error_response, parse_body, validation_error
 from .openapi import build_openapi
+from .proxy import install_proxy_routes
 from .ratelimit import RateLimiter
 from .service import RegistryNode
 
 log = logging.getLogger(__name__)
 
-NODE_KEY = web.AppKey("node", RegistryNode)
-CALLER = web.RequestKey("caller", TokenClaims)
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json"})
 SSE_KEEPALIVE_S = 15.0
-Model = TypeVar("Model", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def json_response(body: object, *, status: int = 200) -> web.Response:
-    if isinstance(body, BaseModel):
-        payload = body.model_dump_json().encode()
-    else:
-        payload = orjson.dumps(body)
-    return web.Response(body=payload, status=status, content_type="application/json")
-
-
-def error_response(error: NodeError) -> web.Response:
-    return json_response(error.body(), status=error.status)
-
-
-async def parse_body(request: web.Request, model: type[Model], *, allow_empty: bool = False) -> Model:
-    """The request body as ``model``; 413 if too large, 400 if not JSON, 422 naming the field."""
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise PayloadTooLarge(f"the body exceeds {request.app[NODE_KEY].config.max_body_bytes} bytes") from exc
-    if not raw:
-        if allow_empty:
-            raw = b"{}"
-        else:
-            raise BadRequest(f"a JSON body ({model.__name__}) is required", code="missing_body")
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        raise validation_error(exc) from exc
-
-
-def validation_error(exc: ValidationError) -> NodeError:
-    first = exc.errors(include_url=False)[0]
-    if first["type"] == "json_invalid":
-        return BadRequest(f"the body is not valid JSON: {first['msg']}", code="invalid_json")
-    field = ".".join(str(part) for part in first["loc"]) or None
-    message = first["msg"]
-    if first["type"] == "extra_forbidden":
-        message = f"unknown field {field!r}"
-    elif field:
-        message = f"{field}: {message}"
-    problems = [{"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]}
-                for e in exc.errors(include_url=False)[:20]]
-    return ValidationFailed(message, field=field, details={"problems": problems} if len(problems) > 1 else None)
 
 
 def _caller(request: web.Request) -> TokenClaims:
@@ -239,7 +193,6 @@ def build_app(node: RegistryNode) -> web.Application:
     app.add_routes(routes)
     for extension in node.extensions:
         extension(app)
-    from .proxy import install_proxy_routes  # here, not at the top: node.proxy imports this module
     install_proxy_routes(app, node)
     return app
 

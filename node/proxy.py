@@ -55,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import RedisError
 
 from .agentconfig import RetryPolicy
-from .api import CALLER, json_response, parse_body, validation_error
+from .http import CALLER, json_response, parse_body, validation_error
 from .envelope import (
     DEFAULT_MAX_HOPS,
     MAX_HOPS_CEILING,

@@ -1,0 +1,61 @@
+"""HTTP plumbing shared by the node's route modules: app/request keys, JSON bodies and errors."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from .errors import BadRequest, NodeError, PayloadTooLarge, ValidationFailed
+from .models import TokenClaims
+from .service import RegistryNode
+
+NODE_KEY = web.AppKey("node", RegistryNode)
+CALLER = web.RequestKey("caller", TokenClaims)
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def json_response(body: object, *, status: int = 200) -> web.Response:
+    if isinstance(body, BaseModel):
+        payload = body.model_dump_json().encode()
+    else:
+        payload = orjson.dumps(body)
+    return web.Response(body=payload, status=status, content_type="application/json")
+
+
+def error_response(error: NodeError) -> web.Response:
+    return json_response(error.body(), status=error.status)
+
+
+async def parse_body(request: web.Request, model: type[Model], *, allow_empty: bool = False) -> Model:
+    """The request body as ``model``; 413 if too large, 400 if not JSON, 422 naming the field."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise PayloadTooLarge(f"the body exceeds {request.app[NODE_KEY].config.max_body_bytes} bytes") from exc
+    if not raw:
+        if allow_empty:
+            raw = b"{}"
+        else:
+            raise BadRequest(f"a JSON body ({model.__name__}) is required", code="missing_body")
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise validation_error(exc) from exc
+
+
+def validation_error(exc: ValidationError) -> NodeError:
+    first = exc.errors(include_url=False)[0]
+    if first["type"] == "json_invalid":
+        return BadRequest(f"the body is not valid JSON: {first['msg']}", code="invalid_json")
+    field = ".".join(str(part) for part in first["loc"]) or None
+    message = first["msg"]
+    if first["type"] == "extra_forbidden":
+        message = f"unknown field {field!r}"
+    elif field:
+        message = f"{field}: {message}"
+    problems = [{"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]}
+                for e in exc.errors(include_url=False)[:20]]
+    return ValidationFailed(message, field=field, details={"problems": problems} if len(problems) > 1 else None)
