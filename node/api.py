@@ -18,7 +18,22 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from .errors import BadRequest, NodeError, NotFound, PayloadTooLarge, RateLimited, ValidationFailed
+from .errors import (
+    BadRequest,
+    NodeError,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+    ValidationFailed,
+)
+from .http import (
+    CALLER,
+    NODE_KEY,
+    error_response,
+    json_response,
+    parse_body,
+    validation_error,
+)
 from .models import (
     AgentList,
     AgentRecord,
@@ -32,7 +47,6 @@ from .models import (
     TokenClaims,
     compile_pattern,
 )
-from .http import CALLER, NODE_KEY, json_response, error_response, parse_body, validation_error
 from .openapi import build_openapi
 from .proxy import install_proxy_routes
 from .ratelimit import RateLimiter
