@@ -22,6 +22,7 @@ from .errors import BrokerUnavailable
 log = logging.getLogger(__name__)
 
 TOPIC_PARTITIONS = 1
+PRODUCER_MAX_BATCH_BYTES = 1024 * 1024
 PARTITION = 0
 _TOPIC_ALREADY_EXISTS = 36
 
@@ -34,6 +35,10 @@ def make_producer(config: FederationConfig) -> AIOKafkaProducer:
         acks="all",
         enable_idempotence=config.enable_idempotence,
         linger_ms=0,
+        # One request per broker is in flight, carrying one batch per partition: with the
+        # default 16 KiB batches a region topic moves ~13 changes per round trip, which caps it
+        # near 1,000 changes/s under load. Batches up to 1 MiB keep the single partition fed.
+        max_batch_size=PRODUCER_MAX_BATCH_BYTES,
         request_timeout_ms=config.request_timeout_ms,
         retry_backoff_ms=config.retry_backoff_ms,
     )
