@@ -151,7 +151,7 @@ class Bench:
         while any(key not in stamps for key in keys) and time.perf_counter() < deadline:
             await asyncio.sleep(0.1)
             stamps = await self.committed_in_observer(feed_start)
-        latencies = [stamps[key] - at for (at, _), key in zip(sent, keys) if key in stamps]
+        latencies = [stamps[key] - at for (at, _), key in zip(sent, keys, strict=True) if key in stamps]
         missing = len(keys) - len(latencies)
         achieved = count / send_duration
         return (f"propagation {SOURCE} -> {OBSERVER} at {rate:>6.0f} changes/s (achieved {achieved:.0f}/s, "

@@ -12,9 +12,10 @@ Every ``beacon_interval_ms`` the publisher reads the region's version ``V``, sen
 change up to exactly ``V`` and then a :class:`RegionBeacon` for ``V`` with the count and digest
 of its agents (no digest while a passed lease awaits the sweeper), so on the topic a beacon
 follows precisely the changes it covers. The digest is tracked from the changes it sends
-(``federation.digest.DigestTracker``), so a beacon costs two Redis reads, not a region scan. Before each beacon it re-creates the
-topic if the broker lost it (a restarted memory-only broker forgets its topics, and clients
-would otherwise write to ghost partitions that vanish when the topic is created again).
+(``federation.digest.DigestTracker``), so a beacon costs two Redis reads, not a region scan.
+Before each beacon it re-creates the topic if the broker lost it (a restarted memory-only
+broker forgets its topics, and clients would otherwise write to ghost partitions that vanish
+when the topic is created again).
 
 Runs as a leader duty: one publisher per region at a time.
 """
