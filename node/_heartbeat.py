@@ -1,0 +1,216 @@
+"""Heartbeats: renew an agent's lease every interval, on a thread of its own (or as a task).
+
+On a thread, with its own event loop and HTTP session, they survive an agent handler that blocks
+the caller's loop; the ``load`` callback then runs on that thread, so it must be thread-safe.
+``unknown_agent`` (the lease lapsed) re-registers from the same thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from ._client_http import NodeApi
+from ._retry import retryable_node_error
+from .agentconfig import RetryPolicy
+from .errors import NodeError, UnknownAgent
+from .models import Heartbeat, Load, Registration, Status
+
+log = logging.getLogger("node.client")  # the SDK logs under one name, whichever module it is in
+
+HEARTBEAT_STOP_TIMEOUT_S = 10.0
+LoadCallback = Callable[[], "Load | Mapping[str, Any] | None"]
+
+
+class HeartbeatState(enum.Enum):
+    """Where the heartbeat loop is; FAILED means it died (see ``Heartbeater.error``)."""
+
+    NEW = "new"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class HeartbeatStats:
+    """What the heartbeat loop did; read from any thread."""
+
+    sent: int = 0
+    failed: int = 0
+    reregistered: int = 0
+    last_sent_at: float | None = None
+    last_error: str | None = None
+    thread_name: str | None = None
+
+
+class Heartbeater:
+    """Renews the lease every ``interval_s``, on a thread of its own or as a task.
+
+    The stop and wake signals may come from any thread (``call_soon_threadsafe``).
+    """
+
+    def __init__(self, *, base_url: str, token: str, registration: Registration, interval_s: float,
+                 node_timeout_s: float, policy: RetryPolicy, load: LoadCallback | None,
+                 status: Callable[[], Status | None], rng: random.Random) -> None:
+        self.base_url = base_url
+        self.token = token
+        self.registration = registration
+        self.interval_s = interval_s
+        self.node_timeout_s = node_timeout_s
+        self.retry_policy = policy
+        self.load = load
+        self.status = status
+        self.rng = random.Random(rng.random())  # its own stream: the thread must not share the caller's RNG
+        self.stats = HeartbeatStats()
+        self.state = HeartbeatState.NEW
+        self.error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start_thread(self) -> None:
+        name = f"reach-heartbeat-{self.registration.agent_id}"
+        self._thread = threading.Thread(target=self._thread_main, name=name, daemon=True)
+        self._thread.start()
+
+    def start_task(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._main(), name="reach-heartbeat")
+        self._task.add_done_callback(self._task_done)
+
+    def wake(self) -> None:
+        """Send a heartbeat now (e.g. to push a status change) instead of at the next tick."""
+        if self._loop is not None and self._wake is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            if self._stop is not None:
+                self._stop.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            return
+        if self._thread is None:
+            return
+        await asyncio.to_thread(self._ready.wait, HEARTBEAT_STOP_TIMEOUT_S)
+        if self._loop is not None and self._stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                self._loop.call_soon_threadsafe(self._stop.set)
+        await asyncio.to_thread(self._thread.join, HEARTBEAT_STOP_TIMEOUT_S)
+        if self._thread.is_alive():
+            log.error("the heartbeat thread of %s did not stop within %.0fs", self.registration.agent_id,
+                      HEARTBEAT_STOP_TIMEOUT_S)
+
+    def _thread_main(self) -> None:
+        self.stats.thread_name = threading.current_thread().name
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # noqa: BLE001 - the thread must record why it died
+            self._died(exc)
+        finally:
+            self._ready.set()
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._died(task.exception())  # type: ignore[arg-type]
+
+    def _died(self, exc: BaseException) -> None:
+        self.error = exc
+        self.state = HeartbeatState.FAILED
+        log.error("heartbeats of %s stopped: %r — the lease will lapse", self.registration.agent_id, exc,
+                  exc_info=exc)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self.state = HeartbeatState.RUNNING
+        self._ready.set()
+        async with aiohttp.ClientSession() as session:
+            api = NodeApi(session, self.base_url, self.token, timeout_s=self.node_timeout_s)
+            failures = 0
+            while not self._stop.is_set():
+                wait_s = self.interval_s
+                try:
+                    await self._beat(api)
+                    failures = 0
+                except asyncio.CancelledError:
+                    raise
+                except NodeError as exc:
+                    self.stats.failed += 1
+                    self.stats.last_error = f"{exc.code}: {exc.message}"
+                    if retryable_node_error(exc):
+                        # Retry sooner than the interval so one lost beat does not cost the lease.
+                        wait_s = min(self.interval_s, self.retry_policy.backoff_s(failures, self.rng))
+                        failures += 1
+                    log.warning("heartbeat of %s failed: %s", self.registration.agent_id, exc.message)
+                except Exception as exc:  # noqa: BLE001 - one bad beat must not end the loop
+                    self.stats.failed += 1
+                    self.stats.last_error = repr(exc)
+                    log.exception("heartbeat of %s failed unexpectedly", self.registration.agent_id)
+                await self._pause(wait_s)
+        self.state = HeartbeatState.STOPPED
+
+    async def _pause(self, seconds: float) -> None:
+        if self._stop is None or self._wake is None:
+            raise RuntimeError("the heartbeat loop is not running")
+        stop = asyncio.ensure_future(self._stop.wait())
+        wake = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({stop, wake}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            wake.cancel()
+        self._wake.clear()
+
+    async def _beat(self, api: NodeApi) -> None:
+        beat = Heartbeat(status=self.status(), load=self._current_load())
+        try:
+            await api.heartbeat(self.registration.agent_id, beat)
+        except UnknownAgent:
+            # The lease lapsed (a partition, a paused process, a node that lost Redis): come back.
+            registration = self.registration
+            status = self.status()
+            if status is not None:
+                registration = registration.model_copy(update={"status": status})
+            response = await api.register(registration)
+            self.stats.reregistered += 1
+            if response.heartbeat_interval_ms:
+                self.interval_s = min(self.interval_s, response.heartbeat_interval_ms / 1000)
+            log.warning("%s had no lease at %s; registered again (version %d)", registration.agent_id,
+                        self.base_url, response.version)
+        self.stats.sent += 1
+        self.stats.last_sent_at = time.monotonic()
+        self.stats.last_error = None
+
+    def _current_load(self) -> Load | None:
+        if self.load is None:
+            return None
+        try:
+            value = self.load()
+        except Exception:  # noqa: BLE001 - a broken load callback must not stop the heartbeat
+            log.exception("the load callback of %s raised; heartbeat sent without load", self.registration.agent_id)
+            return None
+        if value is None or isinstance(value, Load):
+            return value
+        return Load.model_validate(dict(value))
+
+
+__all__ = ["HEARTBEAT_STOP_TIMEOUT_S", "Heartbeater", "HeartbeatState", "HeartbeatStats", "LoadCallback"]

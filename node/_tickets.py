@@ -1,0 +1,48 @@
+"""The SDK's route-ticket cache: ``resolve()`` answers from it until a ticket is about to expire."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .models import RouteRequest, RouteTicket
+
+TICKET_CACHE_SIZE = 1_024
+TICKET_EXPIRY_MARGIN = 0.9  # a ticket is reused for this share of its lifetime, so it never expires in flight
+
+
+class TicketCache:
+    """Tickets by route request (all of it but ``exclude`` and ``trace_id``), each until its expiry.
+
+    ``clock`` is monotonic seconds. When full, expired tickets go first, else the oldest one.
+    """
+
+    def __init__(self, *, clock: Callable[[], float], size: int = TICKET_CACHE_SIZE) -> None:
+        self.clock = clock
+        self.size = size
+        self._tickets: dict[str, tuple[RouteTicket, float]] = {}
+
+    def get(self, request: RouteRequest) -> RouteTicket | None:
+        cached = self._tickets.get(_key(request))
+        if cached is not None and cached[1] > self.clock():
+            return cached[0]
+        return None
+
+    def put(self, request: RouteRequest, ticket: RouteTicket) -> None:
+        lifetime_s = max(0, ticket.expires_at_ms - ticket.issued_at_ms) / 1000 * TICKET_EXPIRY_MARGIN
+        if len(self._tickets) >= self.size:
+            now = self.clock()
+            for stale in [k for k, (_, until) in self._tickets.items() if until <= now] or [next(iter(self._tickets))]:
+                self._tickets.pop(stale, None)
+        self._tickets[_key(request)] = (ticket, self.clock() + lifetime_s)
+
+    def evict(self, agent_id: str) -> None:
+        """Forget the tickets whose target is ``agent_id`` (it just failed), so the next call asks again."""
+        for key in [k for k, (ticket, _) in self._tickets.items() if ticket.target.agent_id == agent_id]:
+            del self._tickets[key]
+
+
+def _key(request: RouteRequest) -> str:
+    return request.model_dump_json(exclude={"exclude", "trace_id"})
+
+
+__all__ = ["TICKET_CACHE_SIZE", "TICKET_EXPIRY_MARGIN", "TicketCache"]
