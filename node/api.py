@@ -184,7 +184,7 @@ def build_app(node: RegistryNode) -> web.Application:
 
     @routes.get("/v1/federation/snapshot")
     async def snapshot(request: web.Request) -> web.Response:
-        return json_response(await node.snapshot())
+        return web.Response(body=await node.snapshot_json(), content_type="application/json")
 
     @routes.get("/v1/openapi.json")
     async def openapi(request: web.Request) -> web.Response:

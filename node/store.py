@@ -38,6 +38,8 @@ DEFAULT_KEY_PREFIX = "ar"
 DEFAULT_CHANGE_STREAM_MAXLEN = 100_000
 _CAS_ATTEMPTS = 8
 _LEASE_BATCH = 1_000
+DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_POOL_TIMEOUT_S = 5.0
 
 # KEYS: agents, leases, version, changes. ARGV: agent_id, body (record JSON without version),
 # lease expiry ms, now ms, stream maxlen.
@@ -166,9 +168,14 @@ class RegionStore:
         """A store on a new connection pool; ``aclose()`` closes it."""
         # A restarted Redis leaves pooled connections dead; retry once on a fresh one instead of
         # failing the request. Every script is safe to run again (upserts, CAS, idempotent deletes).
-        client = aioredis.Redis.from_url(
-            url, decode_responses=True, health_check_interval=30,
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.01), retries=2),
+        # A bounded pool that waits for a free connection under bursts instead of failing with
+        # "Too many connections".
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, decode_responses=True, health_check_interval=30, max_connections=DEFAULT_MAX_CONNECTIONS,
+            timeout=DEFAULT_POOL_TIMEOUT_S,
+        )
+        client = aioredis.Redis(
+            connection_pool=pool, retry=Retry(ExponentialBackoff(cap=0.5, base=0.01), retries=2),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
         return cls(client, region=region, **options)  # type: ignore[arg-type]
@@ -283,6 +290,22 @@ class RegionStore:
         records = [self._parse_record(raw, lease_expires_at_ms=lease_of.get(agent_id, 0))
                    for agent_id, raw in raw_records.items()]
         return SnapshotData(version=int(version or 0), records=records)
+
+    async def live_records_json(self, *, now_ms: int) -> tuple[int, list[str]]:
+        """The version and the stored JSON of every agent whose lease has not passed.
+
+        Unparsed, for serving snapshots cheaply; each string is a valid ``AgentRecord`` whose
+        ``lease_expires_at_ms`` is the one written at its last change (heartbeats move only the
+        lease set).
+        """
+        async with self._translate():
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.get(self.key_version)
+                pipe.hgetall(self.key_agents)
+                pipe.zrangebyscore(self.key_leases, f"({now_ms}", "+inf")
+                version, raw_records, live = await pipe.execute()
+        live_ids = set(live)
+        return int(version or 0), [raw for agent_id, raw in raw_records.items() if agent_id in live_ids]
 
     async def version(self) -> int:
         async with self._translate():

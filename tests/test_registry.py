@@ -197,3 +197,15 @@ async def test_openapi_health_and_metrics_are_public(node: RunningNode) -> None:
             spec = await response.json()
     assert "/v1/resolve" in spec["paths"] and "Registration" in spec["components"]["schemas"]
     assert spec["components"]["schemas"]["Registration"]["additionalProperties"] is False
+
+
+async def test_federation_snapshot_serves_live_records_and_watermark(node: RunningNode) -> None:
+    from node.models import Snapshot
+
+    await node.register(registration("lang.translate.snap1"))
+    last = await node.register(registration("lang.translate.snap2"))
+    status, body = await node.call("GET", "/v1/federation/snapshot")
+    assert status == 200
+    snapshot = Snapshot.model_validate(body)
+    assert snapshot.watermark == last["version"] and snapshot.region == node.node.region
+    assert sorted(a.agent_id for a in snapshot.agents) == ["lang.translate.snap1", "lang.translate.snap2"]
