@@ -82,6 +82,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
 
+from .topology import TopologyError
+
 __all__ = [
     "DEFAULT_BIND_HOST",
     "DEFAULT_STARTUP_TIMEOUT_S",
@@ -109,7 +111,7 @@ _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 _TANSU_ENV_TO_DROP = ("SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
-class EmbeddedServiceError(Exception):
+class EmbeddedServiceError(TopologyError):
     """An embedded Redis server or Kafka broker could not be found, started or stopped."""
 
 
