@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from .a2a import CardRegistration, record_to_card
 from .errors import (
     BadRequest,
     NodeError,
@@ -50,6 +51,7 @@ from .models import (
 from .openapi import build_openapi
 from .proxy import install_proxy_routes
 from .ratelimit import RateLimiter
+from .search import DEFAULT_SEARCH_K, MAX_SEARCH_K
 from .service import RegistryNode
 
 log = logging.getLogger(__name__)
@@ -131,6 +133,38 @@ def build_app(node: RegistryNode) -> web.Application:
                            code="unknown_agent")
         return json_response(record)
 
+    @routes.get("/v1/agents/{agent_id}/agent-card.json")
+    async def agent_card(request: web.Request) -> web.Response:
+        agent_id = request.match_info["agent_id"]
+        record = node.find(agent_id)
+        if record is None:
+            raise NotFound(f"no agent {agent_id} in region {node.region} or its peers", field="agent_id",
+                           code="unknown_agent")
+        return json_response(record_to_card(record))
+
+    @routes.post("/v1/agent-cards")
+    async def register_card(request: web.Request) -> web.Response:
+        card_registration = await parse_body(request, CardRegistration)
+        response, created = await node.register_card(card_registration, _caller(request))
+        return json_response(response, status=201 if created else 200)
+
+    @routes.get("/v1/search")
+    async def search(request: web.Request) -> web.Response:
+        query = request.query.get("q", "").strip()
+        if not query:
+            raise ValidationFailed("q is required: what should the agent do?", field="q")
+        if len(query) > 2_000:
+            raise ValidationFailed("q is longer than 2000 characters", field="q")
+        try:
+            k = int(request.query.get("k", DEFAULT_SEARCH_K))
+        except ValueError:
+            raise ValidationFailed("k must be an integer", field="k") from None
+        if not 1 <= k <= MAX_SEARCH_K:
+            raise ValidationFailed(f"k must be within 1..{MAX_SEARCH_K}", field="k")
+        scope = _scope(request, default=Scope.GLOBAL)
+        routable_only = request.query.get("routable", "false").lower() in {"1", "true", "yes"}
+        return json_response(await node.search(query, k=k, scope=scope, routable_only=routable_only))
+
     @routes.get("/v1/agents")
     async def list_agents(request: web.Request) -> web.Response:
         return json_response(_list_agents(node, request))
@@ -211,12 +245,16 @@ def build_app(node: RegistryNode) -> web.Application:
     return app
 
 
-def _list_agents(node: RegistryNode, request: web.Request) -> AgentList:
-    query = request.query
+def _scope(request: web.Request, *, default: Scope) -> Scope:
     try:
-        scope = Scope(query.get("scope", "local"))
+        return Scope(request.query.get("scope", default.value))
     except ValueError:
         raise ValidationFailed("scope must be local, local-first or global", field="scope") from None
+
+
+def _list_agents(node: RegistryNode, request: web.Request) -> AgentList:
+    query = request.query
+    scope = _scope(request, default=Scope.LOCAL)
     capability = query.get("capability")
     pattern = query.get("pattern")
     regex = None

@@ -4,14 +4,26 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .cache import DEFAULT_LEASE_SYNC_INTERVAL_MS, DEFAULT_PRESERVE_FRACTION, DEFAULT_PRESERVE_MIN_AGENTS
+from .cache import (
+    DEFAULT_LEASE_SYNC_INTERVAL_MS,
+    DEFAULT_PRESERVE_FRACTION,
+    DEFAULT_PRESERVE_MIN_AGENTS,
+)
 from .health import DEFAULT_MAX_CONCURRENT_PROBES
 from .leader import DEFAULT_LEADER_TTL_MS
 from .models import REGION_PATTERN
-from .outcomes import DEFAULT_BREAKER_COOLDOWN_MS, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_WINDOW_MS
-from .router import DEFAULT_OVERPROVISIONING_FACTOR, DEFAULT_SEMANTIC_THRESHOLD, DEFAULT_TICKET_TTL_MS
+from .outcomes import (
+    DEFAULT_BREAKER_COOLDOWN_MS,
+    DEFAULT_BREAKER_FAILURES,
+    DEFAULT_BREAKER_WINDOW_MS,
+)
+from .router import DEFAULT_OVERPROVISIONING_FACTOR, DEFAULT_TICKET_TTL_MS
 from .store import DEFAULT_CHANGE_STREAM_MAXLEN, DEFAULT_KEY_PREFIX
-from .sweeper import DEFAULT_MAX_EXPIRE_FRACTION, DEFAULT_PROTECTION_MAX_HOLD_MS, DEFAULT_SWEEP_INTERVAL_MS
+from .sweeper import (
+    DEFAULT_MAX_EXPIRE_FRACTION,
+    DEFAULT_PROTECTION_MAX_HOLD_MS,
+    DEFAULT_SWEEP_INTERVAL_MS,
+)
 
 DEFAULT_PORT = 7070
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
@@ -45,7 +57,11 @@ class NodeConfig(BaseModel):
     ticket_ttl_ms: int = Field(default=DEFAULT_TICKET_TTL_MS, ge=100)
     report_grace_ms: int = Field(default=DEFAULT_REPORT_GRACE_MS, ge=0)
     overprovisioning_factor: float = Field(default=DEFAULT_OVERPROVISIONING_FACTOR, ge=1.0)
-    semantic_threshold: float = Field(default=DEFAULT_SEMANTIC_THRESHOLD, ge=-1.0, le=1.0)
+    semantic_threshold: float | None = Field(
+        default=None, ge=-1.0, le=1.0,
+        description="Score a semantic fallback match needs; None = the matcher's suggestion for its mode.")
+    semantic_enabled: bool = Field(default=True, description="False: search and fallback are lexical only.")
+    semantic_model: str | None = Field(default=None, description="Model name or path; None = packaged MiniLM.")
     breaker_failures: int = Field(default=DEFAULT_BREAKER_FAILURES, ge=1)
     breaker_window_ms: int = Field(default=DEFAULT_BREAKER_WINDOW_MS, ge=1)
     breaker_cooldown_ms: int = Field(default=DEFAULT_BREAKER_COOLDOWN_MS, ge=1)

@@ -13,7 +13,8 @@ Hierarchy::
     │   └── NoAgentAvailable      404 the router found nobody; says why per stage
     ├── Conflict                  409 a concurrent change won; retry
     ├── RateLimited               429 too many requests from one caller
-    └── StoreUnavailable          503 Redis cannot be reached
+    ├── StoreUnavailable          503 Redis cannot be reached
+    └── SearchUnavailable         503 no search is attached to this node
 """
 
 from __future__ import annotations
@@ -114,3 +115,10 @@ class StoreUnavailable(NodeError):
 
     status = 503
     code = "store_unavailable"
+
+
+class SearchUnavailable(NodeError):
+    """No natural-language search is attached to this node."""
+
+    status = 503
+    code = "search_unavailable"

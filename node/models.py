@@ -416,6 +416,28 @@ class Snapshot(Strict):
     agents: list[AgentRecord]
 
 
+class SearchHit(Strict):
+    """One agent found by a natural-language search, with why it matched."""
+
+    agent_id: AgentId
+    region: Region
+    locality: Locality
+    capability: str | None = Field(description="The capability that matched; null when the description did.")
+    score: float = Field(description="The final (fused) score used for ranking and thresholds.")
+    vector_score: float | None = Field(description="Cosine similarity; null in lexical mode.")
+    lexical_score: float
+    routable: bool
+    display_name: str = ""
+
+
+class SearchResponse(Strict):
+    query: str
+    mode: Literal["hybrid", "lexical"]
+    scope: Scope
+    hits: list[SearchHit]
+    took_ms: float
+
+
 class ErrorBody(Strict):
     error: str = Field(description="snake_case code, e.g. no_agent_available")
     message: str

@@ -7,6 +7,7 @@ from functools import lru_cache
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from .a2a import CardRegistration
 from .envelope import Envelope, Policy, RouteEvents, SendAccepted, Trace
 from .models import (
     AgentList,
@@ -20,13 +21,14 @@ from .models import (
     Registration,
     RouteRequest,
     RouteTicket,
+    SearchResponse,
     Snapshot,
 )
 
 _MODELS: list[type[BaseModel]] = [
     Registration, RegisterResponse, Heartbeat, HeartbeatResponse, AgentRecord, AgentList, RouteRequest,
-    RouteTicket, OutcomeReport, OutcomeReports, Snapshot, ErrorBody, Envelope, SendAccepted, RouteEvents, Trace,
-    Policy,
+    RouteTicket, OutcomeReport, OutcomeReports, Snapshot, ErrorBody, SearchResponse, CardRegistration, Envelope,
+    SendAccepted, RouteEvents, Trace, Policy,
 ]
 _ERRORS = {"400": "Malformed request", "401": "Missing, forged or expired token", "403": "Not allowed",
            "404": "Not found", "413": "Body too large", "422": "A field is invalid", "429": "Rate limited",
@@ -91,11 +93,24 @@ def build_openapi(region: str) -> dict[str, object]:
                               parameters=[AGENT_ID]),
         },
         "/v1/resolve": {"post": _operation("Route ticket", body=RouteRequest, response=RouteTicket)},
+        "/v1/search": {"get": _operation("Natural-language search over local and remote agents",
+                                         response=SearchResponse, parameters=[
+                                             _param("q", required=True, description="what the agent should do"),
+                                             _param("k", description="how many agents (1..100, default 10)"),
+                                             _param("scope", description="local|local-first|global (default)"),
+                                             _param("routable", description="true: only routable agents")])},
+        "/v1/agent-cards": {"post": _operation("Register an agent from an A2A Agent Card (v1.0 or v0.3)",
+                                               body=CardRegistration, response=RegisterResponse)},
+        "/v1/agents/{agent_id}/agent-card.json": {"get": _operation("The agent as an A2A Agent Card (v1.0)",
+                                                                    parameters=[AGENT_ID])},
         "/v1/reports": {"post": _operation("Report call outcomes", body=OutcomeReports)},
         "/v1/watch": {"get": _operation("Server-sent change events", media="text/event-stream", parameters=[
             _param("since", description="replay changes after this version"), _param("capability"), _param("pattern")])},
         "/v1/regions": {"get": _operation("Topology, peer freshness, counts")},
         "/v1/federation/snapshot": {"get": _operation("Live local records + watermark", response=Snapshot)},
+        "/v1/federation/status": {"get": _operation(
+            "Federation: this region's watermark and digest, publisher, consumer, anti-entropy, peers "
+            "(present when federation is attached)")},
         "/v1/send": {"post": _operation(
             "Proxy mode: route and deliver an envelope (hop limit, expiry, once per id); the target's answer "
             "as is, or 202 SendAccepted with delivery=callback", body=Envelope, parameters=[

@@ -49,7 +49,6 @@ from .store import now_ms
 
 DEFAULT_TICKET_TTL_MS = 10_000
 DEFAULT_OVERPROVISIONING_FACTOR = 1.4
-DEFAULT_SEMANTIC_THRESHOLD = 0.45
 MAX_ALTERNATES = 2
 STATUS_FACTORS = {Status.READY: 1.0, Status.DEGRADED: 0.5, Status.BUSY: 0.2}
 DEFAULT_CAPACITY = 10
@@ -88,7 +87,12 @@ class SemanticMatch:
 
 
 class Matcher(Protocol):
-    """Natural-language capability matching (attached by the semantic package)."""
+    """Natural-language capability matching (attached by the composition root)."""
+
+    @property
+    def suggested_threshold(self) -> float:
+        """The score a match needs to be trusted, for the matcher's current mode."""
+        ...
 
     async def match(self, text: str, *, k: int, allow: Callable[[str, str], bool] | None = None
                     ) -> list[SemanticMatch]: ...
@@ -184,7 +188,7 @@ class Router:
     def __init__(self, cache: RegionCache, signer: Signer, outcomes: OutcomeTracker, *,
                  ticket_ttl_ms: int = DEFAULT_TICKET_TTL_MS,
                  overprovisioning_factor: float = DEFAULT_OVERPROVISIONING_FACTOR,
-                 semantic_threshold: float = DEFAULT_SEMANTIC_THRESHOLD,
+                 semantic_threshold: float | None = None,
                  factors: frozenset[str] = WEIGHT_FACTORS,
                  max_ejection_fraction: float = DEFAULT_MAX_EJECTION_FRACTION,
                  rng: random.Random | None = None) -> None:
@@ -528,10 +532,13 @@ class Router:
         reasons: dict[str, str] = dict(exact.details["stages"]) if exact.details else {}  # type: ignore[arg-type]
         hits = await self.matcher.match(request.capability or "", k=10)  # type: ignore[union-attr]
         now = now_ms()
-        good = [hit for hit in hits if hit.score >= self.semantic_threshold]
+        threshold = self.semantic_threshold
+        if threshold is None:
+            threshold = self.matcher.suggested_threshold  # type: ignore[union-attr]
+        good = [hit for hit in hits if hit.score >= threshold]
         if not good:
             best = f" (best {hits[0].agent_id} at {hits[0].score:.2f})" if hits else ""
-            reasons["semantic"] = f"no match above the threshold {self.semantic_threshold:.2f}{best}"
+            reasons["semantic"] = f"no match above the threshold {threshold:.2f}{best}"
             raise NoAgentAvailable(self._no_agent_message(request), details={"stages": reasons})
         levels = self._semantic_levels(good, request, caller, now)
         if not any(level.candidates for level in levels):

@@ -14,9 +14,17 @@ from collections.abc import Callable
 import orjson
 from aiohttp import web
 
+from .a2a import CardRegistration, card_to_registration
 from .cache import RegionCache
 from .config import NodeConfig
-from .errors import Forbidden, NodeError, Unauthorized, UnknownAgent, ValidationFailed
+from .errors import (
+    Forbidden,
+    NodeError,
+    SearchUnavailable,
+    Unauthorized,
+    UnknownAgent,
+    ValidationFailed,
+)
 from .health import Prober
 from .leader import Leadership, new_node_id
 from .metrics import NodeMetrics
@@ -32,12 +40,15 @@ from .models import (
     Registration,
     RouteRequest,
     RouteTicket,
+    Scope,
+    SearchResponse,
     Snapshot,
     TokenClaims,
     TokenRole,
 )
 from .outcomes import OutcomeTracker
 from .router import Decision, Router
+from .search import Searcher
 from .security import Signer, authorize_agent
 from .store import RegionStore, now_ms
 from .sweeper import Sweeper
@@ -89,6 +100,7 @@ class RegistryNode:
         self.cache.subscribe(self.watch.publish)
         self.metrics = NodeMetrics(config.region)
         self.extensions: list[Extension] = []
+        self.searcher: Searcher | None = None
         self.state = NodeState.NEW
         self._register_gauges()
 
@@ -214,6 +226,23 @@ class RegistryNode:
 
     async def resolve(self, request: RouteRequest, caller: TokenClaims) -> RouteTicket:
         return await self.router.resolve(request, caller)
+
+    async def search(self, query: str, *, k: int, scope: Scope, routable_only: bool) -> SearchResponse:
+        """Natural-language search; raises :class:`SearchUnavailable` when none is attached."""
+        if self.searcher is None:
+            raise SearchUnavailable("natural-language search is not attached to this node "
+                                    "(run it with 'agent-reach node', which attaches it)")
+        return await self.searcher.search(query, k=k, scope=scope, routable_only=routable_only)
+
+    async def register_card(self, request: CardRegistration, caller: TokenClaims) -> tuple[RegisterResponse, bool]:
+        """Register an agent from its A2A card (see :mod:`node.a2a`)."""
+        try:
+            registration = card_to_registration(request)
+        except ValueError as exc:
+            message = str(exc)
+            field, _, detail = message.partition(": ")
+            raise ValidationFailed(message, field=field if detail else "card") from None
+        return await self.register(registration, caller)
 
     async def decide(self, request: RouteRequest, caller: TokenClaims) -> Decision:
         """Like :meth:`resolve`, as the router's :class:`Decision` (``to_json()`` is cheap)."""

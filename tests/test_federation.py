@@ -44,7 +44,9 @@ def cluster_topology() -> Topology:
         "name": "federation-test",
         "federation": {"beacon_interval_ms": BEACON_INTERVAL_MS, "stale_after_ms": STALE_AFTER_MS,
                        "anti_entropy_min_interval_ms": 200},
-        "node": {"sweep_interval_ms": 200, "leader_ttl_ms": 1_000, "lease_sync_interval_ms": 200},
+        # Semantic search stays lexical here (no model load per node); tests/test_discovery.py covers it.
+        "node": {"sweep_interval_ms": 200, "leader_ttl_ms": 1_000, "lease_sync_interval_ms": 200,
+                 "semantic_enabled": False},
         "regions": [
             {"name": "ra", "node_urls": [node_url + "01"], "prefer": ["rc", "rb"]},
             {"name": "rb", "node_urls": [node_url + "02"], "prefer": ["ra", "rc"]},

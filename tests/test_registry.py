@@ -209,3 +209,15 @@ async def test_federation_snapshot_serves_live_records_and_watermark(node: Runni
     snapshot = Snapshot.model_validate(body)
     assert snapshot.watermark == last["version"] and snapshot.region == node.node.region
     assert sorted(a.agent_id for a in snapshot.agents) == ["lang.translate.snap1", "lang.translate.snap2"]
+
+
+async def test_openapi_lists_every_route_the_node_serves(node: RunningNode) -> None:
+    from node.api import build_app
+    from node.openapi import build_openapi
+
+    spec = build_openapi(node.node.region)
+    app = build_app(node.node)
+    served = {(route.method.lower(), route.resource.canonical) for route in app.router.routes()
+              if route.method != "HEAD"}
+    documented = {(method, path) for path, operations in spec["paths"].items() for method in operations}
+    assert served <= documented, sorted(served - documented)

@@ -2,7 +2,8 @@
 
 ``node`` runs alone; with a topology that names other regions, :func:`build_node` attaches the
 federation (``federation.Federation``: replica of the peers, Kafka publisher and consumer,
-anti-entropy) through the node's own hooks.
+anti-entropy), and always semantic discovery (``topology.discovery``: ``/v1/search`` and the
+router's semantic fallback), through the node's own hooks.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from federation import Federation
 from node.config import NodeConfig
 from node.service import RegistryNode
 
+from .discovery import attach_discovery
 from .topology import Topology
 
 
@@ -24,6 +26,8 @@ def build_node(config: NodeConfig, *, secret: bytes, topology: Topology | None =
     node = RegistryNode(config, secret=secret)
     if topology is not None and len(topology.regions) > 1:
         attach_federation(node, topology, secret=secret, bootstrap_servers=bootstrap_servers)
+    # After federation: discovery indexes the peers' agents through the remote catalog.
+    attach_discovery(node, semantic_enabled=config.semantic_enabled, model=config.semantic_model)
     return node
 
 

@@ -1,0 +1,263 @@
+"""Semantic discovery attached to a node: the node's ``Searcher`` and the router's ``Matcher``.
+
+Every agent the node knows — its own region's (from the cache) and, with federation, its peers'
+(from the remote catalog) — is indexed in a :class:`semantic.SemanticSearch` as one document
+per capability plus one for its description. The index follows registrations, updates,
+expiries and federation events through the same change listeners as the rest of the node; a
+single owned worker task applies them, coalescing bursts (one pending state per agent), so the
+listeners stay synchronous and quick. Status and load changes do not touch the index:
+routability is checked against the live records at query time.
+
+Vectors are cached in the region's Redis by (model, text hash), so a restarted node or another
+replica does not encode the same text again. Without torch/sentence-transformers (or with
+``semantic_enabled=False``) the same search runs lexically and says ``mode: lexical``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import redis.asyncio
+from aiohttp import web
+
+from node.cache import AgentIndex
+from node.models import (
+    AgentRecord,
+    ChangeEvent,
+    ChangeKind,
+    Locality,
+    Scope,
+    SearchHit,
+    SearchResponse,
+)
+from node.router import SemanticMatch
+from node.service import RegistryNode
+from node.tasks import cancel_and_wait
+from semantic import (
+    SUGGESTED_MIN_SCORE_HYBRID,
+    SUGGESTED_MIN_SCORE_LEXICAL,
+    Document,
+    Embedder,
+    LayeredVectorCache,
+    MemoryVectorCache,
+    RedisVectorCache,
+    SearchMode,
+    SemanticSearch,
+)
+
+log = logging.getLogger(__name__)
+
+_OWNER_SEPARATOR = "/"
+_BATCH = 256
+
+
+def owner_id(region: str, agent_id: str) -> str:
+    """Index key of an agent: the same agent_id may exist in two regions."""
+    return f"{region}{_OWNER_SEPARATOR}{agent_id}"
+
+
+def documents_of(record: AgentRecord) -> list[Document]:
+    owner = owner_id(record.region, record.agent_id)
+    documents = [Document.for_capability(owner_id=owner, name=capability.name, description=capability.description,
+                                         tags=capability.tags, examples=capability.examples,
+                                         version=capability.version)
+                 for capability in record.capabilities]
+    if record.description or record.display_name:
+        documents.append(Document.for_description(owner_id=owner, title=record.display_name,
+                                                  description=record.description))
+    return documents
+
+
+class SemanticDiscovery:
+    """Keeps a semantic index of a node's agents and answers searches and router fallbacks."""
+
+    def __init__(self, node: RegistryNode, search: SemanticSearch, *,
+                 on_close: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.node = node
+        self.search_index = search
+        self._on_close = on_close
+        self._pending: dict[str, AgentRecord | None] = {}
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._worker: asyncio.Task[None] | None = None
+        self._unsubscribe: list[Callable[[], None]] = []
+        self.applied = 0
+
+    # -- lifecycle (an aiohttp cleanup context: runs with the node's HTTP server) -------------
+
+    async def lifespan(self, app: web.Application) -> AsyncIterator[None]:
+        await self.start()
+        yield
+        await self.aclose()
+
+    async def start(self) -> None:
+        await self.search_index.start()
+        log.info("region %s: semantic search in %s mode%s", self.node.region, self.search_index.mode.value,
+                 f" ({self.search_index.unavailable_reason})" if self.search_index.unavailable_reason else "")
+        self._unsubscribe.append(self.node.cache.subscribe(self._on_change))
+        subscribe = getattr(self.node.router.remote, "subscribe", None)
+        if subscribe is not None:
+            self._unsubscribe.append(subscribe(self._on_change))
+        for index in self._indexes():
+            for record in index:
+                self._queue(record.region, record.agent_id, record)
+        self._worker = asyncio.create_task(self._run(), name=f"semantic-index-{self.node.region}")
+
+    async def aclose(self) -> None:
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe.clear()
+        if self._worker is not None:
+            await cancel_and_wait([self._worker])
+            self._worker = None
+        await self.search_index.aclose()
+        if self._on_close is not None:
+            await self._on_close()
+
+    async def settled(self, timeout_s: float = 30.0) -> None:
+        """Wait until every change seen so far is in the index (tests, startup checks)."""
+        await asyncio.wait_for(self._idle.wait(), timeout_s)
+
+    # -- keeping the index current -----------------------------------------------------------
+
+    def _on_change(self, event: ChangeEvent) -> None:
+        if event.kind is ChangeKind.DELETE:
+            self._queue(event.region, event.agent_id, None)
+        elif event.kind is ChangeKind.UPSERT and event.record is not None:
+            self._queue(event.region, event.agent_id, event.record)
+
+    def _queue(self, region: str, agent_id: str, record: AgentRecord | None) -> None:
+        self._pending[owner_id(region, agent_id)] = record
+        self._idle.clear()
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                batch = dict(list(self._pending.items())[:_BATCH])
+                for key in batch:
+                    del self._pending[key]
+                upserts = {}
+                for owner, record in batch.items():
+                    if record is None:
+                        self.search_index.remove_owner(owner)
+                    else:
+                        upserts[owner] = documents_of(record)
+                if upserts:
+                    try:
+                        await self.search_index.upsert_owners(upserts)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:  # one bad batch must not stop indexing; it is retried on next change
+                        log.exception("region %s: indexing %d agents failed", self.node.region, len(upserts))
+                self.applied += len(batch)
+            self._idle.set()
+
+    # -- answering -----------------------------------------------------------------------------
+
+    def _indexes(self) -> list[AgentIndex]:
+        indexes = [self.node.cache.index]
+        if self.node.router.remote is not None:
+            indexes += [peer.index for peer in self.node.router.remote.peers()]
+        return indexes
+
+    def _lookup(self, owner: str) -> AgentRecord | None:
+        region, _, agent_id = owner.partition(_OWNER_SEPARATOR)
+        if region == self.node.region:
+            return self.node.cache.index.get(agent_id)
+        if self.node.router.remote is None:
+            return None
+        for peer in self.node.router.remote.peers():
+            if peer.region == region:
+                return peer.index.get(agent_id)
+        return None
+
+    def _routable(self, record: AgentRecord) -> bool:
+        if not record.routable_state:
+            return False
+        if record.region == self.node.region:
+            return record.lease_expires_at_ms > self.node.cache.routable_now_ms()
+        return True
+
+    @property
+    def suggested_threshold(self) -> float:
+        if self.search_index.mode is SearchMode.HYBRID:
+            return SUGGESTED_MIN_SCORE_HYBRID
+        return SUGGESTED_MIN_SCORE_LEXICAL
+
+    async def search(self, query: str, *, k: int, scope: Scope, routable_only: bool) -> SearchResponse:
+        started = time.perf_counter()
+
+        def allow(owner: str) -> bool:
+            if scope is Scope.LOCAL and not owner.startswith(self.node.region + _OWNER_SEPARATOR):
+                return False
+            record = self._lookup(owner)
+            return record is not None and (not routable_only or self._routable(record))
+
+        result = await self.search_index.search(query, k, allow)
+        hits = []
+        for hit in result.hits:
+            record = self._lookup(hit.owner_id)
+            if record is None:
+                continue
+            hits.append(SearchHit(
+                agent_id=record.agent_id, region=record.region,
+                locality=Locality.LOCAL if record.region == self.node.region else Locality.REMOTE,
+                capability=hit.capability, score=round(hit.score, 4),
+                vector_score=None if hit.vector_score is None else round(hit.vector_score, 4),
+                lexical_score=round(hit.lexical_score, 4), routable=self._routable(record),
+                display_name=record.display_name,
+            ))
+        if scope is Scope.LOCAL_FIRST:
+            hits.sort(key=lambda h: h.locality is not Locality.LOCAL)  # stable: score order within each
+        return SearchResponse(query=query, mode=result.mode.value, scope=scope, hits=hits,
+                              took_ms=round((time.perf_counter() - started) * 1000, 3))
+
+    async def match(self, text: str, *, k: int, allow: Callable[[str, str], bool] | None = None
+                    ) -> list[SemanticMatch]:
+        """Router fallback: the best routable agents for a capability name nobody has exactly."""
+        def allowed(owner: str) -> bool:
+            record = self._lookup(owner)
+            if record is None or not self._routable(record):
+                return False
+            return allow is None or allow(record.region, record.agent_id)
+
+        result = await self.search_index.search(_as_sentence(text), k, allowed)
+        matches = []
+        for hit in result.hits:
+            region, _, agent_id = hit.owner_id.partition(_OWNER_SEPARATOR)
+            matches.append(SemanticMatch(agent_id=agent_id, region=region, capability=hit.capability,
+                                         score=hit.score))
+        return matches
+
+
+def _as_sentence(capability: str) -> str:
+    """``translate.chinese_to_english`` reads better to a sentence model as words."""
+    return capability.replace(".", " ").replace("_", " ").replace(":", " ").replace("/", " ").replace("-", " ")
+
+
+def attach_discovery(node: RegistryNode, *, semantic_enabled: bool = True, model: str | None = None,
+                     embedder: Embedder | None = None) -> SemanticDiscovery:
+    """Attach semantic search and the router's semantic fallback to ``node`` (before it serves)."""
+    on_close = None
+    if embedder is None and semantic_enabled:
+        # Vectors are raw bytes: a client of its own, without the store's string decoding.
+        vectors = redis.asyncio.Redis.from_url(node.config.redis_url)
+        cache = LayeredVectorCache(MemoryVectorCache(), RedisVectorCache(vectors, prefix=f"{node.store.key_base}:vec"))
+        embedder = Embedder(model=model, cache=cache)
+        on_close = vectors.aclose
+    search = SemanticSearch(embedder=embedder, semantic_enabled=semantic_enabled)
+    discovery = SemanticDiscovery(node, search, on_close=on_close)
+    node.searcher = discovery
+    node.router.matcher = discovery
+    node.extensions.append(lambda app: app.cleanup_ctx.append(discovery.lifespan))
+    return discovery
+
+
+__all__ = ["SemanticDiscovery", "attach_discovery", "documents_of", "owner_id"]
