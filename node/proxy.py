@@ -55,7 +55,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import RedisError
 
 from .agentconfig import RetryPolicy
-from .http import CALLER, json_response, parse_body, validation_error
 from .envelope import (
     DEFAULT_MAX_HOPS,
     MAX_HOPS_CEILING,
@@ -73,6 +72,7 @@ from .envelope import (
     looks_like_envelope,
 )
 from .errors import Conflict, Forbidden, NodeError, NotFound, RateLimited, StoreUnavailable, ValidationFailed
+from .http import CALLER, json_response, parse_body, validation_error
 from .models import Outcome, OutcomeReport, RouteRequest, RouteTarget, RouteTicket, TokenClaims, TokenRole
 from .service import RegistryNode
 from .store import now_ms

@@ -7,8 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from . import launcher, run_node, tokens
-from . import preflight, sidecar
+from . import launcher, preflight, run_node, sidecar, tokens
 
 # Each module adds its subparser and sets ``func`` (taking the parsed args, returning an exit code).
 COMMAND_MODULES = [run_node, tokens, launcher, preflight, sidecar]

@@ -20,8 +20,8 @@ from node.config import DEFAULT_PORT, NodeConfig
 from node.models import TokenRole
 from node.security import Signer, load_secret
 
-from .runtime import run
 from .compose import build_node
+from .runtime import run
 from .topology import Topology, TopologyError, load_topology
 
 log = logging.getLogger(__name__)
