@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def _read_until(process: subprocess.Popen[str], pattern: str, timeout_s: float =
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_node_with_embedded_redis_starts_serves_and_stops_cleanly(signum: int, tmp_path: Path) -> None:
     env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
-    process = subprocess.Popen([AGENT_REACH, "node", "--region", "cli", "--port", "0"], env=env,
+    process = subprocess.Popen([AGENT_REACH, "node", "--region", "cli", "--port", "0", "--no-semantic"], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         found = _read_until(process, r"url=http://127\.0\.0\.1:(\d+) redis=redis://127\.0\.0\.1:(\d+)")
@@ -94,3 +95,52 @@ def test_secret_file_is_created_once_and_reused(tmp_path: Path) -> None:
     signer = Signer(secret_file.read_text().strip().encode())
     assert signer.verify(first.stdout.strip()).role is TokenRole.ADMIN
     assert signer.verify(second.stdout.strip()).role is TokenRole.ADMIN
+
+
+def test_register_from_an_a2a_card_with_keep_alive(tmp_path: Path) -> None:
+    import json
+
+    from .test_discovery import CARD_V03
+
+    env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
+    node = subprocess.Popen([AGENT_REACH, "node", "--region", "cli", "--port", "0", "--no-semantic"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        url = "http://127.0.0.1:" + _read_until(node, r"url=http://127\.0\.0\.1:(\d+)").group(1)
+        card = tmp_path / "card.json"
+        card.write_text(json.dumps(CARD_V03))
+        token = Signer(SECRET.encode()).issue("finance.invoice.cli", TokenRole.AGENT, ttl_s=600)
+        bad = subprocess.run([AGENT_REACH, "register", "--a2a-card", str(card), "--agent-id", "finance.invoice.cli",
+                              "--node", url, "--token", token + "x"], capture_output=True, text=True, timeout=30)
+        assert bad.returncode == 2 and "refused" in bad.stderr
+        keeper = subprocess.Popen([AGENT_REACH, "register", "--a2a-card", str(card), "--agent-id",
+                                   "finance.invoice.cli", "--node", url, "--token", token, "--lease-ttl-ms", "1500",
+                                   "--keep-alive"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            assert "registered finance.invoice.cli" in _read_until(keeper, r"registered").string
+            admin = Signer(SECRET.encode()).issue("admin", TokenRole.ADMIN, ttl_s=600)
+
+            def get() -> int:
+                request = urllib.request.Request(f"{url}/v1/agents/finance.invoice.cli",
+                                                 headers={"Authorization": f"Bearer {admin}"})
+                try:
+                    with urllib.request.urlopen(request, timeout=5) as response:
+                        return response.status
+                except urllib.error.HTTPError as exc:
+                    return exc.code
+
+            # Kept alive past several leases by its heartbeats.
+            deadline = time.monotonic() + 3.5
+            while time.monotonic() < deadline:
+                assert get() == 200
+                time.sleep(0.25)
+            keeper.send_signal(signal.SIGTERM)
+            assert keeper.wait(timeout=10) == 0
+            assert get() == 404, "deregistered on exit"
+        finally:
+            if keeper.poll() is None:
+                keeper.kill()
+                keeper.wait()
+    finally:
+        node.send_signal(signal.SIGTERM)
+        node.wait(timeout=20)

@@ -7,10 +7,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from . import launcher, preflight, run_node, sidecar, tokens
+from . import launcher, preflight, register, run_node, sidecar, tokens
 
 # Each module adds its subparser and sets ``func`` (taking the parsed args, returning an exit code).
-COMMAND_MODULES = [run_node, tokens, launcher, preflight, sidecar]
+COMMAND_MODULES = [run_node, tokens, launcher, register, preflight, sidecar]
 
 
 def build_parser() -> argparse.ArgumentParser:

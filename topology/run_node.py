@@ -39,6 +39,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=None,
                         help=f"HTTP port (default: the topology's, else {DEFAULT_PORT}; 0 = any)")
     parser.add_argument("--secret-file", help="cluster secret file (see README: Security)")
+    parser.add_argument("--semantic", action=argparse.BooleanOptionalAction, default=None,
+                        help="embed capability descriptions for search (default: on; --no-semantic = lexical only, "
+                             "no model load)")
     parser.set_defaults(func=_run)
 
 
@@ -77,6 +80,8 @@ async def _main(args: argparse.Namespace, topology: Topology | None) -> int:
         else:
             config = NodeConfig(region=args.region, redis_url=redis_url, host=args.host or "127.0.0.1",
                                 port=DEFAULT_PORT if args.port is None else args.port)
+        if args.semantic is not None:
+            config = config.model_copy(update={"semantic_enabled": args.semantic})
         node = await stack.enter_async_context(
             build_node(config, secret=secret, topology=topology, bootstrap_servers=args.kafka))
         runner = await serve(node)
