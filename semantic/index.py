@@ -82,8 +82,8 @@ class VectorIndex:
         return doc_id in self._row_of
 
     def ids(self) -> Sequence[str]:
-        """Document ids in row order (a read-only view; valid until the next mutation)."""
-        return tuple(self._ids)
+        """Document ids in row order: a live view, do not modify; valid until the next mutation."""
+        return self._ids
 
     def row_of(self, doc_id: str) -> int | None:
         """Row of ``doc_id`` in :meth:`similarities` output, or None if absent."""

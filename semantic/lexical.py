@@ -15,7 +15,6 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -96,22 +95,58 @@ def index_terms(text: str, *, bigrams: bool) -> list[str]:
     return words + [f"{first}>{second}" for first, second in itertools.pairwise(words)]
 
 
-@dataclass(frozen=True)
+class _SlotIds(Sequence[str]):
+    """Doc ids of an array of slots, resolved only for the rows actually read."""
+
+    def __init__(self, slots: np.ndarray, doc_id_at: list[str | None]) -> None:
+        self._slots = slots
+        self._doc_id_at = doc_id_at
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __getitem__(self, row: int) -> str:  # type: ignore[override]
+        return self._doc_id_at[self._slots[row]]  # type: ignore[return-value]
+
+
 class LexicalScores:
-    """BM25 scores of the documents that share at least one term with the query.
+    """BM25 scores of the documents that share at least one term with a query.
 
     ``ceiling`` is the score an ideal document would reach (every query term at saturating
-    frequency): ``scores / ceiling`` is an absolute "how much of the query is covered" in [0, 1).
+    frequency): ``score / ceiling`` is an absolute "how much of the query is covered" in [0, 1).
+    Reads the index's internals: valid until the index next changes.
     """
 
-    doc_ids: list[str]
-    scores: np.ndarray
-    ceiling: float
+    def __init__(
+        self,
+        *,
+        slots: np.ndarray,
+        totals: np.ndarray,
+        ceiling: float,
+        slot_of: dict[str, int],
+        doc_id_at: list[str | None],
+    ) -> None:
+        self.ceiling = ceiling
+        self.scores = totals[slots]  # aligned with doc_ids
+        self.doc_ids: Sequence[str] = _SlotIds(slots, doc_id_at)
+        self._totals = totals
+        self._slot_of = slot_of
+
+    def __len__(self) -> int:
+        return len(self.scores)
 
     def normalized(self) -> np.ndarray:
+        """Coverage of every hit, aligned with ``doc_ids``."""
         if self.ceiling <= 0.0:
             return np.zeros_like(self.scores)
         return self.scores / self.ceiling
+
+    def coverage_of(self, doc_id: str) -> float:
+        """Coverage of one document (0.0 when it shares no term with the query)."""
+        slot = self._slot_of.get(doc_id)
+        if slot is None or self.ceiling <= 0.0 or slot >= len(self._totals):
+            return 0.0
+        return float(self._totals[slot]) / self.ceiling
 
 
 class LexicalIndex:
@@ -186,7 +221,10 @@ class LexicalIndex:
         terms = set(index_terms(query, bigrams=self._bigrams))
         count = len(self._slot_of)
         if not terms or count == 0:
-            return LexicalScores([], np.zeros(0, dtype=np.float32), 0.0)
+            return LexicalScores(
+                slots=np.zeros(0, dtype=np.int64), totals=np.zeros(0, dtype=np.float32), ceiling=0.0,
+                slot_of=self._slot_of, doc_id_at=self._doc_id_at,
+            )
         average_length = max(self._total_length / count, 1.0)
         totals = np.zeros(len(self._doc_id_at), dtype=np.float32)
         touched = np.zeros(len(self._doc_id_at), dtype=bool)
@@ -204,9 +242,10 @@ class LexicalIndex:
             saturation = frequencies + self._k1 * (1.0 - self._b + self._b * lengths / average_length)
             totals[slots] += idf * frequencies * (self._k1 + 1.0) / saturation
             touched[slots] = True
-        hit_slots = np.flatnonzero(touched)
-        doc_ids = [self._doc_id_at[slot] for slot in hit_slots]
-        return LexicalScores(doc_ids, totals[hit_slots], ceiling)  # type: ignore[arg-type]
+        return LexicalScores(
+            slots=np.flatnonzero(touched), totals=totals, ceiling=ceiling,
+            slot_of=self._slot_of, doc_id_at=self._doc_id_at,
+        )
 
     def top_k(
         self, query: str, k: int, allow: Callable[[str], bool] | None = None

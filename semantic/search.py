@@ -443,37 +443,36 @@ class SemanticSearch:
         # owner's several capabilities crowd the top of a ranking.
         pool = max(self._candidate_pool, 4 * k)
         lexical = self._lexical.score(query)
-        coverage = lexical.normalized()
-        coverage_of = dict(zip(lexical.doc_ids, coverage.tolist()))
 
         vector_ranked: list[tuple[str, float]] = []
         if similarities is not None and self._vectors is not None:
             vector_ranked = top_k_of_scores(self._vectors.ids(), similarities, pool, doc_filter)
         lexical_ranked: list[tuple[str, float]] = []
         if ranking is not Ranking.VECTOR:
-            lexical_ranked = top_k_of_scores(lexical.doc_ids, coverage, pool, doc_filter)
-
-        def cosine_of(doc_id: str) -> float | None:
-            if similarities is None or self._vectors is None:
-                return None
-            row = self._vectors.row_of(doc_id)
-            return None if row is None else float(similarities[row])
+            lexical_ranked = top_k_of_scores(lexical.doc_ids, lexical.normalized(), pool, doc_filter)
 
         candidates = dict.fromkeys(doc_id for doc_id, _ in vector_ranked)
         candidates.update(dict.fromkeys(doc_id for doc_id, _ in lexical_ranked))
-        weight = self._vector_weight
+        cosine: dict[str, float | None] = {}
+        coverage: dict[str, float] = {}
         blended: dict[str, float] = {}
+        weight = self._vector_weight
         for doc_id in candidates:
-            cosine = cosine_of(doc_id)
-            lexical_part = coverage_of.get(doc_id, 0.0)
+            doc_cosine = None
+            if similarities is not None and self._vectors is not None:
+                row = self._vectors.row_of(doc_id)
+                doc_cosine = None if row is None else float(similarities[row])
+            cosine[doc_id] = doc_cosine
+            doc_coverage = coverage[doc_id] = lexical.coverage_of(doc_id)
             if ranking is Ranking.VECTOR:
-                blended[doc_id] = cosine if cosine is not None else 0.0
-            elif ranking is Ranking.LEXICAL or cosine is None:
-                blended[doc_id] = lexical_part
+                score = doc_cosine if doc_cosine is not None else 0.0
+            elif ranking is Ranking.LEXICAL or doc_cosine is None:
+                score = doc_coverage
             else:
-                blended[doc_id] = weight * cosine + (1.0 - weight) * lexical_part
+                score = weight * doc_cosine + (1.0 - weight) * doc_coverage
             if self._documents[doc_id].capability is None:
-                blended[doc_id] *= self._description_weight
+                score *= self._description_weight
+            blended[doc_id] = score
 
         if ranking is Ranking.HYBRID and self._fusion is Fusion.RRF:
             order_key = self._reciprocal_rank(vector_ranked, lexical_ranked)
@@ -496,8 +495,8 @@ class SemanticSearch:
                     capability=document.capability,
                     doc_id=doc_id,
                     score=blended[doc_id],
-                    vector_score=cosine_of(doc_id),
-                    lexical_score=coverage_of.get(doc_id, 0.0),
+                    vector_score=cosine[doc_id],
+                    lexical_score=coverage[doc_id],
                 )
             )
         return hits
