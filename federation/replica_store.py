@@ -36,10 +36,10 @@ from typing import TypeVar
 
 import redis.asyncio as aioredis
 from pydantic import ValidationError
-from redis.exceptions import RedisError
 
 from node.errors import StoreUnavailable
 from node.models import AgentRecord, Snapshot
+from node.store import RedisErrors
 
 from .events import FederationMessage, RegionBeacon
 
@@ -269,7 +269,7 @@ class ReplicaStore:
             elif (change := message.change) is not None:
                 record = change.record.model_dump_json() if change.record is not None else ""
                 args += ["c", change.agent_id, change.version, record, change.model_dump_json(exclude_none=True)]
-        async with _translate(self.region):
+        async with RedisErrors(self.region):
             reply = await self._apply(keys=self._peer_keys(peer), args=args)
         return ApplyResult(seen=int(reply[0]), applied=[int(n) for n in reply[1:]])
 
@@ -280,37 +280,37 @@ class ReplicaStore:
                               snapshot.watermark, "1" if reset else "0"]
         for record in snapshot.agents:
             args += [record.agent_id, record.version, record.model_dump_json()]
-        async with _translate(self.region):
+        async with RedisErrors(self.region):
             reply = await self._reconcile(keys=self._peer_keys(peer), args=args)
         floor, seen, runs, n_put = (int(value) for value in reply[:4])
         put = [snapshot.agents[int(number) - 1] for number in reply[4:4 + n_put]]
         return ReconcileResult(floor=floor, seen=seen, runs=runs, put=put, evicted=list(reply[4 + n_put:]))
 
     async def offsets(self) -> dict[str, int]:
-        async with _translate(self.region):
+        async with RedisErrors(self.region):
             raw = await self.redis.hgetall(self.key_offsets)
         return {name: int(value) for name, value in raw.items()}
 
     async def set_offset(self, name: str, offset: int) -> None:
-        async with _translate(self.region):
+        async with RedisErrors(self.region):
             await self.redis.hset(self.key_offsets, name, offset)
 
     # -- publisher side ----------------------------------------------------------------------
 
     async def published_position(self) -> int:
         """This region's version up to which Kafka acknowledged every change."""
-        async with _translate(self.region):
+        async with RedisErrors(self.region):
             return int(await self.redis.get(self.key_published) or 0)
 
     async def set_published(self, version: int) -> None:
-        async with _translate(self.region):
+        async with RedisErrors(self.region):
             await self.redis.set(self.key_published, version)
 
     # -- readers -----------------------------------------------------------------------------
 
     async def load(self, peers: Sequence[str]) -> tuple[int, dict[str, PeerState]]:
         """Every peer's replica and the feed sequence it is consistent with (one MULTI/EXEC)."""
-        async with _translate(self.region):
+        async with RedisErrors(self.region):
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.get(self.key_seq)
                 for peer in peers:
@@ -327,7 +327,7 @@ class ReplicaStore:
         return seq, states
 
     async def read_feed(self, *, after_seq: int, block_ms: int | None = None, count: int = 1_000) -> list[FeedEntry]:
-        async with _translate(self.region):
+        async with RedisErrors(self.region):
             if block_ms is None:
                 entries = await self.redis.xrange(self.key_feed, min=f"({after_seq}-0", max="+", count=count)
             else:
@@ -336,11 +336,11 @@ class ReplicaStore:
         return [_feed_entry(entry_id, fields) for entry_id, fields in entries]
 
     async def feed_seq(self) -> int:
-        async with _translate(self.region):
+        async with RedisErrors(self.region):
             return int(await self.redis.get(self.key_seq) or 0)
 
     async def first_feed_seq(self) -> int | None:
-        async with _translate(self.region):
+        async with RedisErrors(self.region):
             entries = await self.redis.xrange(self.key_feed, count=1)
         return int(entries[0][0].split("-", 1)[0]) if entries else None
 
@@ -372,20 +372,3 @@ def _feed_entry(entry_id: str, fields: dict[str, str]) -> FeedEntry:
         seen=int(fields.get("seen", 0)), body=fields.get("body"), agent_id=fields.get("agent_id"),
         version=int(fields.get("version", 0)), floor=int(fields.get("floor", 0)), runs=int(fields.get("runs", 0)),
     )
-
-
-class _translate:
-    """Turns redis-py errors into :class:`StoreUnavailable` at the boundary."""
-
-    __slots__ = ("region",)
-
-    def __init__(self, region: str) -> None:
-        self.region = region
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
-        if isinstance(exc, RedisError):
-            raise StoreUnavailable(f"Redis of region {self.region} failed a federation command: {exc}") from exc
-        return False

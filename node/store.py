@@ -385,12 +385,16 @@ class RegionStore:
             record.lease_expires_at_ms = lease_expires_at_ms
         return record
 
-    def _translate(self) -> _RedisErrors:
-        return _RedisErrors(self.region)
+    def _translate(self) -> RedisErrors:
+        return RedisErrors(self.region)
 
 
-class _RedisErrors:
-    """Turns redis-py errors into :class:`StoreUnavailable` at the boundary."""
+class RedisErrors:
+    """``async with RedisErrors(region):`` turns redis-py errors into :class:`StoreUnavailable`.
+
+    For every module that talks to a region's Redis (the store, the federation replica), so the
+    boundary translation is written once.
+    """
 
     __slots__ = ("region",)
 
