@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from federation.events import FederationMessage
 from node.api import bound_port, serve
 from node.models import TokenRole
 from node.service import RegistryNode
@@ -137,3 +141,58 @@ def registration(agent_id: str, *, capability: str = "translate.text", version: 
     }
     body.update(extra)
     return body
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found: set[int] = set()
+    pending = [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            if child not in found:
+                found.add(child)
+                pending.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie is dead; only its parent has not reaped it yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except OSError:
+        return False
+
+
+async def topic_messages(bootstrap_servers: str, topic: str) -> list[FederationMessage]:
+    """Every message on ``topic`` (partition 0) up to its high watermark at the time of reading."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=20)
+    await consumer.start()
+    try:
+        partition = TopicPartition(topic, 0)
+        consumer.assign([partition])
+        consumer.seek(partition, 0)
+        messages: list[FederationMessage] = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(partition, timeout_ms=100)
+            messages += [FederationMessage.decode(record.value) for record in batch.get(partition, [])]
+            highwater = consumer.highwater(partition)
+            if highwater is not None and await consumer.position(partition) >= highwater:
+                break
+        return messages
+    finally:
+        await consumer.stop()

@@ -16,7 +16,7 @@ from node.client import ReachClient
 from node.envelope import Envelope
 from node.models import Capability
 
-from .helpers import RunningNode
+from .helpers import RunningNode, alive, descendants
 
 REPO = Path(__file__).resolve().parent.parent
 STARTUP_DEADLINE_S = 90.0
@@ -45,31 +45,6 @@ async def test_an_sdk_agent_answers_a_repeated_message_id_without_running_twice(
     assert status == 404  # deregistered on exit
 
 
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, pending = set(), [pid]
-    while pending:
-        for child in children.get(pending.pop(), []):
-            if child not in found:
-                found.add(child)
-                pending.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.timeout(150)
 async def test_up_demo_shows_a_local_and_a_cross_region_call(tmp_path: Path) -> None:
     env = {**os.environ, "HOME": str(tmp_path), "AGENT_REACH_SECRET": "demo-test-secret-0123456789abcdef"}
@@ -96,13 +71,13 @@ async def test_up_demo_shows_a_local_and_a_cross_region_call(tmp_path: Path) -> 
         assert "'refund note'" in local
         assert "from us-east: ocr.image -> demo.ocr.scanner in region us-west (remote)" in cross, text
         assert "Invoice 2024-117" in cross
-        tree = _descendants(process.pid)
+        tree = descendants(process.pid)
 
         process.send_signal(signal.SIGINT)
         rest, _ = await asyncio.wait_for(process.communicate(), timeout=45)
         output.append(rest.decode())
         assert process.returncode == 0, "".join(output)
-        assert not [pid for pid in tree if _alive(pid)], "processes left behind"
+        assert not [pid for pid in tree if alive(pid)], "processes left behind"
     finally:
         if process.returncode is None:
             process.kill()

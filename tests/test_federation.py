@@ -20,13 +20,12 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
-from federation.events import FederationMessage
 from topology.launcher import LocalCluster
 from topology.topology import Topology
 
-from .helpers import registration, wait_for
+from .helpers import registration, topic_messages, wait_for
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
 
@@ -246,27 +245,6 @@ async def test_local_first_and_spill_to_the_nearest_region_below_the_overprovisi
     assert set(chosen) == {"ra", "rb"}  # the spill goes to ra's nearest peer that has the capability
 
 
-async def read_topic(bootstrap_servers: str, topic: str) -> list[FederationMessage]:
-    """Every message on ``topic`` (partition 0) up to its high watermark at the time of reading."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=20)
-    await consumer.start()
-    try:
-        partition = TopicPartition(topic, 0)
-        consumer.assign([partition])
-        consumer.seek(partition, 0)
-        messages: list[FederationMessage] = []
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            batch = await consumer.getmany(partition, timeout_ms=100)
-            messages += [FederationMessage.decode(record.value) for record in batch.get(partition, [])]
-            highwater = consumer.highwater(partition)
-            if highwater is not None and await consumer.position(partition) >= highwater:
-                break
-        return messages
-    finally:
-        await consumer.stop()
-
-
 async def test_replayed_duplicated_and_reordered_events_leave_replicas_unchanged(cluster: Cluster) -> None:
     capability = "fed.replay"
     kept = [agent_id("replay") for _ in range(5)]
@@ -282,7 +260,7 @@ async def test_replayed_duplicated_and_reordered_events_leave_replicas_unchanged
 
     bootstrap = cluster.local.resolved.kafka.bootstrap_servers
     topic = "agent-reach.changes.ra"
-    history = [m for m in await read_topic(bootstrap, topic) if m.change is not None]
+    history = [m for m in await topic_messages(bootstrap, topic) if m.change is not None]
     ours = [m for m in history if m.change is not None and m.change.agent_id in {*kept, removed}]
     assert len(ours) >= 8  # 6 upserts, a status change, a delete
     batch = list(reversed(ours)) + ours + random.Random(7).sample(history, k=min(len(history), 40))
@@ -402,7 +380,7 @@ async def test_broker_restart_loses_nothing_and_replicas_reconverge(cluster: Clu
     # The backlog went out through Kafka itself: every change ra made while the broker was down
     # is on the new (empty-started) topic — none was lost.
     async def backlog_on_topic() -> bool:
-        versions = {m.change.version for m in await read_topic(kafka.bootstrap_servers, "agent-reach.changes.ra")
+        versions = {m.change.version for m in await topic_messages(kafka.bootstrap_servers, "agent-reach.changes.ra")
                     if m.change is not None}
         return set(range(published_before + 1, ra_version + 1)) <= versions
 

@@ -8,14 +8,12 @@ import asyncio
 import contextlib
 import random
 import socket
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from federation import (
     DigestTracker,
@@ -39,7 +37,7 @@ from topology.embedded import EmbeddedKafka
 from topology.topology import Topology, TopologyError, load_topology
 
 from .conftest import TEST_SECRET
-from .helpers import RunningNode, registration, wait_for
+from .helpers import RunningNode, registration, topic_messages, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -295,27 +293,6 @@ def fast_config(region: str, bootstrap_servers: str, peers: list[PeerConfig] | N
     }
     settings.update(overrides)
     return FederationConfig(**settings)
-
-
-async def topic_messages(bootstrap_servers: str, topic: str) -> list[FederationMessage]:
-    """Every message on ``topic`` (partition 0) up to its high watermark at the time of reading."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=20)
-    await consumer.start()
-    try:
-        partition = TopicPartition(topic, 0)
-        consumer.assign([partition])
-        consumer.seek(partition, 0)
-        messages: list[FederationMessage] = []
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            batch = await consumer.getmany(partition, timeout_ms=100)
-            messages += [FederationMessage.decode(r.value) for r in batch.get(partition, [])]
-            highwater = consumer.highwater(partition)
-            if highwater is not None and await consumer.position(partition) >= highwater:
-                break
-        return messages
-    finally:
-        await consumer.stop()
 
 
 async def test_publisher_holds_the_backlog_while_kafka_is_down_and_sends_it_in_order_after(redis_url: str,

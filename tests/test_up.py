@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from .helpers import registration, wait_for
+from .helpers import alive, descendants, registration, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,39 +22,6 @@ STARTUP_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 30.0
 REGION_LINE = re.compile(r"^\s+region (\S+)\s+url (\S+)")
 TOKEN_LINE = re.compile(r"^admin token \(24 h\): (\S+)")
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` (read from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(parent, []).append(int(entry.name))
-    found: set[int] = set()
-    pending = [pid]
-    while pending:
-        for child in children.get(pending.pop(), []):
-            if child not in found:
-                found.add(child)
-                pending.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead; only its parent has not reaped it yet
-        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
-    except OSError:
-        return False
 
 
 async def test_up_runs_three_regions_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
