@@ -4,7 +4,9 @@ Everything runs on this machine over 127.0.0.1: an embedded redis-server, the no
 process (`agent-reach node`), and wrk as the load generator in a third process, with a Lua
 script that posts a resolve body for a random capability. The baseline is a bare aiohttp
 handler that answers a fixed JSON body, driven the same way in the same run: the ratio says
-how much of the machine's HTTP capacity the router keeps.
+how much of the machine's HTTP capacity the router keeps. The node runs with --no-semantic: this
+measures routing, and indexing 10k agents' descriptions in the background would compete for the
+same two cores (bench/semantic.py measures search).
 
 Run: `make bench-resolve` (installs wrk if absent) or `.venv/bin/python bench/resolve.py`.
 """
@@ -181,7 +183,7 @@ def main() -> None:
             port = free_port()
             env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
             node = spawn([str(Path(sys.executable).with_name("agent-reach")), "--log-level", "WARNING", "node",
-                          "--region", REGION, "--redis", redis.url, "--port", str(port)], env=env)
+                          "--region", REGION, "--redis", redis.url, "--port", str(port), "--no-semantic"], env=env)
             try:
                 wait_http(f"http://127.0.0.1:{port}/readyz")
                 url = f"http://127.0.0.1:{port}"
