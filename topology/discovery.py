@@ -80,6 +80,7 @@ class SemanticDiscovery:
         self.search_index = search
         self._on_close = on_close
         self._pending: dict[str, AgentRecord | None] = {}
+        self._indexed: dict[str, list[Document]] = {}
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -147,8 +148,13 @@ class SemanticDiscovery:
                 for owner, record in batch.items():
                     if record is None:
                         self.search_index.remove_owner(owner)
-                    else:
-                        upserts[owner] = documents_of(record)
+                        self._indexed.pop(owner, None)
+                        continue
+                    documents = documents_of(record)
+                    # Re-registrations (restarts, weight or endpoint changes) rarely change the
+                    # texts: skip them rather than re-index.
+                    if self._indexed.get(owner) != documents:
+                        upserts[owner] = documents
                 if upserts:
                     try:
                         await self.search_index.upsert_owners(upserts)
@@ -156,6 +162,8 @@ class SemanticDiscovery:
                         raise
                     except Exception:  # one bad batch must not stop indexing; it is retried on next change
                         log.exception("region %s: indexing %d agents failed", self.node.region, len(upserts))
+                    else:
+                        self._indexed.update(upserts)
                 self.applied += len(batch)
             self._idle.set()
 
