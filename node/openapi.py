@@ -99,6 +99,8 @@ def build_openapi(region: str) -> dict[str, object]:
                                              _param("k", description="how many agents (1..100, default 10)"),
                                              _param("scope", description="local|local-first|global (default)"),
                                              _param("routable", description="true: only routable agents")])},
+        "/v1/semantic/vectors": {"post": _operation(
+            "Cached capability-text vectors by key, for a peer region's index (present with semantic search)")},
         "/v1/agent-cards": {"post": _operation("Register an agent from an A2A Agent Card (v1.0 or v0.3)",
                                                body=CardRegistration, response=RegisterResponse)},
         "/v1/agents/{agent_id}/agent-card.json": {"get": _operation("The agent as an A2A Agent Card (v1.0)",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -250,29 +251,49 @@ async def test_lexical_mode_without_torch(tmp_path: Path, redis_url: str) -> Non
 
 
 async def test_agent_in_one_region_is_found_by_a_query_in_another() -> None:
+    """Federation carries the agent; the home region's vectors come along (B runs no model for it)."""
     topology = Topology.model_validate({
         "name": "discovery-test",
         "federation": {"beacon_interval_ms": 200, "stale_after_ms": 2_000},
         "regions": [{"name": "da", "node_urls": ["http://127.0.0.1:1"], "prefer": ["db"]},
                     {"name": "db", "node_urls": ["http://127.0.0.1:2"], "prefer": ["da"]}],
     })
+    query = "turn this Chinese contract into English"
     async with LocalCluster(topology, secret=TEST_SECRET, any_port=True, log_level="WARNING") as local:
         headers = {"Authorization": f"Bearer {local.admin_token()}"}
         async with aiohttp.ClientSession(headers=headers) as session:
+            async def found_in_b() -> dict[str, Any] | None:
+                async with session.get(local.url("db") + "/v1/search", params={"q": query}) as response:
+                    body = await response.json()
+                hits = [hit for hit in body.get("hits", []) if hit["agent_id"] == "lang.translate.text_v1"]
+                return hits[0] if hits else None
+
+            async def encoded_in_b() -> float:
+                async with session.get(local.url("db") + "/metrics") as response:
+                    text = await response.text()
+                return float(re.search(r"^agent_reach_semantic_texts_encoded\{[^}]*\} (\S+)$", text, re.M).group(1))
+
+            # An agent of B's own, so that B's search runs (and caches the query's vector) first.
+            local_agent = registration("zoo.feeding.penguins", capability="zoo.feed_penguins",
+                                       description="Feeds the penguins at the zoo", lease_ttl_ms=60_000)
+            async with session.post(local.url("db") + "/v1/agents", json=local_agent) as response:
+                assert response.status == 201, await response.text()
+
+            async def b_searches() -> bool:
+                async with session.get(local.url("db") + "/v1/search", params={"q": query}) as response:
+                    return bool((await response.json()).get("hits"))
+
+            await wait_for(b_searches, timeout_s=30, message="B indexed its own agent")
+            assert await found_in_b() is None
+            encoded_before = await encoded_in_b()
             agent = eval_registration(next(a for a in EVAL["agents"] if a["agent_id"] == "lang.translate.text_v1"),
                                       9999)
             async with session.post(local.url("da") + "/v1/agents", json=agent) as response:
                 assert response.status == 201, await response.text()
 
-            async def found_in_b() -> dict[str, Any] | None:
-                async with session.get(local.url("db") + "/v1/search",
-                                       params={"q": "turn this Chinese contract into English"}) as response:
-                    body = await response.json()
-                hits = [hit for hit in body.get("hits", []) if hit["agent_id"] == "lang.translate.text_v1"]
-                return hits[0] if hits else None
-
             hit = await wait_for(found_in_b, timeout_s=60, interval_s=0.1, message="remote agent in B's search")
             assert hit["region"] == "da" and hit["locality"] == "remote"
+            assert await encoded_in_b() == encoded_before, "B encoded the remote agent's texts itself"
             async with session.post(local.url("db") + "/v1/resolve",
                                     json={"capability": "contract.chinese_to_english"}) as response:
                 ticket = await response.json()

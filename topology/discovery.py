@@ -9,21 +9,31 @@ listeners stay synchronous and quick. Status and load changes do not touch the i
 routability is checked against the live records at query time.
 
 Vectors are cached in the region's Redis by (model, text hash), so a restarted node or another
-replica does not encode the same text again. Without torch/sentence-transformers (or with
-``semantic_enabled=False``) the same search runs lexically and says ``mode: lexical``.
+replica does not encode the same text again; a vector missing there is asked of the peer
+regions (``POST /v1/semantic/vectors``, by key) before encoding, so an agent's texts are encoded
+once, by its home region, and its peers index it without running the model. Without
+torch/sentence-transformers (or with ``semantic_enabled=False``) the same search runs lexically
+and says ``mode: lexical``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Annotated
 
+import aiohttp
+import numpy as np
 import redis.asyncio
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
 
 from node.cache import AgentIndex
+from node.http import json_response, parse_body
 from node.models import (
     AgentRecord,
     ChangeEvent,
@@ -32,8 +42,10 @@ from node.models import (
     Scope,
     SearchHit,
     SearchResponse,
+    TokenRole,
 )
 from node.router import SemanticMatch
+from node.security import Signer
 from node.service import RegistryNode
 from node.tasks import cancel_and_wait
 from semantic import (
@@ -46,12 +58,17 @@ from semantic import (
     RedisVectorCache,
     SearchMode,
     SemanticSearch,
+    VectorCache,
 )
 
 log = logging.getLogger(__name__)
 
 _OWNER_SEPARATOR = "/"
 _BATCH = 256
+VECTORS_PATH = "/v1/semantic/vectors"
+PEER_VECTOR_TIMEOUT_S = 10.0
+PEER_SETTLE_WAIT_S = 5.0
+PEER_TOKEN_TTL_S = 10 * 365 * 24 * 3600
 
 
 def owner_id(region: str, agent_id: str) -> str:
@@ -245,27 +262,118 @@ class SemanticDiscovery:
         return matches
 
 
+class PeerVectorCache:
+    """A read-only :class:`semantic.VectorCache` that asks peer nodes for vectors they hold.
+
+    A peer answers from its own cache after indexing what it already knows (bounded), so the
+    home region of an agent, which encoded its texts when it registered, hands them over.
+    Failures are misses: the caller encodes instead.
+    """
+
+    def __init__(self, peer_urls: list[str], *, token: str, timeout_s: float = PEER_VECTOR_TIMEOUT_S) -> None:
+        self.peer_urls = [url.rstrip("/") for url in peer_urls]
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+        self.fetched = 0
+
+    async def get_many(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        found: dict[str, np.ndarray] = {}
+        if self._session is None:
+            self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
+        for url in self.peer_urls:
+            missing = [key for key in keys if key not in found]
+            if not missing:
+                break
+            try:
+                async with self._session.post(f"{url}{VECTORS_PATH}", json={"keys": missing}) as response:
+                    if response.status != 200:
+                        continue
+                    body = await response.json()
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                log.debug("peer %s gave no vectors: %s", url, exc)
+                continue
+            for key, encoded in body.get("vectors", {}).items():
+                if key in missing:
+                    found[key] = np.frombuffer(base64.b64decode(encoded), dtype="<f4").astype(np.float32)
+        self.fetched += len(found)
+        return found
+
+    async def set_many(self, mapping: Mapping[str, np.ndarray]) -> None:
+        return None  # read-only: peers keep their own vectors
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
 def _as_sentence(capability: str) -> str:
     """``translate.chinese_to_english`` reads better to a sentence model as words."""
     return capability.replace(".", " ").replace("_", " ").replace(":", " ").replace("/", " ").replace("-", " ")
 
 
 def attach_discovery(node: RegistryNode, *, semantic_enabled: bool = True, model: str | None = None,
-                     embedder: Embedder | None = None) -> SemanticDiscovery:
-    """Attach semantic search and the router's semantic fallback to ``node`` (before it serves)."""
-    on_close = None
+                     embedder: Embedder | None = None, peer_urls: list[str] | None = None,
+                     secret: bytes | None = None) -> SemanticDiscovery:
+    """Attach semantic search and the router's semantic fallback to ``node`` (before it serves).
+
+    With ``peer_urls`` (and the cluster ``secret``), vectors missing from the region's Redis are
+    asked of the peers before the model encodes them.
+    """
+    closers: list[Callable[[], Awaitable[None]]] = []
+    region_cache: RedisVectorCache | None = None
     if embedder is None and semantic_enabled:
         # Vectors are raw bytes: a client of its own, without the store's string decoding.
         vectors = redis.asyncio.Redis.from_url(node.config.redis_url)
-        cache = LayeredVectorCache(MemoryVectorCache(), RedisVectorCache(vectors, prefix=f"{node.store.key_base}:vec"))
-        embedder = Embedder(model=model, cache=cache)
-        on_close = vectors.aclose
+        closers.append(vectors.aclose)
+        region_cache = RedisVectorCache(vectors, prefix=f"{node.store.key_base}:vec")
+        shared: VectorCache = region_cache
+        if peer_urls and secret is not None:
+            token = Signer(secret).issue(f"{node.region}.semantic.peer", TokenRole.CALLER, ttl_s=PEER_TOKEN_TTL_S)
+            peers = PeerVectorCache(peer_urls, token=token)
+            closers.append(peers.aclose)
+            shared = LayeredVectorCache(region_cache, peers)
+        embedder = Embedder(model=model, cache=LayeredVectorCache(MemoryVectorCache(), shared))
+
+    async def close() -> None:
+        for closer in closers:
+            await closer()
+
     search = SemanticSearch(embedder=embedder, semantic_enabled=semantic_enabled)
-    discovery = SemanticDiscovery(node, search, on_close=on_close)
+    discovery = SemanticDiscovery(node, search, on_close=close)
     node.searcher = discovery
     node.router.matcher = discovery
-    node.extensions.append(lambda app: app.cleanup_ctx.append(discovery.lifespan))
+
+    async def vectors_for_peers(request: web.Request) -> web.Response:
+        """Vectors this region holds, by cache key, for a peer indexing this region's agents."""
+        body = await parse_body(request, VectorRequest)
+        if region_cache is None:
+            return json_response({"vectors": {}})
+        with contextlib.suppress(TimeoutError):
+            await discovery.settled(timeout_s=PEER_SETTLE_WAIT_S)  # our own agents first
+        found = await region_cache.get_many(body.keys)
+        return json_response({"vectors": {key: base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes())
+                                          .decode() for key, vector in found.items()}})
+
+    def install(app: web.Application) -> None:
+        app.cleanup_ctx.append(discovery.lifespan)
+        app.router.add_post(VECTORS_PATH, vectors_for_peers)
+
+    node.extensions.append(install)
+    node.metrics.gauge("agent_reach_semantic_texts_encoded", "Texts this node's model encoded",
+                       lambda: embedder.stats.texts_encoded if embedder is not None else 0)
+    node.metrics.gauge("agent_reach_semantic_cache_hits", "Texts whose vector came from a cache (local or peer)",
+                       lambda: embedder.stats.cache_hits if embedder is not None else 0)
     return discovery
 
 
-__all__ = ["SemanticDiscovery", "attach_discovery", "documents_of", "owner_id"]
+class VectorRequest(BaseModel):
+    """``POST /v1/semantic/vectors``: the cache keys a peer wants."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keys: list[Annotated[str, Field(max_length=200)]] = Field(max_length=1_000)
+
+
+__all__ = ["SemanticDiscovery", "PeerVectorCache", "attach_discovery", "documents_of", "owner_id"]
