@@ -181,8 +181,7 @@ async def _calls(demo: Demo, region: str, node_url: str, token: str, emit: Calla
             emit(f"demo: semantic call from {region}: 'find pictures of a cat on a sofa' -> {found.agent_id} "
                  f"in region {found.region}: {found.payload}")
         except NodeError as exc:
-            emit(f"demo: semantic call not routed ({exc.code}): this node has no semantic discovery attached "
-                 "(install agent-reach[semantic])")
+            emit(f"demo: semantic call not routed ({exc.code}): {exc.message}")
 
 
 def _parse_region(text: str) -> tuple[str, str]:
