@@ -175,13 +175,20 @@ async def _calls(demo: Demo, region: str, node_url: str, token: str, emit: Calla
         emit(f"demo: cross-region call from {region}: ocr.image -> {remote.agent_id} in region {remote.region} "
              f"({ticket.locality.value}): {remote.payload}")
 
-        try:
-            found = await caller.call("find pictures of a cat on a sofa", {"query": "cat on a sofa"},
-                                      operation="image:search", idempotent=True)
-            emit(f"demo: semantic call from {region}: 'find pictures of a cat on a sofa' -> {found.agent_id} "
-                 f"in region {found.region}: {found.payload}")
-        except NodeError as exc:
-            emit(f"demo: semantic call not routed ({exc.code}): {exc.message}")
+        # The image agent lives in a third region: retry until federation and indexing bring it.
+        deadline = time.monotonic() + DEFAULT_FEDERATION_TIMEOUT_S
+        while True:
+            try:
+                found = await caller.call("find pictures of a cat on a sofa", {"query": "cat on a sofa"},
+                                          operation="image:search", idempotent=True)
+                emit(f"demo: semantic call from {region}: 'find pictures of a cat on a sofa' -> {found.agent_id} "
+                     f"in region {found.region}: {found.payload}")
+                return
+            except NodeError as exc:
+                if time.monotonic() > deadline:
+                    emit(f"demo: semantic call not routed ({exc.code}): {exc.message}")
+                    return
+            await asyncio.sleep(0.2)
 
 
 def _parse_region(text: str) -> tuple[str, str]:

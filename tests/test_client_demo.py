@@ -64,6 +64,7 @@ async def test_up_demo_shows_a_local_and_a_cross_region_call(tmp_path: Path) -> 
             if output[-1].startswith("Ctrl-C stops everything"):
                 break
         print(f"\nagent-reach up --demo: ready in {time.perf_counter() - started:.1f} s")
+        print("".join(line for line in output if line.startswith("demo:")))
         text = "".join(output)
         local = next(line for line in output if line.startswith("demo: local call"))
         cross = next(line for line in output if line.startswith("demo: cross-region call"))
@@ -71,6 +72,8 @@ async def test_up_demo_shows_a_local_and_a_cross_region_call(tmp_path: Path) -> 
         assert "'refund note'" in local
         assert "from us-east: ocr.image -> demo.ocr.scanner in region us-west (remote)" in cross, text
         assert "Invoice 2024-117" in cross
+        semantic = next((line for line in output if line.startswith("demo: semantic call")), "")
+        assert "-> demo.images.catalog in region eu-west" in semantic, text
         tree = descendants(process.pid)
 
         process.send_signal(signal.SIGINT)

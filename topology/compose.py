@@ -27,7 +27,7 @@ def build_node(config: NodeConfig, *, secret: bytes, topology: Topology | None =
     if topology is not None and len(topology.regions) > 1:
         attach_federation(node, topology, secret=secret, bootstrap_servers=bootstrap_servers)
     # After federation: discovery indexes the peers' agents through the remote catalog.
-    peer_urls = [peer.node_urls[0] for peer in topology.peers_of(node.region)] if topology is not None else []
+    peer_urls = {peer.name: peer.node_urls[0] for peer in topology.peers_of(node.region)} if topology else {}
     attach_discovery(node, semantic_enabled=config.semantic_enabled, model=config.semantic_model,
                      peer_urls=peer_urls, secret=secret)
     return node

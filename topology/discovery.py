@@ -9,9 +9,9 @@ listeners stay synchronous and quick. Status and load changes do not touch the i
 routability is checked against the live records at query time.
 
 Vectors are cached in the region's Redis by (model, text hash), so a restarted node or another
-replica does not encode the same text again; a vector missing there is asked of the peer
-regions (``POST /v1/semantic/vectors``, by key) before encoding, so an agent's texts are encoded
-once, by its home region, and its peers index it without running the model. Without
+replica does not encode the same text again; before indexing a remote agent, the vectors its
+home region computed are fetched from that region's node (``POST /v1/semantic/vectors``, by
+key), so an agent's texts are encoded once, by its home region. Without
 torch/sentence-transformers (or with ``semantic_enabled=False``) the same search runs lexically
 and says ``mode: lexical``.
 """
@@ -59,6 +59,7 @@ from semantic import (
     SearchMode,
     SemanticSearch,
     VectorCache,
+    embedding_text,
 )
 
 log = logging.getLogger(__name__)
@@ -92,10 +93,15 @@ class SemanticDiscovery:
     """Keeps a semantic index of a node's agents and answers searches and router fallbacks."""
 
     def __init__(self, node: RegistryNode, search: SemanticSearch, *,
-                 on_close: Callable[[], Awaitable[None]] | None = None) -> None:
+                 on_close: Callable[[], Awaitable[None]] | None = None, vector_cache: VectorCache | None = None,
+                 peer_urls: Mapping[str, str] | None = None, peer_token: str | None = None) -> None:
         self.node = node
         self.search_index = search
         self._on_close = on_close
+        self._vector_cache = vector_cache
+        self._peer_urls = dict(peer_urls or {})
+        self._peer_headers = {"Authorization": f"Bearer {peer_token}"} if peer_token else {}
+        self.vectors_from_peers = 0
         self._pending: dict[str, AgentRecord | None] = {}
         self._indexed: dict[str, list[Document]] = {}
         self._wake = asyncio.Event()
@@ -174,6 +180,7 @@ class SemanticDiscovery:
                         upserts[owner] = documents
                 if upserts:
                     try:
+                        await self._prefetch_from_home_regions(upserts)
                         await self.search_index.upsert_owners(upserts)
                     except asyncio.CancelledError:
                         raise
@@ -183,6 +190,30 @@ class SemanticDiscovery:
                         self._indexed.update(upserts)
                 self.applied += len(batch)
             self._idle.set()
+
+    async def _prefetch_from_home_regions(self, upserts: Mapping[str, list[Document]]) -> None:
+        """Put the vectors that remote agents' home regions computed into our cache first."""
+        embedder = self.search_index.embedder
+        if embedder is None or self._vector_cache is None or not self._peer_urls:
+            return
+        keys_by_region: dict[str, list[str]] = {}
+        for owner, documents in upserts.items():
+            region = owner.partition(_OWNER_SEPARATOR)[0]
+            if region in self._peer_urls:
+                keys_by_region.setdefault(region, []).extend(
+                    embedder.cache_key(embedding_text(document)) for document in documents)
+        if not keys_by_region:
+            return
+        async with aiohttp.ClientSession(headers=self._peer_headers,
+                                         timeout=aiohttp.ClientTimeout(total=PEER_VECTOR_TIMEOUT_S)) as session:
+            for region, keys in keys_by_region.items():
+                have = await self._vector_cache.get_many(keys)
+                missing = [key for key in keys if key not in have]
+                if missing:
+                    found = await fetch_vectors(session, self._peer_urls[region], missing)
+                    if found:
+                        await self._vector_cache.set_many(found)
+                        self.vectors_from_peers += len(found)
 
     # -- answering -----------------------------------------------------------------------------
 
@@ -262,50 +293,19 @@ class SemanticDiscovery:
         return matches
 
 
-class PeerVectorCache:
-    """A read-only :class:`semantic.VectorCache` that asks peer nodes for vectors they hold.
-
-    A peer answers from its own cache after indexing what it already knows (bounded), so the
-    home region of an agent, which encoded its texts when it registered, hands them over.
-    Failures are misses: the caller encodes instead.
-    """
-
-    def __init__(self, peer_urls: list[str], *, token: str, timeout_s: float = PEER_VECTOR_TIMEOUT_S) -> None:
-        self.peer_urls = [url.rstrip("/") for url in peer_urls]
-        self._headers = {"Authorization": f"Bearer {token}"}
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: aiohttp.ClientSession | None = None
-        self.fetched = 0
-
-    async def get_many(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
-        found: dict[str, np.ndarray] = {}
-        if self._session is None:
-            self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
-        for url in self.peer_urls:
-            missing = [key for key in keys if key not in found]
-            if not missing:
-                break
-            try:
-                async with self._session.post(f"{url}{VECTORS_PATH}", json={"keys": missing}) as response:
-                    if response.status != 200:
-                        continue
-                    body = await response.json()
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                log.debug("peer %s gave no vectors: %s", url, exc)
-                continue
-            for key, encoded in body.get("vectors", {}).items():
-                if key in missing:
-                    found[key] = np.frombuffer(base64.b64decode(encoded), dtype="<f4").astype(np.float32)
-        self.fetched += len(found)
-        return found
-
-    async def set_many(self, mapping: Mapping[str, np.ndarray]) -> None:
-        return None  # read-only: peers keep their own vectors
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+async def fetch_vectors(session: aiohttp.ClientSession, node_url: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
+    """Vectors a peer node holds for ``keys`` (``POST /v1/semantic/vectors``); failures are misses."""
+    try:
+        async with session.post(f"{node_url.rstrip('/')}{VECTORS_PATH}", json={"keys": list(keys)}) as response:
+            if response.status != 200:
+                return {}
+            body = await response.json()
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        log.debug("peer %s gave no vectors: %s", node_url, exc)
+        return {}
+    wanted = set(keys)
+    return {key: np.frombuffer(base64.b64decode(encoded), dtype="<f4").astype(np.float32)
+            for key, encoded in body.get("vectors", {}).items() if key in wanted}
 
 
 def _as_sentence(capability: str) -> str:
@@ -314,34 +314,34 @@ def _as_sentence(capability: str) -> str:
 
 
 def attach_discovery(node: RegistryNode, *, semantic_enabled: bool = True, model: str | None = None,
-                     embedder: Embedder | None = None, peer_urls: list[str] | None = None,
+                     embedder: Embedder | None = None, peer_urls: Mapping[str, str] | None = None,
                      secret: bytes | None = None) -> SemanticDiscovery:
     """Attach semantic search and the router's semantic fallback to ``node`` (before it serves).
 
-    With ``peer_urls`` (and the cluster ``secret``), vectors missing from the region's Redis are
-    asked of the peers before the model encodes them.
+    With ``peer_urls`` (region → node URL) and the cluster ``secret``, a remote agent's vectors are
+    fetched from its home region before the model would encode them.
     """
     closers: list[Callable[[], Awaitable[None]]] = []
     region_cache: RedisVectorCache | None = None
+    vector_cache: VectorCache | None = None
     if embedder is None and semantic_enabled:
         # Vectors are raw bytes: a client of its own, without the store's string decoding.
         vectors = redis.asyncio.Redis.from_url(node.config.redis_url)
         closers.append(vectors.aclose)
         region_cache = RedisVectorCache(vectors, prefix=f"{node.store.key_base}:vec")
-        shared: VectorCache = region_cache
-        if peer_urls and secret is not None:
-            token = Signer(secret).issue(f"{node.region}.semantic.peer", TokenRole.CALLER, ttl_s=PEER_TOKEN_TTL_S)
-            peers = PeerVectorCache(peer_urls, token=token)
-            closers.append(peers.aclose)
-            shared = LayeredVectorCache(region_cache, peers)
-        embedder = Embedder(model=model, cache=LayeredVectorCache(MemoryVectorCache(), shared))
+        vector_cache = LayeredVectorCache(MemoryVectorCache(), region_cache)
+        embedder = Embedder(model=model, cache=vector_cache)
+    peer_token = None
+    if peer_urls and secret is not None:
+        peer_token = Signer(secret).issue(f"{node.region}.semantic.peer", TokenRole.CALLER, ttl_s=PEER_TOKEN_TTL_S)
 
     async def close() -> None:
         for closer in closers:
             await closer()
 
     search = SemanticSearch(embedder=embedder, semantic_enabled=semantic_enabled)
-    discovery = SemanticDiscovery(node, search, on_close=close)
+    discovery = SemanticDiscovery(node, search, on_close=close, vector_cache=vector_cache, peer_urls=peer_urls,
+                                  peer_token=peer_token)
     node.searcher = discovery
     node.router.matcher = discovery
 
@@ -376,4 +376,4 @@ class VectorRequest(BaseModel):
     keys: list[Annotated[str, Field(max_length=200)]] = Field(max_length=1_000)
 
 
-__all__ = ["SemanticDiscovery", "PeerVectorCache", "attach_discovery", "documents_of", "owner_id"]
+__all__ = ["SemanticDiscovery", "attach_discovery", "documents_of", "fetch_vectors", "owner_id"]
