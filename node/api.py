@@ -19,6 +19,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from .a2a import CardRegistration, record_to_card
+from .envelope import RouteEvent, RouteEventKind
 from .errors import (
     BadRequest,
     NodeError,
@@ -49,10 +50,11 @@ from .models import (
     compile_pattern,
 )
 from .openapi import build_openapi
-from .proxy import install_proxy_routes
+from .proxy import PROXY_KEY, install_proxy_routes
 from .ratelimit import RateLimiter
 from .search import DEFAULT_SEARCH_K, MAX_SEARCH_K
 from .service import RegistryNode
+from .store import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -173,13 +175,21 @@ def build_app(node: RegistryNode) -> web.Application:
     async def resolve(request: web.Request) -> web.Response:
         started = time.perf_counter()
         route_request = await parse_body(request, RouteRequest)
+        caller = _caller(request)
         try:
-            decision = await node.decide(route_request, _caller(request))
-        except NodeError:
+            decision = await node.decide(route_request, caller)
+        except NodeError as exc:
             node.metrics.count(node.metrics.resolves, "none", "none", "none")
+            if route_request.trace_id:
+                await _trace_decision(request, route_request.trace_id, caller, result=exc.code, detail=exc.message)
             raise
         node.metrics.resolve_seconds.observe(time.perf_counter() - started)
         node.metrics.count(node.metrics.resolves, "ok", decision.match["kind"], decision.target.target["locality"])
+        if route_request.trace_id:
+            target = decision.target.target
+            await _trace_decision(request, route_request.trace_id, caller, result="ok", agent_id=target["agent_id"],
+                                  region=target["region"], endpoint=target["endpoint"],
+                                  detail=f"match {decision.match['kind']}; ticket {decision.ticket_id}")
         return web.Response(body=decision.to_json(), content_type="application/json")
 
     @routes.post("/v1/reports")
@@ -243,6 +253,13 @@ def build_app(node: RegistryNode) -> web.Application:
         extension(app)
     install_proxy_routes(app, node)
     return app
+
+
+async def _trace_decision(request: web.Request, trace_id: str, caller: TokenClaims, **fields: object) -> None:
+    """A direct-mode routing decision joins the caller's trace (only when it names one)."""
+    event = RouteEvent(event=RouteEventKind.DECISION, at_ms=now_ms(), trace_id=trace_id, mode="direct",
+                       caller=caller.sub, **fields)
+    await request.app[PROXY_KEY].traces.append([event])
 
 
 def _scope(request: web.Request, *, default: Scope) -> Scope:

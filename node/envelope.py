@@ -38,13 +38,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import NodeError, ValidationFailed
-from .models import TokenClaims
+from .models import TRACE_ID_PATTERN, TokenClaims
 
 DEFAULT_MAX_HOPS = 5
 MAX_HOPS_CEILING = 64
 ENVELOPE_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 TYPE_PATTERN = r"^[a-z][a-z0-9_.-]{0,31}$"
-TRACE_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,100}$"
 
 EnvelopeId = Annotated[str, Field(pattern=ENVELOPE_ID_PATTERN, examples=["msg_6f1c0e3b9d2a4c58"])]
 

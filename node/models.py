@@ -36,6 +36,7 @@ CAPABILITY_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.:/-]{0,127}$"
 LABEL_KEY_PATTERN = r"^[a-z0-9][a-z0-9_./-]{0,62}$"
 REGION_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 TRANSPORT_PATTERN = r"^[a-z][a-z0-9+_-]{0,31}$"
+TRACE_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,100}$"
 
 AgentId = Annotated[str, Field(pattern=AGENT_ID_PATTERN, max_length=200, examples=["payment.risk_check.prod_01"])]
 Region = Annotated[str, Field(pattern=REGION_PATTERN)]
@@ -313,7 +314,8 @@ class RouteRequest(Strict):
     scope: Scope = Scope.LOCAL_FIRST
     semantic: bool = True
     exclude: list[AgentId] = Field(default_factory=list, max_length=64)
-    trace_id: str | None = Field(default=None, max_length=100)
+    trace_id: str | None = Field(default=None, pattern=TRACE_ID_PATTERN,
+                                 description="Join a collaboration's trace: the decision is recorded in it.")
 
     @field_validator("version")
     @classmethod

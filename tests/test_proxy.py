@@ -313,8 +313,10 @@ async def test_direct_calls_record_their_deliveries_in_the_trace(node: RunningNo
             assert result.payload == {"handled_by": "translator", "echo": {"text": "退款说明"}}
             await client.flush_reports()
             trace = await client.trace("trace-direct")
+        # the node recorded its routing decision, the client its delivery
         assert [(e.event.value, e.mode, e.agent_id, e.result) for e in trace.events] == \
-            [("delivery", "direct", "lang.translate.direct", "success")]
+            [("decision", "direct", "lang.translate.direct", "ok"), ("delivery", "direct", "lang.translate.direct",
+                                                                     "success")]
         # a direct call is a hop too: the agent sees hop_count 1, and a chain at the limit is not sent
         assert agent.received[0]["hop_count"] == 1
         async with ReachClient(node.url, token=token) as client:

@@ -181,3 +181,18 @@ async def test_breakers_eject_at_most_half_of_a_pool(node: RunningNode) -> None:
         outcomes.record(agents[3], Outcome.REJECTED, now_ms=now_ms())
     assert outcomes.admits(agents[3], now_ms=now_ms())
     assert outcomes.weight_factor(agents[3], now_ms=now_ms()) < 0.5
+
+
+async def test_resolve_with_a_trace_id_records_the_decision(node: RunningNode) -> None:
+    await node.register(registration("lang.translate.traced"))
+    caller = node.token("ops.caller.tracer", TokenRole.CALLER)
+    status, ticket = await node.resolve(capability="translate.text", trace_id="collab-42", token=caller)
+    assert status == 200 and ticket["trace_id"] == "collab-42"
+    status, body = await node.resolve(capability="nobody.does_this", trace_id="collab-42", semantic=False, token=caller)
+    assert status == 404
+    status, trace = await node.call("GET", "/v1/traces/collab-42", token=caller)
+    assert status == 200, trace
+    decisions = [(e["event"], e["agent_id"] if "agent_id" in e else None, e["result"]) for e in trace["events"]]
+    assert decisions == [("decision", "lang.translate.traced", "ok"), ("decision", None, "no_agent_available")]
+    status, body = await node.resolve(capability="translate.text", trace_id="bad id with spaces")
+    assert status == 422 and body["field"] == "trace_id"
