@@ -144,3 +144,15 @@ def test_register_from_an_a2a_card_with_keep_alive(tmp_path: Path) -> None:
     finally:
         node.send_signal(signal.SIGTERM)
         node.wait(timeout=20)
+
+
+def test_node_says_clearly_when_redis_is_unreachable() -> None:
+    env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = subprocess.run([AGENT_REACH, "node", "--region", "cli", "--port", "0", "--no-semantic", "--redis",
+                          f"redis://127.0.0.1:{port}/0"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.startswith("error: Redis of region cli cannot be reached"), out.stderr
+    assert "Traceback" not in out.stderr

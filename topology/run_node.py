@@ -18,6 +18,7 @@ import sys
 
 from node.api import bound_port, serve
 from node.config import DEFAULT_PORT, NodeConfig
+from node.errors import NodeError
 from node.models import TokenRole
 from node.security import Signer, load_secret
 
@@ -60,6 +61,9 @@ def _run(args: argparse.Namespace) -> int:
     except TopologyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except NodeError as exc:  # e.g. Redis unreachable at start: say so, without a traceback
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1
 
 
 async def _main(args: argparse.Namespace, topology: Topology | None) -> int:
