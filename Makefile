@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install up test bench bench-resolve bench-federation bench-semantic clean
+.PHONY: install up test bench bench-resolve bench-federation bench-semantic bench-routing clean
 
 install: $(STAMP)
 
@@ -27,7 +27,7 @@ up: install
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
-bench: bench-resolve bench-federation bench-semantic
+bench: bench-resolve bench-federation bench-semantic bench-routing
 
 # wrk drives the resolve benchmark from a separate process; it comes from Debian's packages.
 bench-resolve: install
@@ -39,6 +39,9 @@ bench-federation: install
 
 bench-semantic: install
 	$(BIN)/python bench/semantic.py
+
+bench-routing: install
+	$(BIN)/python bench/routing.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -263,10 +263,13 @@ async def _trace_decision(request: web.Request, trace_id: str, caller: TokenClai
 
 
 def _scope(request: web.Request, *, default: Scope) -> Scope:
+    value = request.query.get("scope", default.value)
+    if value == "all":  # ARCHITECTURE.md's name for it
+        return Scope.GLOBAL
     try:
-        return Scope(request.query.get("scope", default.value))
+        return Scope(value)
     except ValueError:
-        raise ValidationFailed("scope must be local, local-first or global", field="scope") from None
+        raise ValidationFailed("scope must be local, local-first or global (or all)", field="scope") from None
 
 
 def _list_agents(node: RegistryNode, request: web.Request) -> AgentList:
