@@ -462,4 +462,3 @@ class TokenClaims(Strict):
     iat: int
 
 
-HealthState = Literal["ok", "starting", "degraded"]
