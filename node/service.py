@@ -15,11 +15,10 @@ import orjson
 from aiohttp import web
 
 from .a2a import CardRegistration, card_to_registration
-from .cache import RegionCache
+from .cache import CacheState, RegionCache
 from .config import NodeConfig
 from .errors import (
     Forbidden,
-    NodeError,
     SearchUnavailable,
     Unauthorized,
     UnknownAgent,
@@ -135,7 +134,7 @@ class RegistryNode:
 
     @property
     def ready(self) -> bool:
-        return self.state is NodeState.RUNNING and self.cache.state.value == "running"
+        return self.state is NodeState.RUNNING and self.cache.state is CacheState.RUNNING
 
     # -- identity ----------------------------------------------------------------------------
 
@@ -289,4 +288,4 @@ class RegistryNode:
         gauge("agent_reach_cache_reloads", "Snapshot reloads of the cache", lambda: self.cache.reloads)
 
 
-__all__ = ["RegistryNode", "NodeState", "NodeError"]
+__all__ = ["RegistryNode", "NodeState"]
