@@ -9,10 +9,8 @@ import aiohttp
 import orjson
 
 from ._client_http import as_envelope
-from .envelope import Envelope
+from .envelope import PASSTHROUGH, Envelope, raw_payload
 from .models import Outcome, RouteTarget
-
-PASSTHROUGH = "passthrough"
 
 
 class AttemptError(Exception):
@@ -70,13 +68,6 @@ async def deliver(session: aiohttp.ClientSession, target: RouteTarget, envelope:
     return status, body, (None if target.transport == PASSTHROUGH else as_envelope(body))
 
 
-def raw_payload(payload: Any) -> tuple[bytes, str]:
-    """What passthrough sends: text and bytes as they are, anything else as JSON."""
-    if isinstance(payload, bytes):
-        return payload, "application/octet-stream"
-    if isinstance(payload, str):
-        return payload.encode(), "text/plain; charset=utf-8"
-    return orjson.dumps(payload), "application/json"
 
 
 __all__ = ["PASSTHROUGH", "AttemptError", "deliver", "raw_payload"]

@@ -23,7 +23,6 @@ from .envelope import RouteEvent, RouteEventKind
 from .errors import (
     BadRequest,
     NodeError,
-    NotFound,
     PayloadTooLarge,
     RateLimited,
     ValidationFailed,
@@ -128,21 +127,11 @@ def build_app(node: RegistryNode) -> web.Application:
 
     @routes.get("/v1/agents/{agent_id}")
     async def get_agent(request: web.Request) -> web.Response:
-        agent_id = request.match_info["agent_id"]
-        record = node.find(agent_id)
-        if record is None:
-            raise NotFound(f"no agent {agent_id} in region {node.region} or its peers", field="agent_id",
-                           code="unknown_agent")
-        return json_response(record)
+        return json_response(node.get(request.match_info["agent_id"]))
 
     @routes.get("/v1/agents/{agent_id}/agent-card.json")
     async def agent_card(request: web.Request) -> web.Response:
-        agent_id = request.match_info["agent_id"]
-        record = node.find(agent_id)
-        if record is None:
-            raise NotFound(f"no agent {agent_id} in region {node.region} or its peers", field="agent_id",
-                           code="unknown_agent")
-        return json_response(record_to_card(record))
+        return json_response(record_to_card(node.get(request.match_info["agent_id"])))
 
     @routes.post("/v1/agent-cards")
     async def register_card(request: web.Request) -> web.Response:
@@ -293,7 +282,6 @@ def _list_agents(node: RegistryNode, request: web.Request) -> AgentList:
     indexes = [node.cache.index]
     if scope is not Scope.LOCAL and node.router.remote is not None:
         indexes += [peer.index for peer in node.router.remote.peers()]
-    horizon = node.cache.routable_now_ms()
     found: list[AgentRecord] = []
     for index in indexes:
         records = index.with_capability(capability).values() if capability else index
@@ -302,8 +290,7 @@ def _list_agents(node: RegistryNode, request: web.Request) -> AgentList:
                 continue
             if labels and any(record.labels.get(k) != v for k, v in labels.items()):
                 continue
-            if routable_only and not (record.routable_state and (index is not node.cache.index
-                                                                 or record.lease_expires_at_ms > horizon)):
+            if routable_only and not node.routable(record):
                 continue
             found.append(record)
     found.sort(key=lambda record: (record.region != node.region, record.region, record.agent_id))

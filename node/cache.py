@@ -288,15 +288,17 @@ class RegionCache:
                     for agent_id, expires in (await self.store.leases(ending)).items():
                         self.touch_lease(agent_id, expires)
                 self.lease_synced_at_ms = started
-                self._check_preservation(started)
+                self._check_preservation(started, ending)
             except asyncio.CancelledError:
                 raise
             except StoreUnavailable as exc:
                 log.warning("region %s: lease sync failed: %s", self.store.region, exc)
 
-    def _check_preservation(self, at_ms: int) -> None:
+    def _check_preservation(self, at_ms: int, ending: list[str]) -> None:
+        """``ending`` holds every agent whose lease could have passed by ``at_ms`` (just re-read)."""
         total = len(self.index)
-        passed = sum(1 for record in self.index if record.lease_expires_at_ms <= at_ms)
+        passed = sum(1 for agent_id in ending
+                     if (record := self.index.get(agent_id)) is not None and record.lease_expires_at_ms <= at_ms)
         preserving = total >= self.preserve_min_agents and passed > self.preserve_fraction * total
         if preserving != self.preserving:
             log.warning("region %s: %d of %d leases passed at once; lazy expiry %s", self.store.region, passed,

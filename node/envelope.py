@@ -35,6 +35,7 @@ import os
 import time
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import NodeError, ValidationFailed
@@ -239,5 +240,16 @@ def looks_like_envelope(body: object) -> bool:
     return isinstance(body, dict) and "id" in body and "type" in body and "trace_id" in body
 
 
-__all__ = ["DEFAULT_MAX_HOPS", "Envelope", "EnvelopeExpired", "EnvelopeType", "HopLimitExceeded", "Policy", "RouteEvent", "RouteEventKind", "RouteEvents",
+PASSTHROUGH = "passthrough"  # the transport of legacy agents: the raw payload, no envelope
+
+def raw_payload(payload: Any) -> tuple[bytes, str]:
+    """What passthrough sends: text and bytes as they are, anything else as JSON."""
+    if isinstance(payload, bytes):
+        return payload, "application/octet-stream"
+    if isinstance(payload, str):
+        return payload.encode(), "text/plain; charset=utf-8"
+    return orjson.dumps(payload), "application/json"
+
+
+__all__ = ["PASSTHROUGH", "raw_payload", "DEFAULT_MAX_HOPS", "Envelope", "EnvelopeExpired", "EnvelopeType", "HopLimitExceeded", "Policy", "RouteEvent", "RouteEventKind", "RouteEvents",
            "SendAccepted", "Trace", "epoch_ms", "looks_like_envelope", "new_message_id", "new_trace_id"]

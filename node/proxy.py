@@ -58,6 +58,7 @@ from .agentconfig import RetryPolicy
 from .envelope import (
     DEFAULT_MAX_HOPS,
     MAX_HOPS_CEILING,
+    PASSTHROUGH,
     TRACE_ID_PATTERN,
     Envelope,
     EnvelopeExpired,
@@ -70,6 +71,7 @@ from .envelope import (
     SendAccepted,
     Trace,
     looks_like_envelope,
+    raw_payload,
 )
 from .errors import Conflict, Forbidden, NodeError, NotFound, RateLimited, StoreUnavailable, ValidationFailed
 from .http import CALLER, json_response, parse_body, validation_error
@@ -79,7 +81,6 @@ from .store import now_ms
 
 log = logging.getLogger(__name__)
 
-PASSTHROUGH = "passthrough"
 DEFAULT_IDEMPOTENCY_TTL_MS = 600_000
 DEFAULT_TRACE_TTL_MS = 86_400_000
 DEFAULT_TRACE_MAX_EVENTS = 1_000
@@ -633,7 +634,7 @@ class Proxy:
         if session is None:
             raise StoreUnavailable("the proxy is not started", code="proxy_not_started")
         if target.transport == PASSTHROUGH:
-            data, content_type = _raw(envelope.payload)
+            data, content_type = raw_payload(envelope.payload)
         else:
             data, content_type = envelope.to_json(), "application/json"
         timeout = aiohttp.ClientTimeout(total=remaining_s, sock_connect=self.settings.connect_timeout_ms / 1000,
@@ -741,12 +742,6 @@ class Proxy:
 def _response(answer: Answer) -> web.Response:
     headers = {"Content-Type": answer.content_type, **answer.headers}
     return web.Response(status=answer.status, body=answer.body, headers=headers)
-
-
-def _raw(payload: Any) -> tuple[bytes, str]:
-    if isinstance(payload, str):
-        return payload.encode(), "text/plain; charset=utf-8"
-    return orjson.dumps(payload), "application/json"
 
 
 def _result_envelope(request: Envelope, caller: TokenClaims, answer: Answer) -> Envelope:

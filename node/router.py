@@ -214,7 +214,6 @@ class Router:
         self.matcher: Matcher | None = None
         self._random = rng or random.Random()
         self._tables: OrderedDict[tuple[object, ...], Table] = OrderedDict()
-        self.table_builds = 0
 
     # -- public ------------------------------------------------------------------------------
 
@@ -310,7 +309,6 @@ class Router:
 
     def _build(self, matched: list[tuple[AgentRecord, Capability | None]], request: RouteRequest, now: int,
                horizon: int | None, locality: Locality, stale: bool, *, index_generation: int) -> Table:
-        self.table_builds += 1
         constraint = version_constraint(request.version) if request.version else None
         outcome_generation = self.outcomes.generation
         candidates: list[Candidate] = []

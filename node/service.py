@@ -19,6 +19,7 @@ from .cache import CacheState, RegionCache
 from .config import NodeConfig
 from .errors import (
     Forbidden,
+    NotFound,
     SearchUnavailable,
     Unauthorized,
     UnknownAgent,
@@ -41,7 +42,6 @@ from .models import (
     RouteTicket,
     Scope,
     SearchResponse,
-    Snapshot,
     TokenClaims,
     TokenRole,
 )
@@ -212,6 +212,21 @@ class RegistryNode:
         self.metrics.deregistrations.inc()
         return version
 
+    def get(self, agent_id: str) -> AgentRecord:
+        """:meth:`find`, raising :class:`NotFound` (``unknown_agent``) when nobody has it."""
+        record = self.find(agent_id)
+        if record is None:
+            raise NotFound(f"no agent {agent_id} in region {self.region} or its peers", field="agent_id",
+                           code="unknown_agent")
+        return record
+
+    def routable(self, record: AgentRecord) -> bool:
+        """Would the router consider this record (local or remote), breakers aside?"""
+        if not record.routable_state:
+            return False
+        # Remote records carry no live lease: their home region deletes them when it ends.
+        return record.region != self.region or record.lease_expires_at_ms > self.cache.routable_now_ms()
+
     def find(self, agent_id: str) -> AgentRecord | None:
         """A record from this region or, with federation attached, from a peer's replica."""
         record = self.cache.index.get(agent_id)
@@ -261,12 +276,9 @@ class RegistryNode:
         self.outcomes.record(report.agent_id, report.outcome, now_ms=now)
         self.metrics.reports(report.outcome.value).inc()
 
-    async def snapshot(self) -> Snapshot:
-        """Live local records and the watermark they are consistent with (from Redis)."""
-        return Snapshot.model_validate_json(await self.snapshot_json())
-
     async def snapshot_json(self) -> bytes:
-        """:meth:`snapshot` as JSON, spliced from the stored records without parsing them."""
+        """A ``Snapshot`` (live local records + watermark) as JSON, spliced from the stored
+        records without parsing them."""
         now = now_ms()
         watermark, records = await self.store.live_records_json(now_ms=now)
         head = orjson.dumps({"region": self.region, "watermark": watermark, "taken_at_ms": now})

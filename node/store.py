@@ -311,12 +311,9 @@ class RegionStore:
         async with self._translate():
             return int(await self.redis.get(self.key_version) or 0)
 
-    async def leases(self, agent_ids: list[str] | None = None) -> dict[str, int]:
-        """Lease expiry (ms) of the given agents (those still stored), or of every agent."""
+    async def leases(self, agent_ids: list[str]) -> dict[str, int]:
+        """Lease expiry (ms) of the given agents (those still stored)."""
         async with self._translate():
-            if agent_ids is None:
-                pairs = await self.redis.zrange(self.key_leases, 0, -1, withscores=True)
-                return {agent_id: int(score) for agent_id, score in pairs}
             found: dict[str, int] = {}
             for start in range(0, len(agent_ids), _LEASE_BATCH):
                 batch = agent_ids[start:start + _LEASE_BATCH]

@@ -102,6 +102,7 @@ class SemanticDiscovery:
         self._peer_urls = dict(peer_urls or {})
         self._peer_headers = {"Authorization": f"Bearer {peer_token}"} if peer_token else {}
         self.vectors_from_peers = 0
+        self._peer_session: aiohttp.ClientSession | None = None
         self._pending: dict[str, AgentRecord | None] = {}
         self._indexed: dict[str, list[Document]] = {}
         self._wake = asyncio.Event()
@@ -129,6 +130,9 @@ class SemanticDiscovery:
         for index in self._indexes():
             for record in index:
                 self._queue(record.region, record.agent_id, record)
+        if self._peer_urls:
+            self._peer_session = aiohttp.ClientSession(headers=self._peer_headers,
+                                                       timeout=aiohttp.ClientTimeout(total=PEER_VECTOR_TIMEOUT_S))
         self._worker = asyncio.create_task(self._run(), name=f"semantic-index-{self.node.region}")
 
     async def aclose(self) -> None:
@@ -138,6 +142,9 @@ class SemanticDiscovery:
         if self._worker is not None:
             await cancel_and_wait([self._worker])
             self._worker = None
+        if self._peer_session is not None:
+            await self._peer_session.close()
+            self._peer_session = None
         await self.search_index.aclose()
         if self._on_close is not None:
             await self._on_close()
@@ -194,7 +201,8 @@ class SemanticDiscovery:
     async def _prefetch_from_home_regions(self, upserts: Mapping[str, list[Document]]) -> None:
         """Put the vectors that remote agents' home regions computed into our cache first."""
         embedder = self.search_index.embedder
-        if embedder is None or self._vector_cache is None or not self._peer_urls:
+        session = self._peer_session
+        if embedder is None or self._vector_cache is None or session is None:
             return
         keys_by_region: dict[str, list[str]] = {}
         for owner, documents in upserts.items():
@@ -204,16 +212,14 @@ class SemanticDiscovery:
                     embedder.cache_key(embedding_text(document)) for document in documents)
         if not keys_by_region:
             return
-        async with aiohttp.ClientSession(headers=self._peer_headers,
-                                         timeout=aiohttp.ClientTimeout(total=PEER_VECTOR_TIMEOUT_S)) as session:
-            for region, keys in keys_by_region.items():
-                have = await self._vector_cache.get_many(keys)
-                missing = [key for key in keys if key not in have]
-                if missing:
-                    found = await fetch_vectors(session, self._peer_urls[region], missing)
-                    if found:
-                        await self._vector_cache.set_many(found)
-                        self.vectors_from_peers += len(found)
+        for region, keys in keys_by_region.items():
+            have = await self._vector_cache.get_many(keys)
+            missing = [key for key in keys if key not in have]
+            if missing:
+                found = await fetch_vectors(session, self._peer_urls[region], missing)
+                if found:
+                    await self._vector_cache.set_many(found)
+                    self.vectors_from_peers += len(found)
 
     # -- answering -----------------------------------------------------------------------------
 
@@ -234,13 +240,6 @@ class SemanticDiscovery:
                 return peer.index.get(agent_id)
         return None
 
-    def _routable(self, record: AgentRecord) -> bool:
-        if not record.routable_state:
-            return False
-        if record.region == self.node.region:
-            return record.lease_expires_at_ms > self.node.cache.routable_now_ms()
-        return True
-
     @property
     def suggested_threshold(self) -> float:
         if self.search_index.mode is SearchMode.HYBRID:
@@ -254,7 +253,7 @@ class SemanticDiscovery:
             if scope is Scope.LOCAL and not owner.startswith(self.node.region + _OWNER_SEPARATOR):
                 return False
             record = self._lookup(owner)
-            return record is not None and (not routable_only or self._routable(record))
+            return record is not None and (not routable_only or self.node.routable(record))
 
         result = await self.search_index.search(query, k, allow)
         hits = []
@@ -267,7 +266,7 @@ class SemanticDiscovery:
                 locality=Locality.LOCAL if record.region == self.node.region else Locality.REMOTE,
                 capability=hit.capability, score=round(hit.score, 4),
                 vector_score=None if hit.vector_score is None else round(hit.vector_score, 4),
-                lexical_score=round(hit.lexical_score, 4), routable=self._routable(record),
+                lexical_score=round(hit.lexical_score, 4), routable=self.node.routable(record),
                 display_name=record.display_name,
             ))
         if scope is Scope.LOCAL_FIRST:
@@ -280,7 +279,7 @@ class SemanticDiscovery:
         """Router fallback: the best routable agents for a capability name nobody has exactly."""
         def allowed(owner: str) -> bool:
             record = self._lookup(owner)
-            if record is None or not self._routable(record):
+            if record is None or not self.node.routable(record):
                 return False
             return allow is None or allow(record.region, record.agent_id)
 
