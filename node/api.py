@@ -231,7 +231,8 @@ def build_app(node: RegistryNode) -> web.Application:
     async def readyz(request: web.Request) -> web.Response:
         if node.ready:
             return json_response({"status": "ready", "region": node.region, "version": node.cache.index.version})
-        return json_response({"status": "unready", "region": node.region, "state": node.state.value}, status=503)
+        return json_response({"status": "unready", "region": node.region, "state": node.state.value,
+                              "store": node.cache.state.value}, status=503)
 
     @routes.get("/metrics")
     async def metrics(request: web.Request) -> web.Response:

@@ -136,8 +136,12 @@ class AgentIndex:
 
 
 class CacheState(enum.Enum):
+    """NEW → RUNNING ⇄ DISCONNECTED (serving from memory while Redis is unreachable) → CLOSED;
+    FAILED when a tail task died."""
+
     NEW = "new"
     RUNNING = "running"
+    DISCONNECTED = "disconnected"
     FAILED = "failed"
     CLOSED = "closed"
 
@@ -236,6 +240,7 @@ class RegionCache:
         while True:
             try:
                 events = await self.store.read_changes(after_version=position, block_ms=self.tail_block_ms)
+                self._set_reachable(True)
                 if events and events[0].version != position + 1:
                     log.warning("region %s: change stream gap (have %d, next %d); reloading",
                                 self.store.region, position, events[0].version)
@@ -262,6 +267,7 @@ class RegionCache:
             except asyncio.CancelledError:
                 raise
             except StoreUnavailable as exc:
+                self._set_reachable(False)
                 log.warning("region %s: cache cannot tail the change stream: %s", self.store.region, exc)
                 await asyncio.sleep(_RETRY_DELAY_S)
 
@@ -292,6 +298,7 @@ class RegionCache:
             except asyncio.CancelledError:
                 raise
             except StoreUnavailable as exc:
+                self._set_reachable(False)
                 log.warning("region %s: lease sync failed: %s", self.store.region, exc)
 
     def _check_preservation(self, at_ms: int, ending: list[str]) -> None:
@@ -304,6 +311,13 @@ class RegionCache:
             log.warning("region %s: %d of %d leases passed at once; lazy expiry %s", self.store.region, passed,
                         total, "suspended (self-preservation)" if preserving else "resumed")
         self.preserving = preserving
+
+    def _set_reachable(self, reachable: bool) -> None:
+        if reachable and self.state is CacheState.DISCONNECTED:
+            log.info("region %s: Redis answers again", self.store.region)
+            self.state = CacheState.RUNNING
+        elif not reachable and self.state is CacheState.RUNNING:
+            self.state = CacheState.DISCONNECTED
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or self.state is CacheState.CLOSED:

@@ -59,9 +59,12 @@ Extension = Callable[[web.Application], None]
 
 
 class NodeState(enum.Enum):
+    """NEW → STARTING → RUNNING → DRAINING (readiness 503, requests still served) → CLOSED."""
+
     NEW = "new"
     STARTING = "starting"
     RUNNING = "running"
+    DRAINING = "draining"
     CLOSED = "closed"
 
 
@@ -132,8 +135,15 @@ class RegistryNode:
         await self.cache.aclose()
         await self.store.aclose()
 
+    def begin_drain(self) -> None:
+        """Report not-ready from now on (load balancers stop sending) while requests are still served."""
+        if self.state is NodeState.RUNNING:
+            self.state = NodeState.DRAINING
+            log.info("region %s: node %s draining", self.region, self.node_id)
+
     @property
     def ready(self) -> bool:
+        """Serving and its Redis reachable (reads go on from memory while it is not)."""
         return self.state is NodeState.RUNNING and self.cache.state is CacheState.RUNNING
 
     # -- identity ----------------------------------------------------------------------------
