@@ -14,6 +14,7 @@ import base64
 import hashlib
 import hmac
 import os
+import re
 import secrets
 import time
 from collections import OrderedDict
@@ -38,8 +39,22 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 
+_BASE64URL_RE = re.compile(r"^[A-Za-z0-9_-]*$")
+
+
 def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    """Decode unpadded base64url, accepting only its canonical form.
+
+    The standard decoder skips characters outside the alphabet and ignores the unused bits of
+    the last character, so many strings decode to the same bytes; a signature must have
+    exactly one spelling.
+    """
+    if not _BASE64URL_RE.match(text) or len(text) % 4 == 1:
+        raise ValueError("not canonical base64url")
+    data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    if _b64(data) != text:
+        raise ValueError("not canonical base64url")
+    return data
 
 
 def load_secret(*, secret: str | None = None, secret_file: str | Path | None = None) -> tuple[bytes, str]:
