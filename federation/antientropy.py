@@ -27,10 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
+import orjson
 from pydantic import ValidationError
 
 from node.errors import StoreUnavailable
-from node.models import Snapshot
+from node.models import AgentRecord, Snapshot
 from node.store import now_ms
 
 from .config import FederationConfig
@@ -157,6 +158,23 @@ class AntiEntropy:
                  len(result.evicted))
         return result
 
+    def _parse_snapshot(self, peer: str, body: bytes) -> Snapshot:
+        """The snapshot, one record at a time: a record that does not parse is quarantined and
+        left out (the replica then lacks it, as if the peer did), not a reason to refuse the rest."""
+        data = orjson.loads(body)
+        if not isinstance(data, dict) or not isinstance(data.get("agents"), list):
+            raise orjson.JSONDecodeError("a snapshot is an object with an 'agents' list", "", 0)
+        agents = []
+        for position, item in enumerate(data["agents"]):
+            try:
+                agents.append(AgentRecord.model_validate(item))
+            except ValidationError as exc:
+                agent_id = item.get("agent_id") if isinstance(item, dict) else None
+                self.replica_store.quarantine.add(
+                    "snapshot", f"{peer} snapshot agents[{position}]", exc.errors(include_url=False)[0]["msg"],
+                    agent_id=agent_id if isinstance(agent_id, str) else None)
+        return Snapshot.model_validate({**data, "agents": agents})
+
     async def fetch_snapshot(self, peer: str) -> Snapshot:
         """The snapshot from the first node of ``peer`` that serves it; raises SnapshotUnavailable."""
         if self._session is None:
@@ -170,12 +188,13 @@ class AntiEntropy:
                     if response.status != 200:
                         problems.append(f"{url}: HTTP {response.status} {body[:200]!r}")
                         continue
-                snapshot = Snapshot.model_validate_json(body)
+                snapshot = self._parse_snapshot(peer, body)
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 problems.append(f"{url}: {exc!r}")
                 continue
-            except ValidationError as exc:
-                problems.append(f"{url}: the snapshot does not parse ({exc.errors()[0]['msg']})")
+            except (ValidationError, orjson.JSONDecodeError) as exc:
+                detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+                problems.append(f"{url}: the snapshot does not parse ({detail})")
                 continue
             if snapshot.region != peer:
                 problems.append(f"{url}: serves region {snapshot.region}, not {peer} (check the topology)")

@@ -171,8 +171,7 @@ class Consumer:
                     raise InvalidMessage(f"a message of region {message.region} on the topic of {peer}")
             except InvalidMessage as exc:
                 self.stats.invalid += 1
-                log.error("region %s: skipping offset %d of %s: %s", self.config.region, record.offset,
-                          partition.topic, exc)
+                self.replica_store.quarantine.add("kafka", f"{partition.topic}@{record.offset}", exc)
                 message = None
             if message is not None and message.beacon is not None and _replayed(message.beacon, replica.beacon):
                 message = None  # an old beacon read again (replay, or re-reading after data loss)

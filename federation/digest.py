@@ -78,8 +78,14 @@ async def read_region_state(store: RegionStore) -> RegionState:
         raise StoreUnavailable(f"Redis of region {store.region} cannot be read for its digest: {exc}") from exc
     lease_of = {agent_id: int(score) for agent_id, score in leases}
     state = RegionState(version=int(version or 0))
+    quarantine = store.quarantine
     for agent_id, raw in raw_records.items():
+        # A quarantined record is served to no peer, so it is in no digest either.
+        if quarantine.holds_agent(agent_id):
+            continue
         match = _STORED_VERSION.match(raw)
+        if match is None and not store.vet_record_json(agent_id, raw):
+            continue
         stored = int(match.group(1)) if match else AgentRecord.model_validate_json(raw).version
         state.agents[agent_id] = (stored, lease_of.get(agent_id, 0))
     return state

@@ -346,8 +346,8 @@ class RemoteCatalog:
             elif entry.type == "reload":
                 await self.reload([peer.region])
         except ValidationError as exc:
-            log.error("region %s: replica feed entry %d of %s does not parse: %s", self.region, entry.seq,
-                      entry.peer, exc.errors()[0]["msg"])
+            self.store.quarantine.add("replica", f"{self.store.key_feed}@{entry.seq}",
+                                      exc.errors(include_url=False)[0]["msg"], agent_id=entry.agent_id)
         peer.seen_version = max(peer.seen_version, entry.seen)
         peer.index.version = peer.seen_version
         peer.hear(entry.at_ms)

@@ -37,8 +37,8 @@ from typing import TypeVar
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 
-from node.errors import StoreUnavailable
 from node.models import AgentRecord, Snapshot
+from node.quarantine import Quarantine
 from node.store import RedisErrors
 
 from .events import FederationMessage, RegionBeacon
@@ -241,9 +241,11 @@ class ReplicaStore:
     Raises :class:`node.errors.StoreUnavailable` when Redis cannot be reached.
     """
 
-    def __init__(self, redis: aioredis.Redis, *, region: str, key_prefix: str, feed_maxlen: int) -> None:
+    def __init__(self, redis: aioredis.Redis, *, region: str, key_prefix: str, feed_maxlen: int,
+                 quarantine: Quarantine | None = None) -> None:
         self.redis = redis
         self.region = region
+        self.quarantine = quarantine or Quarantine()
         self.feed_maxlen = feed_maxlen
         self.key_base = f"{key_prefix}:{{{region}}}:fed"
         self.key_offsets = f"{self.key_base}:offsets"
@@ -323,8 +325,34 @@ class ReplicaStore:
         states = {}
         for position, peer in enumerate(peers):
             raw_agents, raw_versions, raw_state = reply[1 + 3 * position: 4 + 3 * position]
-            states[peer] = _peer_state(peer, raw_agents, raw_versions, raw_state)
+            states[peer] = self._peer_state(peer, raw_agents, raw_versions, raw_state)
         return seq, states
+
+    def _peer_state(self, peer: str, raw_agents: dict[str, str], raw_versions: dict[str, str],
+                    raw_state: dict[str, str]) -> PeerState:
+        records = []
+        base = self._peer_keys(peer)[0]
+        for agent_id, raw in raw_agents.items():
+            try:
+                records.append(AgentRecord.model_validate_json(raw))
+            except ValidationError as exc:
+                # Skipped, not fatal: the peer's next beacon disagrees and anti-entropy re-syncs it.
+                self.quarantine.add("replica", f"{base}/{agent_id}", exc.errors(include_url=False)[0]["msg"],
+                                    agent_id=agent_id)
+        beacon = None
+        if raw_state.get("beacon"):
+            try:
+                beacon = RegionBeacon.model_validate_json(raw_state["beacon"])
+            except ValidationError as exc:
+                self.quarantine.add("replica", f"{self._peer_keys(peer)[2]}/beacon",
+                                    exc.errors(include_url=False)[0]["msg"])
+        return PeerState(
+            region=peer, records=records, versions={agent_id: int(v) for agent_id, v in raw_versions.items()},
+            floor=int(raw_state.get("floor", 0)), seen=int(raw_state.get("seen", 0)),
+            heard_at_ms=int(raw_state.get("heard_at_ms", 0)), beacon=beacon,
+            anti_entropy_runs=int(raw_state.get("anti_entropy_runs", 0)),
+            reconciled_at_ms=int(raw_state.get("reconciled_at_ms", 0)),
+        )
 
     async def read_feed(self, *, after_seq: int, block_ms: int | None = None, count: int = 1_000) -> list[FeedEntry]:
         async with RedisErrors(self.region):
@@ -343,27 +371,6 @@ class ReplicaStore:
         async with RedisErrors(self.region):
             entries = await self.redis.xrange(self.key_feed, count=1)
         return int(entries[0][0].split("-", 1)[0]) if entries else None
-
-
-def _peer_state(peer: str, raw_agents: dict[str, str], raw_versions: dict[str, str],
-                raw_state: dict[str, str]) -> PeerState:
-    records = []
-    for agent_id, raw in raw_agents.items():
-        try:
-            records.append(AgentRecord.model_validate_json(raw))
-        except ValidationError as exc:
-            raise StoreUnavailable(f"the replica of {peer} holds a record for {agent_id} that does not parse "
-                                   f"({exc.errors()[0]['msg']}); delete the key to re-sync it") from exc
-    beacon = None
-    if raw_state.get("beacon"):
-        beacon = RegionBeacon.model_validate_json(raw_state["beacon"])
-    return PeerState(
-        region=peer, records=records, versions={agent_id: int(v) for agent_id, v in raw_versions.items()},
-        floor=int(raw_state.get("floor", 0)), seen=int(raw_state.get("seen", 0)),
-        heard_at_ms=int(raw_state.get("heard_at_ms", 0)), beacon=beacon,
-        anti_entropy_runs=int(raw_state.get("anti_entropy_runs", 0)),
-        reconciled_at_ms=int(raw_state.get("reconciled_at_ms", 0)),
-    )
 
 
 def _feed_entry(entry_id: str, fields: dict[str, str]) -> FeedEntry:

@@ -51,13 +51,13 @@ class Federation:
         self.config = config
         self.store = store
         self.replica_store = ReplicaStore(store.redis, region=config.region, key_prefix=config.key_prefix,
-                                          feed_maxlen=config.feed_maxlen)
+                                          feed_maxlen=config.feed_maxlen, quarantine=store.quarantine)
         self.catalog = RemoteCatalog(self.replica_store, peers=[peer.region for peer in config.peers],
                                      stale_after_ms=config.stale_after_ms, feed_block_ms=config.feed_block_ms)
         signer = Signer(secret)
         subject = f"federation:{config.region}"
         self.anti_entropy = AntiEntropy(config, catalog=self.catalog, replica_store=self.replica_store,
-                                        token=lambda: signer.issue(subject, TokenRole.ADMIN, ttl_s=_TOKEN_TTL_S))
+                                        token=lambda: signer.issue(subject, TokenRole.PEER, ttl_s=_TOKEN_TTL_S))
         self.publisher = Publisher(config, store=store, replica_store=self.replica_store)
         self.consumer = Consumer(config, catalog=self.catalog, replica_store=self.replica_store,
                                  anti_entropy=self.anti_entropy)

@@ -22,6 +22,7 @@ from .a2a import CardRegistration, record_to_card
 from .envelope import RouteEvent, RouteEventKind
 from .errors import (
     BadRequest,
+    Forbidden,
     NodeError,
     PayloadTooLarge,
     RateLimited,
@@ -36,6 +37,7 @@ from .http import (
     validation_error,
 )
 from .models import (
+    INT64_MAX,
     AgentList,
     AgentRecord,
     ChangeEvent,
@@ -46,12 +48,14 @@ from .models import (
     RouteRequest,
     Scope,
     TokenClaims,
+    TokenRole,
     compile_pattern,
 )
 from .openapi import build_openapi
 from .proxy import PROXY_KEY, install_proxy_routes
 from .ratelimit import RateLimiter
 from .search import DEFAULT_SEARCH_K, MAX_SEARCH_K
+from .security import may_see, require_peer
 from .service import RegistryNode
 from .store import now_ms
 
@@ -127,11 +131,11 @@ def build_app(node: RegistryNode) -> web.Application:
 
     @routes.get("/v1/agents/{agent_id}")
     async def get_agent(request: web.Request) -> web.Response:
-        return json_response(node.get(request.match_info["agent_id"]))
+        return json_response(node.get(request.match_info["agent_id"], _caller(request)))
 
     @routes.get("/v1/agents/{agent_id}/agent-card.json")
     async def agent_card(request: web.Request) -> web.Response:
-        return json_response(record_to_card(node.get(request.match_info["agent_id"])))
+        return json_response(record_to_card(node.get(request.match_info["agent_id"], _caller(request))))
 
     @routes.post("/v1/agent-cards")
     async def register_card(request: web.Request) -> web.Response:
@@ -154,7 +158,8 @@ def build_app(node: RegistryNode) -> web.Application:
             raise ValidationFailed(f"k must be within 1..{MAX_SEARCH_K}", field="k")
         scope = _scope(request, default=Scope.GLOBAL)
         routable_only = request.query.get("routable", "false").lower() in {"1", "true", "yes"}
-        return json_response(await node.search(query, k=k, scope=scope, routable_only=routable_only))
+        return json_response(await node.search(query, k=k, scope=scope, routable_only=routable_only,
+                                               caller=_caller(request)))
 
     @routes.get("/v1/agents")
     async def list_agents(request: web.Request) -> web.Response:
@@ -190,9 +195,9 @@ def build_app(node: RegistryNode) -> web.Application:
             raise BadRequest(f"the body is not valid JSON: {exc}", code="invalid_json") from exc
         try:
             if isinstance(parsed, dict) and "reports" in parsed:
-                batch = OutcomeReports.model_validate(parsed).reports
+                batch = OutcomeReports.model_validate_json(raw, strict=True).reports
             else:
-                batch = [OutcomeReport.model_validate(parsed)]
+                batch = [OutcomeReport.model_validate_json(raw or b"null", strict=True)]
         except ValidationError as exc:
             raise validation_error(exc) from exc
         caller = _caller(request)
@@ -217,7 +222,17 @@ def build_app(node: RegistryNode) -> web.Application:
 
     @routes.get("/v1/federation/snapshot")
     async def snapshot(request: web.Request) -> web.Response:
+        require_peer(_caller(request), "the federation snapshot")
         return web.Response(body=await node.snapshot_json(), content_type="application/json")
+
+    @routes.get("/v1/admin/quarantine")
+    async def quarantine(request: web.Request) -> web.Response:
+        caller = _caller(request)
+        if caller.role is not TokenRole.ADMIN:
+            raise Forbidden("the quarantine list is for admins", code="admins_only")
+        items = node.store.quarantine.items()
+        return json_response({"region": node.region, "count": len(items), "total": node.store.quarantine.total,
+                              "items": [item.as_dict() for item in items]})
 
     @routes.get("/v1/openapi.json")
     async def openapi(request: web.Request) -> web.Response:
@@ -280,6 +295,7 @@ def _list_agents(node: RegistryNode, request: web.Request) -> AgentList:
             raise ValidationFailed("label must be key=value", field="label")
         labels[key] = value
     routable_only = query.get("routable", "false").lower() in {"1", "true", "yes"}
+    caller = _caller(request)
     indexes = [node.cache.index]
     if scope is not Scope.LOCAL and node.router.remote is not None:
         indexes += [peer.index for peer in node.router.remote.peers()]
@@ -292,6 +308,8 @@ def _list_agents(node: RegistryNode, request: web.Request) -> AgentList:
             if labels and any(record.labels.get(k) != v for k, v in labels.items()):
                 continue
             if routable_only and not node.routable(record):
+                continue
+            if not node.visible(record, caller):
                 continue
             found.append(record)
     found.sort(key=lambda record: (record.region != node.region, record.region, record.agent_id))
@@ -310,9 +328,14 @@ async def _watch(node: RegistryNode, request: web.Request) -> web.StreamResponse
         since = int(request.query["since"]) if "since" in request.query else None
     except ValueError:
         raise ValidationFailed("since must be a region version (an integer)", field="since") from None
+    if since is not None and not 0 <= since <= INT64_MAX:
+        raise ValidationFailed("since must be a region version (0 or more, within 64 bits)", field="since")
+    caller = _caller(request)
 
     def accept(event: ChangeEvent) -> bool:
         if regex is not None and not regex.match(event.agent_id):
+            return False
+        if not may_see(caller, event.agent_id, event.audience):
             return False
         if capability and event.record is not None:
             return any(c.name == capability for c in event.record.capabilities)

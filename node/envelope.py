@@ -39,7 +39,14 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import NodeError, ValidationFailed
-from .models import TRACE_ID_PATTERN, TokenClaims
+from .models import (
+    MULTI_LINE_PATTERN,
+    SINGLE_LINE_PATTERN,
+    TRACE_ID_PATTERN,
+    JsonValue,
+    Millis,
+    TokenClaims,
+)
 
 DEFAULT_MAX_HOPS = 5
 MAX_HOPS_CEILING = 64
@@ -93,20 +100,20 @@ class Envelope(BaseModel):
     decision to the business layer. ``payload`` and ``extensions`` are never interpreted.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     id: EnvelopeId = Field(default_factory=new_message_id)
-    source_agent: str | None = Field(default=None, max_length=200)
-    target_agent: str | None = Field(default=None, max_length=200)
+    source_agent: str | None = Field(default=None, max_length=200, pattern=SINGLE_LINE_PATTERN)
+    target_agent: str | None = Field(default=None, max_length=200, pattern=SINGLE_LINE_PATTERN)
     type: EnvelopeType | Annotated[str, Field(pattern=TYPE_PATTERN)] = EnvelopeType.REQUEST
-    operation: str | None = Field(default=None, max_length=500)
-    payload: Any = None
+    operation: str | None = Field(default=None, max_length=500, pattern=SINGLE_LINE_PATTERN)
+    payload: JsonValue = None
     trace_id: Annotated[str, Field(pattern=TRACE_ID_PATTERN)] = Field(default_factory=new_trace_id)
-    expire_at_ms: int | None = Field(default=None, ge=0, description="ms since the epoch; None = never")
+    expire_at_ms: Millis | None = Field(default=None, description="ms since the epoch; None = never")
     hop_count: int = Field(default=0, ge=0, le=MAX_HOPS_CEILING)
     reply_to_id: EnvelopeId | None = None
     idempotent: bool = False
-    extensions: dict[str, Any] = Field(default_factory=dict, max_length=64)
+    extensions: dict[Annotated[str, Field(max_length=200)], JsonValue] = Field(default_factory=dict, max_length=64)
 
     @field_validator("type", mode="before")
     @classmethod
@@ -172,23 +179,24 @@ class RouteEventKind(str, enum.Enum):
 class RouteEvent(BaseModel):
     """One structured event of a collaboration, kept per trace_id."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     event: RouteEventKind
-    at_ms: int = Field(ge=0)
+    at_ms: Millis
     trace_id: Annotated[str, Field(pattern=TRACE_ID_PATTERN)]
     mode: Literal["proxy", "direct"] = "proxy"
-    caller: str = Field(max_length=200, description="The token subject that sent the message.")
-    envelope_id: str | None = Field(default=None, max_length=128)
-    agent_id: str | None = Field(default=None, max_length=200)
-    region: str | None = Field(default=None, max_length=64)
-    endpoint: str | None = Field(default=None, max_length=2_000)
+    caller: str = Field(max_length=200, pattern=SINGLE_LINE_PATTERN,
+                        description="The token subject that sent the message.")
+    envelope_id: str | None = Field(default=None, max_length=128, pattern=SINGLE_LINE_PATTERN)
+    agent_id: str | None = Field(default=None, max_length=200, pattern=SINGLE_LINE_PATTERN)
+    region: str | None = Field(default=None, max_length=64, pattern=SINGLE_LINE_PATTERN)
+    endpoint: str | None = Field(default=None, max_length=2_000, pattern=SINGLE_LINE_PATTERN)
     attempt: int | None = Field(default=None, ge=0, le=1_000)
-    result: str | None = Field(default=None, max_length=64,
+    result: str | None = Field(default=None, max_length=64, pattern=SINGLE_LINE_PATTERN,
                                description="success, failure, timeout, rejected, hop_limit_exceeded …")
     status: int | None = Field(default=None, ge=0, le=999)
-    latency_ms: float | None = Field(default=None, ge=0)
-    detail: str | None = Field(default=None, max_length=1_000)
+    latency_ms: float | None = Field(default=None, ge=0, le=1e12)
+    detail: str | None = Field(default=None, max_length=1_000, pattern=MULTI_LINE_PATTERN)
 
 
 class RouteEvents(BaseModel):

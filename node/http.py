@@ -30,7 +30,11 @@ def error_response(error: NodeError) -> web.Response:
 
 
 async def parse_body(request: web.Request, model: type[Model], *, allow_empty: bool = False) -> Model:
-    """The request body as ``model``; 413 if too large, 400 if not JSON, 422 naming the field."""
+    """The request body as ``model``; 413 if too large, 400 if not JSON, 422 naming the field.
+
+    Parsed in strict mode: a string is not an integer and ``true`` is not a number, so what is
+    stored is what the caller meant, not a coercion of it.
+    """
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
@@ -41,7 +45,7 @@ async def parse_body(request: web.Request, model: type[Model], *, allow_empty: b
         else:
             raise BadRequest(f"a JSON body ({model.__name__}) is required", code="missing_body")
     try:
-        return model.model_validate_json(raw)
+        return model.model_validate_json(raw, strict=True)
     except ValidationError as exc:
         raise validation_error(exc) from exc
 

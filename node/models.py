@@ -2,7 +2,11 @@
 
 Every model that crosses a boundary (HTTP body, Redis value, Kafka event) is a pydantic v2
 model with ``extra="forbid"``, so an unknown or mistyped field is a 4xx naming the field.
-This module does no I/O.
+Whatever a route accepts must read back from Redis, the change stream, Kafka and JSON
+encoders, so the models admit only what every one of them can carry: finite floats, integers
+within int64, text without control characters (descriptions may hold tabs and line breaks),
+URLs without whitespace. HTTP bodies are parsed in strict mode (``"5000"`` is not an integer,
+``true`` is not a weight: see ``node.http.parse_body``). This module does no I/O.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from urllib.parse import urlsplit
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_LEASE_TTL_MS = 30_000
 MIN_LEASE_TTL_MS = 1_000
@@ -38,23 +42,73 @@ REGION_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 TRANSPORT_PATTERN = r"^[a-z][a-z0-9+_-]{0,31}$"
 TRACE_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,100}$"
 
+INT64_MAX = 2**63 - 1
+# One line of text: no C0/C1 control characters, no Unicode line or paragraph separators.
+SINGLE_LINE_PATTERN = "^[^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]*$"
+# Prose: tabs and line breaks allowed, other control characters not.
+MULTI_LINE_PATTERN = "^[^\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f]*$"
+_URL_FORBIDDEN_RE = re.compile(r"[\x00-\x20\x7f-\x9f\u2028\u2029]")
+MAX_JSON_DEPTH = 32
+
 AgentId = Annotated[str, Field(pattern=AGENT_ID_PATTERN, max_length=200, examples=["payment.risk_check.prod_01"])]
-Region = Annotated[str, Field(pattern=REGION_PATTERN)]
-ShortText = Annotated[str, Field(max_length=200)]
-LongText = Annotated[str, Field(max_length=4_000)]
+Region = Annotated[str, Field(pattern=REGION_PATTERN, max_length=63)]
+ShortText = Annotated[str, Field(max_length=200, pattern=SINGLE_LINE_PATTERN)]
+LongText = Annotated[str, Field(max_length=4_000, pattern=MULTI_LINE_PATTERN)]
+Millis = Annotated[int, Field(ge=0, le=INT64_MAX, description="ms since the epoch")]
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
 class Strict(BaseModel):
-    """Base of every boundary model: unknown fields are errors."""
+    """Base of every boundary model: unknown fields are errors, floats are finite."""
 
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    model_config = ConfigDict(extra="forbid", frozen=False, allow_inf_nan=False)
 
 
 def _check_url(value: str, *, schemes: tuple[str, ...] = ("http", "https")) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in schemes or not parts.netloc:
+    if _URL_FORBIDDEN_RE.search(value):
+        raise ValueError("must not contain whitespace or control characters")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError as exc:
+        raise ValueError(f"is not a valid URL: {exc}") from None
+    if parts.scheme not in schemes or not parts.hostname:
         raise ValueError(f"must be an absolute URL with scheme {' or '.join(schemes)}")
     return value
+
+
+def check_json_value(value: object, *, _depth: int = 0) -> object:
+    """Free-form JSON (payloads, extensions) limited to what every encoder carries.
+
+    Integers must fit int64 and floats be finite (orjson, Redis and Kafka consumers all
+    refuse or mangle the rest); nesting is bounded.
+    """
+    if _depth > MAX_JSON_DEPTH:
+        raise ValueError(f"is nested deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        if not -INT64_MAX - 1 <= value <= INT64_MAX:
+            raise ValueError("holds an integer outside the 64-bit range")
+        return value
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError("holds NaN or an infinite number")
+        return value
+    if isinstance(value, list):
+        for item in value:
+            check_json_value(item, _depth=_depth + 1)
+        return value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError("holds an object key that is not a string")
+            check_json_value(item, _depth=_depth + 1)
+        return value
+    raise ValueError(f"holds a {type(value).__name__}, which is not JSON")
+
+
+JsonValue = Annotated[object, AfterValidator(check_json_value)]
 
 
 def parse_version(text: str) -> Version:
@@ -123,10 +177,12 @@ class Capability(Strict):
     """One thing an agent can do, e.g. ``translate.text`` version ``2``."""
 
     name: str = Field(pattern=CAPABILITY_NAME_PATTERN, examples=["translate.text"])
-    version: str = Field(default="1", max_length=40)
+    version: str = Field(default="1", max_length=40, pattern=SINGLE_LINE_PATTERN)
     description: LongText = ""
-    tags: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=32)
-    examples: list[Annotated[str, Field(max_length=500)]] = Field(default_factory=list, max_length=16)
+    tags: list[Annotated[str, Field(max_length=64, pattern=SINGLE_LINE_PATTERN)]] = Field(
+        default_factory=list, max_length=32)
+    examples: list[Annotated[str, Field(max_length=500, pattern=MULTI_LINE_PATTERN)]] = Field(
+        default_factory=list, max_length=16)
 
     @field_validator("version")
     @classmethod
@@ -157,9 +213,9 @@ class Probe(Strict):
 class Load(Strict):
     """Load an agent reports with its heartbeat."""
 
-    queued: int = Field(default=0, ge=0)
-    inflight: int = Field(default=0, ge=0)
-    rps: float = Field(default=0.0, ge=0.0)
+    queued: Count = 0
+    inflight: Count = 0
+    rps: float = Field(default=0.0, ge=0.0, le=1e15)
 
 
 class Registration(Strict):
@@ -169,20 +225,20 @@ class Registration(Strict):
     display_name: ShortText = ""
     description: LongText = ""
     capabilities: list[Capability] = Field(default_factory=list, max_length=64)
-    endpoints: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")], str] = Field(
-        description="Named endpoints; 'primary' is required.", examples=[{"primary": "http://127.0.0.1:9000"}]
-    )
+    endpoints: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")], Annotated[str, Field(max_length=2_000)]] = (
+        Field(description="Named endpoints; 'primary' is required.", examples=[{"primary": "http://127.0.0.1:9000"}],
+              min_length=1, max_length=16))
     callback_endpoint: str | None = Field(default=None, max_length=2_000)
     transport: str = Field(default="http+token", pattern=TRANSPORT_PATTERN)
     liveness_probe: Probe | None = None
     readiness_probe: Probe | None = None
     lease_ttl_ms: int = Field(default=DEFAULT_LEASE_TTL_MS, ge=MIN_LEASE_TTL_MS, le=MAX_LEASE_TTL_MS)
-    labels: dict[Annotated[str, Field(pattern=LABEL_KEY_PATTERN)], Annotated[str, Field(max_length=200)]] = Field(
+    labels: dict[Annotated[str, Field(pattern=LABEL_KEY_PATTERN)], ShortText] = Field(
         default_factory=dict, max_length=64
     )
     weight: int = Field(default=DEFAULT_WEIGHT, ge=0, le=10_000)
     max_concurrency: int | None = Field(default=None, ge=1, le=1_000_000)
-    allowed_callers: list[Annotated[str, Field(max_length=200)]] = Field(
+    allowed_callers: list[Annotated[str, Field(max_length=200, pattern=SINGLE_LINE_PATTERN)]] = Field(
         default_factory=list,
         max_length=64,
         description="Caller patterns allowed to resolve this agent ('payment.*.*', 'admin'); empty = anyone.",
@@ -231,11 +287,11 @@ class AgentRecord(Registration):
     """A registration as the region stores it, with what the node adds."""
 
     region: Region
-    version: int = Field(default=0, ge=0, description="Monotonic per region; bumped by every change.")
+    version: Count = Field(default=0, description="Monotonic per region; bumped by every change.")
     load: Load = Field(default_factory=Load)
-    registered_at_ms: int = 0
-    updated_at_ms: int = 0
-    lease_expires_at_ms: int = 0
+    registered_at_ms: Millis = 0
+    updated_at_ms: Millis = 0
+    lease_expires_at_ms: Millis = 0
     live: bool = Field(default=True, description="Liveness probe verdict (true when there is no probe).")
     ready: bool = Field(default=True, description="Readiness probe verdict (true when there is no probe).")
     probe_error: str | None = None
@@ -281,18 +337,32 @@ class DeleteReason(str, enum.Enum):
     DEREGISTERED = "deregistered"
     EXPIRED = "expired"
     EVICTED = "evicted"
+    QUARANTINED = "quarantined"   # its stored record does not parse (see node.quarantine)
 
 
 class ChangeEvent(Strict):
-    """One entry of a region's change stream (and, later, of its Kafka topic)."""
+    """One entry of a region's change stream (and, later, of its Kafka topic).
+
+    A delete carries no record, but keeps the ``allowed_callers`` of the record it removed, so
+    a watcher who may not see the agent does not see its tombstone either.
+    """
 
     kind: ChangeKind
     region: Region
-    version: int
+    version: Count
     agent_id: AgentId
-    at_ms: int
+    at_ms: Millis
     record: AgentRecord | None = None
     reason: DeleteReason | None = None
+    allowed_callers: list[Annotated[str, Field(max_length=200)]] | None = Field(
+        default=None, max_length=64, description="Deletes only: who could see the removed record.")
+
+    @property
+    def audience(self) -> list[str]:
+        """``allowed_callers`` of the record this change is about (empty = anyone)."""
+        if self.record is not None:
+            return self.record.allowed_callers
+        return self.allowed_callers or []
 
 
 class Scope(str, enum.Enum):
@@ -304,12 +374,13 @@ class Scope(str, enum.Enum):
 class RouteRequest(Strict):
     """Ask for one agent by capability, agent_id or name pattern."""
 
-    capability: str | None = Field(default=None, max_length=500)
-    version: str | None = Field(default=None, max_length=100, description="'1', 'v2', '>=1.2,<3'")
+    capability: str | None = Field(default=None, max_length=500, pattern=SINGLE_LINE_PATTERN)
+    version: str | None = Field(default=None, max_length=100, pattern=SINGLE_LINE_PATTERN,
+                                description="'1', 'v2', '>=1.2,<3'")
     agent_id: AgentId | None = None
     pattern: str | None = Field(default=None, max_length=200)
-    conversation_id: str | None = Field(default=None, max_length=200)
-    labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+    conversation_id: str | None = Field(default=None, max_length=200, pattern=SINGLE_LINE_PATTERN)
+    labels: dict[Annotated[str, Field(max_length=63)], ShortText] = Field(default_factory=dict, max_length=32)
     preferred_region: Region | None = None
     scope: Scope = Scope.LOCAL_FIRST
     semantic: bool = True
@@ -396,7 +467,7 @@ class OutcomeReport(Strict):
     signature: str = Field(max_length=4_000, description="The ticket's signature.")
     agent_id: AgentId = Field(description="Which of the ticket's targets was called.")
     outcome: Outcome
-    latency_ms: float | None = Field(default=None, ge=0)
+    latency_ms: float | None = Field(default=None, ge=0, le=1e12)
 
 
 class OutcomeReports(Strict):
@@ -448,17 +519,21 @@ class ErrorBody(Strict):
 
 
 class TokenRole(str, enum.Enum):
+    """admin: anything; agent: act for its own agent_id; caller: resolve, search, send, report;
+    peer: another region's node (snapshot and vectors, which show every record)."""
+
     ADMIN = "admin"
     AGENT = "agent"
     CALLER = "caller"
+    PEER = "peer"
 
 
 class TokenClaims(Strict):
     """What a bearer token asserts; signed with the cluster secret."""
 
-    sub: str = Field(max_length=200)
+    sub: str = Field(max_length=200, pattern=SINGLE_LINE_PATTERN)
     role: TokenRole
-    exp: int = Field(description="Expiry, seconds since the epoch.")
-    iat: int
+    exp: Count = Field(description="Expiry, seconds since the epoch.")
+    iat: Count
 
 

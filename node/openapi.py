@@ -109,7 +109,10 @@ def build_openapi(region: str) -> dict[str, object]:
         "/v1/watch": {"get": _operation("Server-sent change events", media="text/event-stream", parameters=[
             _param("since", description="replay changes after this version"), _param("capability"), _param("pattern")])},
         "/v1/regions": {"get": _operation("Topology, peer freshness, counts")},
-        "/v1/federation/snapshot": {"get": _operation("Live local records + watermark", response=Snapshot)},
+        "/v1/federation/snapshot": {"get": _operation("Live local records + watermark (peer and admin tokens only)",
+                                                      response=Snapshot)},
+        "/v1/admin/quarantine": {"get": _operation(
+            "Stored records and events that do not parse, skipped by every reader (admin tokens only)")},
         "/v1/federation/status": {"get": _operation(
             "Federation: this region's watermark and digest, publisher, consumer, anti-entropy, peers "
             "(present when federation is attached)")},

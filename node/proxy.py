@@ -458,12 +458,18 @@ class Proxy:
             raise ValidationFailed("trace_id must be 1-100 characters of [A-Za-z0-9_.:-]", field="trace_id")
         events = await self.traces.read(trace_id)
         if caller.role is not TokenRole.ADMIN:
-            events = [event for event in events if caller.sub in (event.caller, event.agent_id)]
+            events = [event for event in events
+                      if caller.sub in (event.caller, event.agent_id) and self._may_see_agent(caller, event.agent_id)]
         if not events:
             raise NotFound(f"region {self.node.region} has no events of trace {trace_id} that you took part in "
                            "(traces expire; events go to the region that handled the send)",
                            field="trace_id", code="unknown_trace")
         return json_response(Trace(trace_id=trace_id, region=self.node.region, count=len(events), events=events))
+
+    def _may_see_agent(self, caller: TokenClaims, agent_id: str | None) -> bool:
+        """An event naming an agent whose ``allowed_callers`` exclude the caller is not shown."""
+        record = self.node.find(agent_id) if agent_id else None
+        return record is None or self.node.visible(record, caller)
 
     async def handle_trace_events(self, request: web.Request) -> web.Response:
         caller: TokenClaims = request[CALLER]

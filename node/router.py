@@ -44,7 +44,7 @@ from .models import (
     version_constraint,
 )
 from .outcomes import ERROR_RECHECK_MS, OutcomeTracker
-from .security import Signer
+from .security import Signer, may_see
 from .store import now_ms
 
 DEFAULT_TICKET_TTL_MS = 10_000
@@ -276,13 +276,16 @@ class Router:
         cumulative: list[float] | None = table.cumulative
         if table.has_acl or request.exclude:
             excluded = set(request.exclude)
-            candidates = [c for c in candidates
-                          if c.record.agent_id not in excluded and _caller_allowed(c.record, caller)]
+            visible = [c for c in candidates if _caller_allowed(c.record, caller)] if table.has_acl else candidates
+            candidates = [c for c in visible if c.record.agent_id not in excluded]
             cumulative = None
             if len(candidates) < len(table.candidates):
+                # Agents the caller may not see are not counted as matched: the reasons must not
+                # reveal that they exist.
                 rejected = dict(table.rejected)
-                rejected["excluded_or_acl"] = len(table.candidates) - len(candidates)
-                table = replace(table, rejected=rejected)
+                if len(candidates) < len(visible):
+                    rejected["excluded"] = len(visible) - len(candidates)
+                table = replace(table, rejected=rejected, matched=table.matched - (len(table.candidates) - len(visible)))
         if not candidates:
             label = "local" if locality is Locality.LOCAL else f"region {region}{' (stale)' if stale else ''}"
             reasons[label] = self._why_empty(request, table)
@@ -528,7 +531,11 @@ class Router:
     async def _route_semantic(self, request: RouteRequest, caller: TokenClaims, exact: NoAgentAvailable
                               ) -> Decision:
         reasons: dict[str, str] = dict(exact.details["stages"]) if exact.details else {}  # type: ignore[arg-type]
-        hits = await self.matcher.match(request.capability or "", k=10)  # type: ignore[union-attr]
+        def visible(region: str, agent_id: str) -> bool:
+            record = self._record(region, agent_id)
+            return record is not None and _caller_allowed(record, caller)
+
+        hits = await self.matcher.match(request.capability or "", k=10, allow=visible)  # type: ignore[union-attr]
         now = now_ms()
         threshold = self.semantic_threshold
         if threshold is None:
@@ -552,6 +559,14 @@ class Router:
         match = {"kind": MatchKind.SEMANTIC.value, "capability": hit.capability, "score": round(hit.score, 4),
                  "version": _version_of(target.record, hit.capability)}
         return self._ticket(target, alternates, match, request, caller, now)
+
+    def _record(self, region: str, agent_id: str) -> AgentRecord | None:
+        if region == self.region:
+            return self.cache.index.get(agent_id)
+        for peer in self.remote.peers() if self.remote is not None else ():
+            if peer.region == region:
+                return peer.index.get(agent_id)
+        return None
 
     def _semantic_levels(self, hits: list[SemanticMatch], request: RouteRequest, caller: TokenClaims,
                          now: int) -> list[Level]:
@@ -591,10 +606,7 @@ def _version_of(record: AgentRecord, capability: str | None) -> str | None:
 
 
 def _caller_allowed(record: AgentRecord, caller: TokenClaims) -> bool:
-    if not record.allowed_callers or caller.role is TokenRole.ADMIN:
-        return True
-    return any(pattern == caller.sub or (pattern != "admin" and compile_pattern(pattern).match(caller.sub))
-               for pattern in record.allowed_callers)
+    return may_see(caller, record.agent_id, record.allowed_callers)
 
 
 def _rendezvous(candidates: list[Candidate], key: str) -> Candidate:

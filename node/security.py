@@ -24,7 +24,7 @@ import orjson
 from pydantic import ValidationError
 
 from .errors import Forbidden, Unauthorized
-from .models import TokenClaims, TokenRole
+from .models import TokenClaims, TokenRole, compile_pattern
 
 SECRET_ENV = "AGENT_REACH_SECRET"
 SECRET_FILE_ENV = "AGENT_REACH_SECRET_FILE"
@@ -157,3 +157,22 @@ def authorize_agent(claims: TokenClaims, agent_id: str) -> None:
         return
     raise Forbidden(f"a token for {claims.sub!r} ({claims.role.value}) may not act for agent {agent_id}",
                     field="agent_id")
+
+
+def may_see(caller: TokenClaims, agent_id: str, allowed_callers: list[str]) -> bool:
+    """Whether ``caller`` may see an agent (its record, endpoints, card, changes, traces).
+
+    ``allowed_callers`` empty: anyone. Otherwise admins and peer nodes, the agent itself, and
+    callers whose subject matches one of the patterns (``"admin"`` names the admin role).
+    """
+    if not allowed_callers or caller.role in (TokenRole.ADMIN, TokenRole.PEER) or caller.sub == agent_id:
+        return True
+    return any(pattern == caller.sub or (pattern != "admin" and compile_pattern(pattern).match(caller.sub))
+               for pattern in allowed_callers)
+
+
+def require_peer(caller: TokenClaims, what: str) -> None:
+    """Routes that show every record regardless of ``allowed_callers`` are for peers and admins."""
+    if caller.role not in (TokenRole.ADMIN, TokenRole.PEER):
+        raise Forbidden(f"{what} is for peer regions and admins only (a token of role "
+                        f"{caller.role.value} may not read it)", code="peers_only")

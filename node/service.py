@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import re
 from collections.abc import Callable
 
 import orjson
@@ -48,7 +49,7 @@ from .models import (
 from .outcomes import OutcomeTracker
 from .router import Decision, Router
 from .search import Searcher
-from .security import Signer, authorize_agent
+from .security import Signer, authorize_agent, may_see
 from .store import RegionStore, now_ms
 from .sweeper import Sweeper
 from .watch import WatchHub
@@ -56,6 +57,8 @@ from .watch import WatchHub
 log = logging.getLogger(__name__)
 
 Extension = Callable[[web.Application], None]
+# node.store splices the version first into every record it writes: '{"version":N,...'.
+_STORED_VERSION = re.compile(r'^\{"version":(\d+),')
 
 
 class NodeState(enum.Enum):
@@ -169,7 +172,6 @@ class RegistryNode:
                 f"allowed: {', '.join(self.config.allowed_transports or [])}",
                 field="transport", code="transport_not_allowed")
         now = now_ms()
-        previous = self.cache.index.get(registration.agent_id)
         record = AgentRecord.model_validate({
             **registration.model_dump(),
             "region": self.region,
@@ -178,14 +180,14 @@ class RegistryNode:
             "lease_expires_at_ms": now + registration.lease_ttl_ms,
             "ready": registration.readiness_probe is None,
         })
-        stored = await self.store.register(record, at_ms=now)
+        stored, created = await self.store.register(record, at_ms=now)
         self.cache.apply_local(ChangeEvent(kind=ChangeKind.UPSERT, region=self.region, version=stored.version,
                                            agent_id=stored.agent_id, at_ms=now, record=stored))
         self.metrics.registrations.inc()
         response = RegisterResponse(agent_id=stored.agent_id, region=self.region, version=stored.version,
                                     lease_expires_at_ms=stored.lease_expires_at_ms,
                                     heartbeat_interval_ms=max(100, stored.lease_ttl_ms // 3))
-        return response, previous is None
+        return response, created
 
     async def heartbeat(self, agent_id: str, heartbeat: Heartbeat, caller: TokenClaims) -> HeartbeatResponse:
         authorize_agent(caller, agent_id)
@@ -217,18 +219,26 @@ class RegistryNode:
         version = await self.store.deregister(agent_id, at_ms=now)
         if version is None:
             raise UnknownAgent(f"agent {agent_id} is not registered in region {self.region}", field="agent_id")
+        known = self.cache.index.get(agent_id)
         self.cache.apply_local(ChangeEvent(kind=ChangeKind.DELETE, region=self.region, version=version,
-                                           agent_id=agent_id, at_ms=now, reason=DeleteReason.DEREGISTERED))
+                                           agent_id=agent_id, at_ms=now, reason=DeleteReason.DEREGISTERED,
+                                           allowed_callers=known.allowed_callers if known is not None else None))
         self.metrics.deregistrations.inc()
         return version
 
-    def get(self, agent_id: str) -> AgentRecord:
-        """:meth:`find`, raising :class:`NotFound` (``unknown_agent``) when nobody has it."""
+    def get(self, agent_id: str, caller: TokenClaims) -> AgentRecord:
+        """:meth:`find`, raising :class:`NotFound` (``unknown_agent``) when nobody has it — or
+        when ``caller`` may not see it (``allowed_callers``): a hidden agent does not exist."""
         record = self.find(agent_id)
-        if record is None:
+        if record is None or not self.visible(record, caller):
             raise NotFound(f"no agent {agent_id} in region {self.region} or its peers", field="agent_id",
                            code="unknown_agent")
         return record
+
+    @staticmethod
+    def visible(record: AgentRecord, caller: TokenClaims) -> bool:
+        """Whether ``caller`` may see ``record`` on any route (its ``allowed_callers``)."""
+        return may_see(caller, record.agent_id, record.allowed_callers)
 
     def routable(self, record: AgentRecord) -> bool:
         """Would the router consider this record (local or remote), breakers aside?"""
@@ -251,12 +261,15 @@ class RegistryNode:
     async def resolve(self, request: RouteRequest, caller: TokenClaims) -> RouteTicket:
         return await self.router.resolve(request, caller)
 
-    async def search(self, query: str, *, k: int, scope: Scope, routable_only: bool) -> SearchResponse:
-        """Natural-language search; raises :class:`SearchUnavailable` when none is attached."""
+    async def search(self, query: str, *, k: int, scope: Scope, routable_only: bool,
+                     caller: TokenClaims) -> SearchResponse:
+        """Natural-language search over what ``caller`` may see; raises :class:`SearchUnavailable`
+        when none is attached."""
         if self.searcher is None:
             raise SearchUnavailable("natural-language search is not attached to this node "
                                     "(run it with 'agent-reach node', which attaches it)")
-        return await self.searcher.search(query, k=k, scope=scope, routable_only=routable_only)
+        return await self.searcher.search(query, k=k, scope=scope, routable_only=routable_only,
+                                          visible=lambda record: self.visible(record, caller))
 
     async def register_card(self, request: CardRegistration, caller: TokenClaims) -> tuple[RegisterResponse, bool]:
         """Register an agent from its A2A card (see :mod:`node.a2a`)."""
@@ -287,12 +300,24 @@ class RegistryNode:
         self.metrics.reports(report.outcome.value).inc()
 
     async def snapshot_json(self) -> bytes:
-        """A ``Snapshot`` (live local records + watermark) as JSON, spliced from the stored
-        records without parsing them."""
+        """A ``Snapshot`` (live local records + watermark) as JSON, spliced from the stored records.
+
+        A record is parsed only when the cache does not hold it at the same version (the cache
+        parsed it already); one that does not parse is quarantined and left out, so a peer never
+        receives what this region could not read back.
+        """
         now = now_ms()
         watermark, records = await self.store.live_records_json(now_ms=now)
+        served = [raw for agent_id, raw in records if self._vetted(agent_id, raw)]
         head = orjson.dumps({"region": self.region, "watermark": watermark, "taken_at_ms": now})
-        return head[:-1] + b',"agents":[' + ",".join(records).encode() + b"]}"
+        return head[:-1] + b',"agents":[' + ",".join(served).encode() + b"]}"
+
+    def _vetted(self, agent_id: str, raw: str) -> bool:
+        known = self.cache.index.get(agent_id)
+        match = _STORED_VERSION.match(raw)
+        if known is not None and match is not None and int(match.group(1)) == known.version:
+            return True
+        return self.store.vet_record_json(agent_id, raw)
 
     def _register_gauges(self) -> None:
         gauge = self.metrics.gauge
@@ -308,6 +333,10 @@ class RegistryNode:
               lambda: self.outcomes.open_count(now_ms=now_ms()))
         gauge("agent_reach_probe_flips", "Probe verdict changes", lambda: self.prober.flips)
         gauge("agent_reach_cache_reloads", "Snapshot reloads of the cache", lambda: self.cache.reloads)
+        gauge("agent_reach_quarantined", "Stored records and events that do not parse, skipped (open entries)",
+              lambda: len(self.store.quarantine))
+        gauge("agent_reach_quarantined_total", "Stored values quarantined since start",
+              lambda: self.store.quarantine.total)
 
 
 __all__ = ["RegistryNode", "NodeState"]

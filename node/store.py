@@ -15,6 +15,10 @@ A heartbeat that changes nothing but the lease only moves the lease. Only Redis 
 
 Lease expiry in the records is not rewritten by heartbeats: the ``leases`` sorted set is the
 truth, and readers merge it into the records they load.
+
+A stored record or change entry that does not parse never stops a reader: it goes to the
+store's :class:`~node.quarantine.Quarantine` and reads as absent (a change entry for an agent
+whose record does not parse reads as that agent's deletion, reason ``quarantined``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import orjson
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 from redis.backoff import ExponentialBackoff
@@ -32,7 +37,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from .errors import Conflict, StoreUnavailable, UnknownAgent
-from .models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
+from .models import AGENT_ID_RE, AgentRecord, ChangeEvent, ChangeKind, DeleteReason
+from .quarantine import RECORD, Quarantine
 
 DEFAULT_KEY_PREFIX = "ar"
 DEFAULT_CHANGE_STREAM_MAXLEN = 100_000
@@ -42,15 +48,15 @@ DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_POOL_TIMEOUT_S = 5.0
 
 # KEYS: agents, leases, version, changes. ARGV: agent_id, body (record JSON without version),
-# lease expiry ms, now ms, stream maxlen.
+# lease expiry ms, now ms, stream maxlen. Returns {version, 1 if the agent was not stored}.
 _REGISTER = """
 local v = redis.call('INCR', KEYS[3])
 local rec = '{"version":' .. v .. ',' .. string.sub(ARGV[2], 2)
-redis.call('HSET', KEYS[1], ARGV[1], rec)
+local created = redis.call('HSET', KEYS[1], ARGV[1], rec)
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], v .. '-0',
            'kind', 'upsert', 'agent_id', ARGV[1], 'at', ARGV[4], 'record', rec)
-return v
+return {v, created}
 """
 
 # KEYS: agents, leases, version, changes. ARGV: agent_id, expected version ('' = lease only),
@@ -80,6 +86,8 @@ return {2, v}
 
 # KEYS: agents, leases, version, changes. ARGV: now ms, stream maxlen, reason, only-if-expired
 # ('1'/'0'), agent ids... Returns a flat list {agent_id, version, ...} of the removed ones.
+# The tombstone keeps the record's allowed_callers (its JSON array: caller patterns hold no
+# brackets), so watchers who could not see the agent do not see it go either.
 _DELETE = """
 local out = {}
 for i = 5, #ARGV do
@@ -89,11 +97,14 @@ for i = 5, #ARGV do
     local score = redis.call('ZSCORE', KEYS[2], id)
     ok = (score ~= false) and tonumber(score) <= tonumber(ARGV[1])
   end
-  if ok and redis.call('HDEL', KEYS[1], id) == 1 then
+  local rec = ok and redis.call('HGET', KEYS[1], id)
+  if rec then
+    local acl = string.match(rec, '"allowed_callers":(%b[])') or '[]'
+    redis.call('HDEL', KEYS[1], id)
     redis.call('ZREM', KEYS[2], id)
     local v = redis.call('INCR', KEYS[3])
     redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], v .. '-0',
-               'kind', 'delete', 'agent_id', id, 'at', ARGV[1], 'reason', ARGV[3])
+               'kind', 'delete', 'agent_id', id, 'at', ARGV[1], 'reason', ARGV[3], 'acl', acl)
     out[#out + 1] = id
     out[#out + 1] = v
   end
@@ -145,9 +156,11 @@ class RegionStore:
     """
 
     def __init__(self, redis: aioredis.Redis, *, region: str, key_prefix: str = DEFAULT_KEY_PREFIX,
-                 change_stream_maxlen: int = DEFAULT_CHANGE_STREAM_MAXLEN) -> None:
+                 change_stream_maxlen: int = DEFAULT_CHANGE_STREAM_MAXLEN,
+                 quarantine: Quarantine | None = None) -> None:
         self.redis = redis
         self.region = region
+        self.quarantine = quarantine or Quarantine()
         base = f"{key_prefix}:{{{region}}}"
         self.key_agents = f"{base}:agents"
         self.key_leases = f"{base}:leases"
@@ -189,15 +202,17 @@ class RegionStore:
 
     # -- mutations ---------------------------------------------------------------------------
 
-    async def register(self, record: AgentRecord, *, at_ms: int) -> AgentRecord:
-        """Upsert a record (its lease from ``record.lease_expires_at_ms``); returns it versioned."""
+    async def register(self, record: AgentRecord, *, at_ms: int) -> tuple[AgentRecord, bool]:
+        """Upsert a record (its lease from ``record.lease_expires_at_ms``); returns it versioned,
+        and whether no record of that agent was stored (decided inside the script, so of
+        concurrent first registrations exactly one is new)."""
         body = record.model_dump_json(exclude={"version"})
         async with self._translate():
-            version = await self._register(
+            version, created = await self._register(
                 keys=self._mutation_keys,
                 args=[record.agent_id, body, record.lease_expires_at_ms, at_ms, self.change_stream_maxlen],
             )
-        return record.model_copy(update={"version": int(version)})
+        return record.model_copy(update={"version": int(version)}), bool(created)
 
     async def update(self, agent_id: str, mutate: Callable[[AgentRecord], AgentRecord | None], *,
                      at_ms: int, known: AgentRecord | None = None, renew_lease: bool = False) -> HeartbeatResult:
@@ -242,7 +257,10 @@ class RegionStore:
             if outcome == 2:
                 return HeartbeatResult(changed.model_copy(update={"version": int(reply[1])}),  # type: ignore[union-attr]
                                        changed=True)
-            current = self._parse_record(reply[1], lease_expires_at_ms=current.lease_expires_at_ms)
+            current = self._parse_record(agent_id, reply[1], lease_expires_at_ms=current.lease_expires_at_ms)
+            if current is None:
+                raise UnknownAgent(f"the stored record of {agent_id} in region {self.region} does not parse "
+                                   "(quarantined): register again", field="agent_id")
         raise Conflict(f"agent {agent_id} kept changing under concurrent updates; retry")
 
     async def deregister(self, agent_id: str, *, at_ms: int,
@@ -276,7 +294,7 @@ class RegionStore:
                 raw, lease = await pipe.execute()
         if raw is None:
             return None
-        return self._parse_record(raw, lease_expires_at_ms=int(lease or 0))
+        return self._parse_record(agent_id, raw, lease_expires_at_ms=int(lease or 0))
 
     async def snapshot(self) -> SnapshotData:
         """All records and the version they are consistent with (one MULTI/EXEC)."""
@@ -287,16 +305,19 @@ class RegionStore:
                 pipe.zrange(self.key_leases, 0, -1, withscores=True)
                 version, raw_records, leases = await pipe.execute()
         lease_of = {agent_id: int(score) for agent_id, score in leases}
-        records = [self._parse_record(raw, lease_expires_at_ms=lease_of.get(agent_id, 0))
-                   for agent_id, raw in raw_records.items()]
+        records = []
+        for agent_id, raw in raw_records.items():
+            record = self._parse_record(agent_id, raw, lease_expires_at_ms=lease_of.get(agent_id, 0))
+            if record is not None:
+                records.append(record)
         return SnapshotData(version=int(version or 0), records=records)
 
-    async def live_records_json(self, *, now_ms: int) -> tuple[int, list[str]]:
-        """The version and the stored JSON of every agent whose lease has not passed.
+    async def live_records_json(self, *, now_ms: int) -> tuple[int, list[tuple[str, str]]]:
+        """The version and ``(agent_id, stored JSON)`` of every agent whose lease has not passed.
 
-        Unparsed, for serving snapshots cheaply; each string is a valid ``AgentRecord`` whose
-        ``lease_expires_at_ms`` is the one written at its last change (heartbeats move only the
-        lease set).
+        Unparsed, for serving snapshots cheaply (the caller vets what it has not parsed
+        before); a string's ``lease_expires_at_ms`` is the one written at its last change
+        (heartbeats move only the lease set).
         """
         async with self._translate():
             async with self.redis.pipeline(transaction=True) as pipe:
@@ -305,7 +326,7 @@ class RegionStore:
                 pipe.zrangebyscore(self.key_leases, f"({now_ms}", "+inf")
                 version, raw_records, live = await pipe.execute()
         live_ids = set(live)
-        return int(version or 0), [raw for agent_id, raw in raw_records.items() if agent_id in live_ids]
+        return int(version or 0), [(agent_id, raw) for agent_id, raw in raw_records.items() if agent_id in live_ids]
 
     async def version(self) -> int:
         async with self._translate():
@@ -338,7 +359,12 @@ class RegionStore:
             else:
                 reply = await self.redis.xread({self.key_changes: f"{after_version}-0"}, count=count, block=block_ms)
                 entries = reply[0][1] if reply else []
-        return [self.parse_change(entry_id, fields) for entry_id, fields in entries]
+        changes = []
+        for entry_id, fields in entries:
+            change = self.parse_change(entry_id, fields)
+            if change is not None:
+                changes.append(change)
+        return changes
 
     async def first_change_version(self) -> int | None:
         """Version of the oldest entry still in the (capped) stream."""
@@ -346,15 +372,43 @@ class RegionStore:
             entries = await self.redis.xrange(self.key_changes, count=1)
         return int(entries[0][0].split("-", 1)[0]) if entries else None
 
-    def parse_change(self, entry_id: str, fields: dict[str, str]) -> ChangeEvent:
+    def parse_change(self, entry_id: str, fields: dict[str, str]) -> ChangeEvent | None:
+        """One change-stream entry as a :class:`ChangeEvent`.
+
+        An entry that does not parse is quarantined: it reads as the deletion of its agent
+        (reason ``quarantined``: the agent's stored record is not to be trusted), or as nothing
+        when even its agent id is unusable (readers then see a version gap and reload).
+        """
         version = int(entry_id.split("-", 1)[0])
-        kind = ChangeKind(fields["kind"])
-        record = None
-        if kind is not ChangeKind.DELETE:
-            record = self._parse_record(fields["record"], lease_expires_at_ms=None)
-        reason = DeleteReason(fields["reason"]) if kind is ChangeKind.DELETE else None
-        return ChangeEvent(kind=kind, region=self.region, version=version, agent_id=fields["agent_id"],
-                           at_ms=int(fields["at"]), record=record, reason=reason)
+        agent_id = fields.get("agent_id", "")
+        try:
+            kind = ChangeKind(fields["kind"])
+            at_ms = int(fields["at"])
+            record = None
+            reason = None
+            audience = None
+            if kind is ChangeKind.DELETE:
+                reason = DeleteReason(fields["reason"])
+                audience = orjson.loads(fields.get("acl") or "[]")
+            else:
+                record = AgentRecord.model_validate_json(fields["record"])
+            change = ChangeEvent(kind=kind, region=self.region, version=version, agent_id=agent_id, at_ms=at_ms,
+                                 record=record, reason=reason, allowed_callers=audience)
+        except (KeyError, ValueError, orjson.JSONDecodeError) as exc:  # ValidationError is a ValueError
+            key = f"{self.key_changes}@{version}"
+            usable_id = bool(AGENT_ID_RE.match(agent_id))
+            self.quarantine.add("change", key, _first_problem(exc), agent_id=agent_id if usable_id else None)
+            if not usable_id:
+                return None
+            return ChangeEvent(kind=ChangeKind.DELETE, region=self.region, version=version, agent_id=agent_id,
+                               at_ms=now_ms(), reason=DeleteReason.QUARANTINED)
+        if record is not None:
+            self.quarantine.resolve(self.record_key(agent_id))
+        return change
+
+    def record_key(self, agent_id: str) -> str:
+        """Where an agent's record lives, as the quarantine names it."""
+        return f"{self.key_agents}/{agent_id}"
 
     # -- leadership --------------------------------------------------------------------------
 
@@ -372,18 +426,37 @@ class RegionStore:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _parse_record(self, raw: str, *, lease_expires_at_ms: int | None) -> AgentRecord:
+    def _parse_record(self, agent_id: str, raw: str, *, lease_expires_at_ms: int | None) -> AgentRecord | None:
+        """A stored record, or None (quarantined) when it does not parse."""
         try:
             record = AgentRecord.model_validate_json(raw)
-        except ValidationError as exc:
-            # Only a foreign writer or a schema change can get here; say which key to look at.
-            raise StoreUnavailable(f"a record in {self.key_agents} does not parse: {exc.errors()[0]['msg']}") from exc
+            if record.agent_id != agent_id:
+                raise ValueError(f"the record names agent {record.agent_id!r}")
+        except ValueError as exc:  # pydantic's ValidationError included
+            # Only a foreign writer or a schema change can get here: skip it, say which key.
+            self.quarantine.add(RECORD, self.record_key(agent_id), _first_problem(exc), agent_id=agent_id)
+            return None
+        self.quarantine.resolve(self.record_key(agent_id))
         if lease_expires_at_ms is not None:
             record.lease_expires_at_ms = lease_expires_at_ms
         return record
 
+    def vet_record_json(self, agent_id: str, raw: str) -> bool:
+        """Whether a stored record parses (quarantining it if not), for callers serving raw JSON."""
+        return self._parse_record(agent_id, raw, lease_expires_at_ms=None) is not None
+
     def _translate(self) -> RedisErrors:
         return RedisErrors(self.region)
+
+
+def _first_problem(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return f"{where}: {first['msg']}" if where else first["msg"]
+    if isinstance(exc, KeyError):
+        return f"missing field {exc}"
+    return str(exc)
 
 
 class RedisErrors:

@@ -149,7 +149,8 @@ async def test_labels_acl_and_alternates(node: RunningNode) -> None:
     outsider = node.token("ops.caller.x", TokenRole.CALLER)
     insider = node.token("finance.ledger.y", TokenRole.CALLER)
     status, ticket = await node.resolve(agent_id="lang.translate.vip", token=outsider)
-    assert status == 404 and "acl" in str(ticket["details"])
+    # A hidden agent does not exist for the outsider: the reasons name no ACL, no match count.
+    assert status == 404 and ticket["details"]["stages"]["local"] == "no agent lang.translate.vip"
     status, ticket = await node.resolve(agent_id="lang.translate.vip", token=insider)
     assert status == 200
 

@@ -33,7 +33,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from node.cache import AgentIndex
-from node.http import json_response, parse_body
+from node.http import CALLER, json_response, parse_body
 from node.models import (
     AgentRecord,
     ChangeEvent,
@@ -45,7 +45,7 @@ from node.models import (
     TokenRole,
 )
 from node.router import SemanticMatch
-from node.security import Signer
+from node.security import Signer, require_peer
 from node.service import RegistryNode
 from node.tasks import cancel_and_wait
 from semantic import (
@@ -246,14 +246,17 @@ class SemanticDiscovery:
             return SUGGESTED_MIN_SCORE_HYBRID
         return SUGGESTED_MIN_SCORE_LEXICAL
 
-    async def search(self, query: str, *, k: int, scope: Scope, routable_only: bool) -> SearchResponse:
+    async def search(self, query: str, *, k: int, scope: Scope, routable_only: bool,
+                     visible: Callable[[AgentRecord], bool] | None = None) -> SearchResponse:
         started = time.perf_counter()
 
         def allow(owner: str) -> bool:
             if scope is Scope.LOCAL and not owner.startswith(self.node.region + _OWNER_SEPARATOR):
                 return False
             record = self._lookup(owner)
-            return record is not None and (not routable_only or self.node.routable(record))
+            if record is None or (visible is not None and not visible(record)):
+                return False
+            return not routable_only or self.node.routable(record)
 
         result = await self.search_index.search(query, k, allow)
         hits = []
@@ -332,7 +335,7 @@ def attach_discovery(node: RegistryNode, *, semantic_enabled: bool = True, model
         embedder = Embedder(model=model, cache=vector_cache)
     peer_token = None
     if peer_urls and secret is not None:
-        peer_token = Signer(secret).issue(f"{node.region}.semantic.peer", TokenRole.CALLER, ttl_s=PEER_TOKEN_TTL_S)
+        peer_token = Signer(secret).issue(f"{node.region}.semantic.peer", TokenRole.PEER, ttl_s=PEER_TOKEN_TTL_S)
 
     async def close() -> None:
         for closer in closers:
@@ -346,6 +349,7 @@ def attach_discovery(node: RegistryNode, *, semantic_enabled: bool = True, model
 
     async def vectors_for_peers(request: web.Request) -> web.Response:
         """Vectors this region holds, by cache key, for a peer indexing this region's agents."""
+        require_peer(request[CALLER], "the vectors route")
         body = await parse_body(request, VectorRequest)
         if region_cache is None:
             return json_response({"vectors": {}})
