@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import json
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -15,10 +18,14 @@ import aiohttp
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from federation import Federation
 from federation.events import FederationMessage
 from node.api import bound_port, serve
 from node.models import TokenRole
 from node.service import RegistryNode
+from topology.compose import attach_federation
+from topology.discovery import attach_discovery
+from topology.topology import Topology
 
 
 async def wait_for(condition: Callable[[], Any | Awaitable[Any]], *, timeout_s: float = 10.0,
@@ -196,3 +203,98 @@ async def topic_messages(bootstrap_servers: str, topic: str) -> list[FederationM
         return messages
     finally:
         await consumer.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Pair:
+    """Two federated regions in this process (each with its own port, sharing the test Redis).
+
+    With ``discovery`` the nodes are built by the composition root (federation and lexical
+    search attached), else with federation only.
+    """
+
+    def __init__(self, redis_url: str, region: str, bootstrap_servers: str, *, secret: bytes,
+                 discovery: bool = False) -> None:
+        self.secret = secret
+        self.discovery = discovery
+        self.names = (f"{region}-x", f"{region}-y")
+        self.topology = Topology.model_validate({
+            "kafka": {"bootstrap_servers": bootstrap_servers, "topic_prefix": f"test-{region}"},
+            "federation": {"beacon_interval_ms": 100, "stale_after_ms": 800, "anti_entropy_min_interval_ms": 100,
+                           "request_timeout_ms": 1_000},
+            "node": {"leader_ttl_ms": 600, "sweep_interval_ms": 100, "lease_sync_interval_ms": 100,
+                     "semantic_enabled": False},
+            "regions": [{"name": name, "node_urls": [f"http://127.0.0.1:{free_port()}"], "redis_url": redis_url}
+                        for name in self.names],
+        })
+        self.running: list[RunningNode] = []
+
+    async def start(self, name: str, *, port: int | None = None) -> tuple[RunningNode, Federation]:
+        config = self.topology.node_config(name, port=port)
+        node = RegistryNode(config, secret=self.secret)
+        federation = attach_federation(node, self.topology, secret=self.secret)
+        if self.discovery:  # as topology.compose.build_node does, keeping the federation at hand
+            attach_discovery(node, semantic_enabled=False)
+        await node.start()
+        runner = await serve(node)
+        running = RunningNode(node=node, runner=runner, url=f"http://127.0.0.1:{bound_port(runner)}",
+                              admin_token=node.signer.issue("admin", TokenRole.ADMIN, ttl_s=3600))
+        self.running.append(running)
+        return running, federation
+
+    async def aclose(self) -> None:
+        for running in reversed(self.running):
+            await running.aclose()
+        self.running.clear()
+
+
+class Watcher:
+    """An open ``/v1/watch`` stream read in the background: ``events`` holds what arrived.
+
+    ``async with Watcher(session, url, token) as watcher`` connects and waits for ``hello``;
+    every ``data:`` line is parsed as JSON (a line that does not parse fails the test).
+    """
+
+    def __init__(self, session: aiohttp.ClientSession, url: str, token: str) -> None:
+        self.session = session
+        self.url = url
+        self.token = token
+        self.events: list[tuple[str, Any]] = []
+        self.ended = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Watcher:
+        self._task = asyncio.create_task(self._read())
+        await wait_for(lambda: self.ended or any(kind == "hello" for kind, _ in self.events), message="watch hello")
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def changes(self) -> list[dict[str, Any]]:
+        return [data for kind, data in self.events if kind == "change"]
+
+    def agent_ids(self) -> set[str]:
+        return {change["agent_id"] for change in self.changes()}
+
+    async def _read(self) -> None:
+        kind = ""
+        try:
+            async with self.session.get(self.url, headers={"Authorization": f"Bearer {self.token}"},
+                                        timeout=aiohttp.ClientTimeout(total=None, sock_read=None)) as response:
+                async for raw in response.content:
+                    line = raw.decode().rstrip("\n")
+                    if line.startswith("event: "):
+                        kind = line[len("event: "):]
+                    elif line.startswith("data: "):
+                        self.events.append((kind, json.loads(line[len("data: "):])))
+        finally:
+            self.ended = True

@@ -37,7 +37,7 @@ from topology.embedded import EmbeddedKafka
 from topology.topology import Topology, TopologyError, load_topology
 
 from .conftest import TEST_SECRET
-from .helpers import RunningNode, registration, topic_messages, wait_for
+from .helpers import Pair, registration, topic_messages, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -342,48 +342,10 @@ async def test_publisher_holds_the_backlog_while_kafka_is_down_and_sends_it_in_o
 
 # -- nodes: bootstrap, follower, restart ------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class Pair:
-    """Two federated regions in this process (each with its own port, sharing the test Redis)."""
-
-    def __init__(self, redis_url: str, region: str, bootstrap_servers: str) -> None:
-        self.names = (f"{region}-x", f"{region}-y")
-        self.topology = Topology.model_validate({
-            "kafka": {"bootstrap_servers": bootstrap_servers, "topic_prefix": f"test-{region}"},
-            "federation": {"beacon_interval_ms": 100, "stale_after_ms": 800, "anti_entropy_min_interval_ms": 100,
-                           "request_timeout_ms": 1_000},
-            "node": {"leader_ttl_ms": 600, "sweep_interval_ms": 100, "lease_sync_interval_ms": 100},
-            "regions": [{"name": name, "node_urls": [f"http://127.0.0.1:{free_port()}"], "redis_url": redis_url}
-                        for name in self.names],
-        })
-        self.running: list[RunningNode] = []
-
-    async def start(self, name: str, *, port: int | None = None) -> tuple[RunningNode, Federation]:
-        config = self.topology.node_config(name, port=port)
-        node = RegistryNode(config, secret=TEST_SECRET)
-        federation = attach_federation(node, self.topology, secret=TEST_SECRET)
-        await node.start()
-        runner = await serve(node)
-        running = RunningNode(node=node, runner=runner, url=f"http://127.0.0.1:{bound_port(runner)}",
-                              admin_token=node.signer.issue("admin", TokenRole.ADMIN, ttl_s=3600))
-        self.running.append(running)
-        return running, federation
-
-    async def aclose(self) -> None:
-        for running in reversed(self.running):
-            await running.aclose()
-
-
-
 async def test_new_node_bootstraps_from_the_snapshot_followers_tail_and_restarts_reload(redis_url: str,
                                                                                        region: str) -> None:
     async with EmbeddedKafka() as kafka:
-        pair = Pair(redis_url, region, kafka.bootstrap_servers)
+        pair = Pair(redis_url, region, kafka.bootstrap_servers, secret=TEST_SECRET)
         x, y = pair.names
         try:
             node_x, _ = await pair.start(x)
@@ -441,7 +403,7 @@ def test_build_node_attaches_federation_only_with_peers(redis_url: str, region: 
                                                    "redis_url": redis_url}]})
     alone = build_node(single.node_config(region), secret=TEST_SECRET, topology=single)
     assert alone.router.remote is None
-    pair = Pair(redis_url, region, "127.0.0.1:1")
+    pair = Pair(redis_url, region, "127.0.0.1:1", secret=TEST_SECRET)
     federated = build_node(pair.topology.node_config(pair.names[0]), secret=TEST_SECRET, topology=pair.topology)
     assert isinstance(federated.router.remote, RemoteCatalog)
     assert [peer.region for peer in federated.router.remote.peers()] == [pair.names[1]]
