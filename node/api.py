@@ -56,6 +56,7 @@ from .proxy import PROXY_KEY, install_proxy_routes
 from .ratelimit import RateLimiter
 from .search import DEFAULT_SEARCH_K, MAX_SEARCH_K
 from .security import may_see, require_peer
+from .server import NodeRunner, ServerLimits
 from .service import RegistryNode
 from .store import now_ms
 
@@ -381,19 +382,27 @@ def _sse(event: str, data: object, *, event_id: int | None = None) -> bytes:
 
 
 async def serve(node: RegistryNode, *, host: str | None = None, port: int | None = None) -> web.AppRunner:
-    """Start the HTTP server of a started node; returns the runner (``await runner.cleanup()``)."""
-    runner = web.AppRunner(build_app(node), access_log=None, handle_signals=False)
+    """Start the HTTP server of a started node; returns the runner (``await runner.cleanup()``).
+
+    The server enforces the node's connection limits (``header_read_timeout_ms``,
+    ``keepalive_timeout_ms``, ``max_connections``; see :mod:`node.server`).
+    """
+    config = node.config
+    limits = ServerLimits(header_read_timeout_ms=config.header_read_timeout_ms,
+                          keepalive_timeout_ms=config.keepalive_timeout_ms,
+                          max_connections=config.max_connections,
+                          error_log_interval_ms=config.http_error_log_interval_ms)
+    runner = NodeRunner(build_app(node), limits=limits, metrics_registry=node.metrics.registry,
+                        access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host or node.config.host, node.config.port if port is None else port,
-                       reuse_address=True)
+    site = web.TCPSite(runner, host or config.host, config.port if port is None else port, reuse_address=True)
     await site.start()
     return runner
 
 
 def bound_port(runner: web.AppRunner) -> int:
     """The TCP port a runner listens on (useful with port 0)."""
-    for site in runner.sites:
-        server = getattr(site, "_server", None)
-        if server is not None and server.sockets:
-            return server.sockets[0].getsockname()[1]
-    raise RuntimeError("the runner has no listening site")
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            return address[1]
+    raise RuntimeError("the runner has no listening TCP site")

@@ -18,6 +18,12 @@ from .outcomes import (
     DEFAULT_BREAKER_WINDOW_MS,
 )
 from .router import DEFAULT_OVERPROVISIONING_FACTOR, DEFAULT_TICKET_TTL_MS
+from .server import (
+    DEFAULT_ERROR_LOG_INTERVAL_MS,
+    DEFAULT_HEADER_READ_TIMEOUT_MS,
+    DEFAULT_KEEPALIVE_TIMEOUT_MS,
+    DEFAULT_MAX_CONNECTIONS,
+)
 from .store import DEFAULT_CHANGE_STREAM_MAXLEN, DEFAULT_KEY_PREFIX
 from .sweeper import (
     DEFAULT_MAX_EXPIRE_FRACTION,
@@ -67,6 +73,18 @@ class NodeConfig(BaseModel):
     breaker_cooldown_ms: int = Field(default=DEFAULT_BREAKER_COOLDOWN_MS, ge=1)
     rate_limit_rps: float = Field(default=DEFAULT_RATE_LIMIT_RPS, ge=0, description="Per caller; 0 = unlimited.")
     rate_limit_burst: int = Field(default=100, ge=1)
+    # HTTP server limits (node.server): what one client connection may cost the node.
+    header_read_timeout_ms: int = Field(
+        default=DEFAULT_HEADER_READ_TIMEOUT_MS, ge=1,
+        description="A request head must be complete this long after connecting, or after its first byte on "
+                    "a keep-alive connection; else 408 and close. Bodies and streams are not timed by this.")
+    keepalive_timeout_ms: int = Field(default=DEFAULT_KEEPALIVE_TIMEOUT_MS, ge=1,
+                                      description="An idle keep-alive connection is closed after this long.")
+    max_connections: int = Field(default=DEFAULT_MAX_CONNECTIONS, ge=1,
+                                 description="Open client connections; one more is answered 503 and closed.")
+    http_error_log_interval_ms: int = Field(
+        default=DEFAULT_ERROR_LOG_INTERVAL_MS, ge=1,
+        description="At most one log line per kind of malformed request (or refusal) per interval.")
 
     def transport_allowed(self, transport: str) -> bool:
         return self.allowed_transports is None or transport in self.allowed_transports
