@@ -18,7 +18,15 @@ async def test_redis_outage_and_data_loss() -> None:
                                              secret=TEST_SECRET))
         try:
             await node.register(registration("lang.translate.o1", lease_ttl_ms=60_000))
+            assert (await node.call("GET", "/readyz"))[0] == 200
             await redis.stop()
+
+            # Not ready while Redis is gone (a load balancer sends writes elsewhere), reads go on.
+            async def unready() -> bool:
+                status, body = await node.call("GET", "/readyz")
+                return status == 503 and body["store"] == "disconnected"
+
+            await wait_for(unready, timeout_s=10, message="/readyz 503 while Redis is gone")
 
             # Routing reads memory only: it does not notice the outage.
             for _ in range(20):
@@ -35,6 +43,7 @@ async def test_redis_outage_and_data_loss() -> None:
             # version went backwards and reloads; the agent's next heartbeat says register again.
             await redis.start()
             await wait_for(lambda: _status(node, "translate.text", 404), timeout_s=10, message="cache reloaded")
+            await wait_for(lambda: _ready(node), timeout_s=10, message="/readyz 200 once Redis answers")
             status, body = await node.call("PUT", "/v1/agents/lang.translate.o1/heartbeat", json={})
             assert status == 404 and body["error"] == "unknown_agent"
             await node.register(registration("lang.translate.o1", lease_ttl_ms=60_000))
@@ -46,3 +55,7 @@ async def test_redis_outage_and_data_loss() -> None:
 async def _status(node, capability: str, expected: int) -> bool:
     status, _ = await node.resolve(capability=capability)
     return status == expected
+
+
+async def _ready(node) -> bool:
+    return (await node.call("GET", "/readyz"))[0] == 200
