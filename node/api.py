@@ -34,6 +34,7 @@ from .http import (
     error_response,
     json_response,
     parse_body,
+    read_body,
     validation_error,
 )
 from .models import (
@@ -97,6 +98,11 @@ def build_app(node: RegistryNode) -> web.Application:
                                       "field": None}, status=exc.status)
         except asyncio.CancelledError:
             raise
+        except ConnectionResetError:
+            # The client went away mid-request (mid-body): nobody reads the answer, nothing to log.
+            log.debug("client of %s %s went away", request.method, request.path)
+            response = error_response(BadRequest("the client closed the connection mid-request",
+                                                 code="client_closed"))
         except Exception:
             log.exception("unhandled error in %s %s", request.method, request.path)
             response = json_response({"error": "internal_error", "message": "the node failed; see its log",
@@ -189,7 +195,7 @@ def build_app(node: RegistryNode) -> web.Application:
 
     @routes.post("/v1/reports")
     async def reports(request: web.Request) -> web.Response:
-        raw = await request.read() if request.can_read_body else b""
+        raw = await read_body(request)
         if not raw:
             raise BadRequest("a JSON body (OutcomeReport or OutcomeReports) is required", code="missing_body")
         try:

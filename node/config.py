@@ -35,6 +35,7 @@ DEFAULT_PORT = 7070
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
 DEFAULT_REPORT_GRACE_MS = 300_000
 DEFAULT_RATE_LIMIT_RPS = 0.0
+DEFAULT_BODY_READ_TIMEOUT_MS = 30_000
 
 
 class NodeConfig(BaseModel):
@@ -73,6 +74,8 @@ class NodeConfig(BaseModel):
     breaker_cooldown_ms: int = Field(default=DEFAULT_BREAKER_COOLDOWN_MS, ge=1)
     rate_limit_rps: float = Field(default=DEFAULT_RATE_LIMIT_RPS, ge=0, description="Per caller; 0 = unlimited.")
     rate_limit_burst: int = Field(default=100, ge=1)
+    body_read_timeout_ms: int = Field(default=DEFAULT_BODY_READ_TIMEOUT_MS, ge=1,
+                                      description="A request body must arrive within this long; else 408.")
     # HTTP server limits (node.server): what one client connection may cost the node.
     header_read_timeout_ms: int = Field(
         default=DEFAULT_HEADER_READ_TIMEOUT_MS, ge=1,

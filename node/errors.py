@@ -5,7 +5,10 @@ Hierarchy::
     NodeError                     base; carries an HTTP status and a snake_case code
     ├── BadRequest                400 the request is malformed (bad JSON, bad query parameter)
     ├── ValidationFailed          422 the body parsed but a field is wrong
+    │   ├── RequestLineTooLong    414 (node.server) the request line exceeds the server's limit
+    │   └── HeaderFieldsTooLarge  431 (node.server) a header exceeds the server's limit
     ├── PayloadTooLarge           413 the body exceeds the node's limit
+    ├── RequestTimeout            408 the request (head: node.server; body: here) came too slowly
     ├── Unauthorized              401 no token, or a forged or expired one
     ├── Forbidden                 403 a valid token that may not do this
     ├── NotFound                  404 unknown agent, route, ticket …
@@ -13,6 +16,7 @@ Hierarchy::
     │   └── NoAgentAvailable      404 the router found nobody; says why per stage
     ├── Conflict                  409 a concurrent change won; retry
     ├── RateLimited               429 too many requests from one caller
+    ├── TooManyConnections        503 (node.server) the node's connection cap is reached
     ├── StoreUnavailable          503 Redis cannot be reached
     └── SearchUnavailable         503 no search is attached to this node
 """
@@ -61,6 +65,13 @@ class PayloadTooLarge(NodeError):
 
     status = 413
     code = "payload_too_large"
+
+
+class RequestTimeout(NodeError):
+    """The request did not arrive within the node's time limit."""
+
+    status = 408
+    code = "request_timeout"
 
 
 class Unauthorized(NodeError):

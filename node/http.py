@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TypeVar
 
 import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from .errors import BadRequest, NodeError, PayloadTooLarge, ValidationFailed
+from .errors import BadRequest, NodeError, PayloadTooLarge, RequestTimeout, ValidationFailed
 from .models import TokenClaims
 from .service import RegistryNode
 
@@ -29,16 +30,25 @@ def error_response(error: NodeError) -> web.Response:
     return json_response(error.body(), status=error.status)
 
 
+async def read_body(request: web.Request) -> bytes:
+    """The raw body within the node's size and time limits (413, 408)."""
+    config = request.app[NODE_KEY].config
+    try:
+        async with asyncio.timeout(config.body_read_timeout_ms / 1000):
+            return await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise PayloadTooLarge(f"the body exceeds {config.max_body_bytes} bytes") from exc
+    except TimeoutError as exc:
+        raise RequestTimeout(f"the body did not arrive within {config.body_read_timeout_ms} ms") from exc
+
+
 async def parse_body(request: web.Request, model: type[Model], *, allow_empty: bool = False) -> Model:
     """The request body as ``model``; 413 if too large, 400 if not JSON, 422 naming the field.
 
     Parsed in strict mode: a string is not an integer and ``true`` is not a number, so what is
     stored is what the caller meant, not a coercion of it.
     """
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise PayloadTooLarge(f"the body exceeds {request.app[NODE_KEY].config.max_body_bytes} bytes") from exc
+    raw = await read_body(request)
     if not raw:
         if allow_empty:
             raw = b"{}"

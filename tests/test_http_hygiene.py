@@ -279,3 +279,27 @@ async def test_a_watch_stream_outlives_the_header_and_keepalive_timeouts(node_fa
         assert not watcher.done()
         watcher.cancel()
     assert agent >= 3
+
+
+async def test_a_slow_body_gets_408_and_a_vanished_client_no_traceback(
+        node_factory: NodeFactory, caplog: pytest.LogCaptureFixture) -> None:
+    node = await node_factory(body_read_timeout_ms=300)
+    head = (b"POST /v1/agents HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + node.admin_token.encode() + b"\r\nContent-Length: 500\r\n\r\n")
+    connection = await connect(node)
+    started = time.monotonic()
+    connection[1].write(head + b'{"agent_id": ')  # and never the rest
+    status, _, body = await read_response(connection[0], timeout_s=5)
+    assert status == 408 and orjson.loads(body)["error"] == "request_timeout", body
+    assert time.monotonic() - started < 3
+    await close(connection)
+
+    caplog.set_level(logging.DEBUG)
+    for _ in range(5):  # the client sends half a body and goes away
+        connection = await connect(node)
+        connection[1].write(head + b'{"agent_id": "a.b.c"')
+        await connection[1].drain()
+        await close(connection)
+    status, _ = await node.call("GET", "/healthz")
+    assert status == 200
+    assert not [record for record in caplog.records if record.exc_info or "Traceback" in record.getMessage()]
