@@ -9,6 +9,7 @@ from .cache import (
     DEFAULT_PRESERVE_FRACTION,
     DEFAULT_PRESERVE_MIN_AGENTS,
 )
+from .egress import EgressPolicy
 from .health import DEFAULT_MAX_CONCURRENT_PROBES
 from .leader import DEFAULT_LEADER_TTL_MS
 from .models import REGION_PATTERN
@@ -88,6 +89,10 @@ class NodeConfig(BaseModel):
     http_error_log_interval_ms: int = Field(
         default=DEFAULT_ERROR_LOG_INTERVAL_MS, ge=1,
         description="At most one log line per kind of malformed request (or refusal) per interval.")
+    # Egress (node.egress): what the node itself may contact — proxy deliveries, callbacks, probes.
+    egress: EgressPolicy = Field(
+        default_factory=EgressPolicy,
+        description='Default: public addresses only; e.g. {"allow": ["loopback"]} when agents run on this host.')
 
     def transport_allowed(self, transport: str) -> bool:
         return self.allowed_transports is None or transport in self.allowed_transports

@@ -6,6 +6,11 @@ consecutive failures mark the agent not-ready (readiness) or not-live (liveness)
 not flap routing. An agent registered with a readiness probe starts not-ready and becomes ready
 after its first success (alive ≠ ready). Every flip is a versioned status change in the store,
 so all replicas and peer regions see it.
+
+Probes go out under the region's egress policy (:mod:`node.egress`): a probe URL the policy
+denies is never connected — the probe fails with ``egress_denied`` and the reason — so probe
+URLs cannot turn the leader into an open-port scanner of its own network. Redirects are not
+followed (a 3xx is a failed probe) and response bodies are never read.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from .cache import RegionCache
+from .egress import DEFAULT_EGRESS_POLICY, EgressDenied, EgressPolicy, egress_denial, egress_session
 from .errors import NodeError
 from .models import AgentRecord, ChangeEvent, ChangeKind, Probe
 from .store import RegionStore, now_ms
@@ -40,13 +46,18 @@ class ProbeState:
 
 
 class Prober:
-    """Schedules and runs probes; call :meth:`run` as a leader duty."""
+    """Schedules and runs probes; call :meth:`run` as a leader duty.
+
+    ``egress``: the region's policy (``NodeConfig.egress``); the default allows public addresses only.
+    """
 
     def __init__(self, store: RegionStore, cache: RegionCache, *,
-                 max_concurrent: int = DEFAULT_MAX_CONCURRENT_PROBES) -> None:
+                 max_concurrent: int = DEFAULT_MAX_CONCURRENT_PROBES,
+                 egress: EgressPolicy = DEFAULT_EGRESS_POLICY) -> None:
         self.store = store
         self.cache = cache
         self.max_concurrent = max_concurrent
+        self.egress = egress
         self.probes_run = 0
         self.flips = 0
         self._states: dict[tuple[str, str], ProbeState] = {}
@@ -61,7 +72,7 @@ class Prober:
         inflight: set[asyncio.Task[None]] = set()
         timeout = aiohttp.ClientTimeout(total=None)
         try:
-            async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with egress_session(self.egress, timeout=timeout) as session:
                 while True:
                     now = now_ms()
                     while self._heap and self._heap[0][0] <= now:
@@ -104,19 +115,13 @@ class Prober:
             heapq.heappush(self._heap, (now_ms(), record.agent_id, kind, record.registered_at_ms))
             self._wake.set()
 
+    def last_error(self, agent_id: str, kind: str) -> str | None:
+        """Why the last ``kind`` (liveness/readiness) probe of ``agent_id`` failed; None if it passed or never ran."""
+        state = self._states.get((agent_id, kind))
+        return None if state is None else state.last_error
+
     async def _probe(self, session: aiohttp.ClientSession, record: AgentRecord, kind: str, probe: Probe) -> None:
-        error: str | None = None
-        try:
-            async with session.get(probe.url, timeout=aiohttp.ClientTimeout(total=probe.timeout_ms / 1000),
-                                   allow_redirects=False) as response:
-                if not 200 <= response.status < 300:
-                    error = f"{kind} probe answered HTTP {response.status}"
-        except asyncio.CancelledError:
-            raise
-        except TimeoutError:
-            error = f"{kind} probe timed out after {probe.timeout_ms} ms"
-        except aiohttp.ClientError as exc:
-            error = f"{kind} probe failed: {exc.__class__.__name__}: {exc}"
+        error = await self._probe_error(session, kind, probe)
         self.probes_run += 1
         state = self._states.get((record.agent_id, kind))
         if state is None:
@@ -165,6 +170,27 @@ class Prober:
             self.cache.apply_local(ChangeEvent(kind=ChangeKind.STATUS, region=self.store.region,
                                                version=result.record.version, agent_id=agent_id,
                                                at_ms=result.record.updated_at_ms, record=result.record))
+
+
+    async def _probe_error(self, session: aiohttp.ClientSession, kind: str, probe: Probe) -> str | None:
+        try:
+            self.egress.check_url(probe.url)
+            async with session.get(probe.url, timeout=aiohttp.ClientTimeout(total=probe.timeout_ms / 1000),
+                                   allow_redirects=False) as response:
+                if not 200 <= response.status < 300:
+                    return f"{kind} probe answered HTTP {response.status}"
+        except asyncio.CancelledError:
+            raise
+        except EgressDenied as denied:
+            return f"{kind} probe not sent: egress_denied: {denied.message}"
+        except TimeoutError:
+            return f"{kind} probe timed out after {probe.timeout_ms} ms"
+        except aiohttp.ClientError as exc:
+            denied = egress_denial(exc)
+            if denied is not None:
+                return f"{kind} probe not sent: egress_denied: {denied.message}"
+            return f"{kind} probe failed: {exc.__class__.__name__}: {exc}"
+        return None
 
 
 def _probe_of(record: AgentRecord | None, kind: str) -> Probe | None:

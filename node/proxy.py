@@ -55,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import RedisError
 
 from .agentconfig import RetryPolicy
+from .egress import EgressDenied, EgressPolicy, egress_denial, egress_session
 from .envelope import (
     DEFAULT_MAX_HOPS,
     MAX_HOPS_CEILING,
@@ -86,6 +87,7 @@ DEFAULT_TRACE_TTL_MS = 86_400_000
 DEFAULT_TRACE_MAX_EVENTS = 1_000
 DEFAULT_IDEMPOTENCY_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_MAX_BACKGROUND = 1_000
+DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 _POLL_INTERVAL_S = 0.02
 _TRACE_RE = re.compile(TRACE_ID_PATTERN)
 
@@ -149,6 +151,8 @@ class ProxySettings(BaseModel):
     callback_attempts: int = Field(default=3, ge=1, le=10)
     max_background: int = Field(default=DEFAULT_MAX_BACKGROUND, ge=1,
                                 description="Callback-mode deliveries in flight; beyond it sends get 429.")
+    max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, ge=1,
+                                    description="A target's answer (decoded) beyond this fails the attempt.")
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(initial_backoff_s=self.retry_initial_backoff_ms / 1000, multiplier=self.retry_multiplier,
@@ -375,10 +379,24 @@ async def _redis_errors(what: str) -> AsyncIterator[None]:
 
 
 class _Failed(Exception):
-    def __init__(self, outcome: Outcome, message: str, *, status: int | None = None) -> None:
+    def __init__(self, outcome: Outcome, message: str, *, status: int | None = None,
+                 egress: EgressDenied | None = None) -> None:
         super().__init__(message)
         self.outcome = outcome
         self.status = status
+        self.egress = egress
+
+    def attempt(self, agent_id: str) -> dict[str, Any]:
+        """How ``DeliveryFailed.details.attempts`` describes this failure."""
+        described: dict[str, Any] = {"agent_id": agent_id, "error": str(self), "status": self.status}
+        if self.egress is not None:
+            described["reason"] = self.egress.code
+            described["egress"] = {"address": self.egress.address, "rule": self.egress.rule}
+        return described
+
+
+class _ResponseTooLarge(Exception):
+    """A target's answer grew past ``max_response_bytes``."""
 
 
 class Proxy:
@@ -387,6 +405,7 @@ class Proxy:
     def __init__(self, node: RegistryNode, settings: ProxySettings, *, rng: random.Random | None = None) -> None:
         self.node = node
         self.settings = settings
+        self.egress: EgressPolicy = node.config.egress
         self.policy = settings.retry_policy()
         self.rng = rng or random.Random()
         self.traces = TraceLog(node, ttl_ms=settings.trace_ttl_ms, max_events=settings.trace_max_events)
@@ -399,7 +418,7 @@ class Proxy:
         self._closed = False
 
     async def start(self) -> None:
-        self.session = aiohttp.ClientSession()
+        self.session = egress_session(self.egress)
 
     async def aclose(self) -> None:
         """Cancel background deliveries and close the session. Idempotent."""
@@ -588,7 +607,7 @@ class Proxy:
                                           remaining)
             except _Failed as failure:
                 latency = (time.perf_counter() - began) * 1000
-                failures.append({"agent_id": target.agent_id, "error": str(failure), "status": failure.status})
+                failures.append(failure.attempt(target.agent_id))
                 events.append(self._event(RouteEventKind.DELIVERY, envelope, caller, target=target, attempt=attempt,
                                           result=failure.outcome.value, status=failure.status, latency_ms=latency,
                                           detail=str(failure)))
@@ -647,20 +666,42 @@ class Proxy:
                                         sock_read=self.settings.read_timeout_ms / 1000)
         headers = {"Content-Type": content_type, "X-Reach-Trace-Id": envelope.trace_id,
                    "X-Reach-Envelope-Id": envelope.id, "X-Reach-Hop-Count": str(envelope.hop_count)}
+        self._check_egress(target.endpoint)
+        limit = self.settings.max_response_bytes
         try:
-            async with session.post(target.endpoint, data=data, headers=headers, timeout=timeout) as response:
-                body = await response.read()
+            # Redirects are never followed: a target could bounce the node to an address the
+            # egress policy was only asked about once (and a 307 would re-send the body).
+            async with session.post(target.endpoint, data=data, headers=headers, timeout=timeout,
+                                    allow_redirects=False) as response:
                 status = response.status
+                if 300 <= status < 400:
+                    raise _Failed(Outcome.FAILURE, f"HTTP {status}: the target answered a redirect"
+                                  f"{_location(response)}; the node never follows redirects (register the final URL)",
+                                  status=status)
+                body = await _read_bounded(response, limit)
                 response_type = response.headers.get("Content-Type", "application/octet-stream")
         except asyncio.CancelledError:
             raise
+        except _ResponseTooLarge as exc:
+            raise _Failed(Outcome.FAILURE, f"the answer exceeds the proxy's limit of {limit} bytes "
+                          "(max_response_bytes); send large results by reference") from exc
         except TimeoutError as exc:
             raise _Failed(Outcome.TIMEOUT, "timed out") from exc
         except (aiohttp.ClientError, OSError) as exc:
+            denied = egress_denial(exc)
+            if denied is not None:
+                raise _Failed(Outcome.FAILURE, f"egress_denied: {denied.message}", egress=denied) from exc
             raise _Failed(Outcome.FAILURE, f"{type(exc).__name__}: {exc}") from exc
         if status >= 500 or status in (408, 429):
             raise _Failed(Outcome.REJECTED if status == 429 else Outcome.FAILURE, f"HTTP {status}", status=status)
         return Answer(status, response_type, body)
+
+    def _check_egress(self, url: str) -> None:
+        """The static half of the egress policy (scheme, userinfo, literal hosts); the connector does the rest."""
+        try:
+            self.egress.check_url(url)
+        except EgressDenied as denied:
+            raise _Failed(Outcome.FAILURE, f"egress_denied: {denied.message}", egress=denied) from denied
 
     def _report(self, ticket: RouteTicket, target: RouteTarget, outcome: Outcome, latency_ms: float,
                 caller: TokenClaims) -> None:
@@ -700,21 +741,30 @@ class Proxy:
                 await asyncio.sleep(self.policy.backoff_s(attempt - 1, self.rng))
             began = time.perf_counter()
             status: int | None = None
+            denied: EgressDenied | None = None
             try:
-                async with session.post(url, data=result.to_json(), headers=headers, timeout=timeout) as response:
-                    await response.read()
+                self._check_egress(url)
+                # The body is not read: only the status matters, and an unread answer cannot
+                # fill the node's memory (the connection is closed instead of reused).
+                async with session.post(url, data=result.to_json(), headers=headers, timeout=timeout,
+                                        allow_redirects=False) as response:
                     status = response.status
                 error = None if status < 300 else f"HTTP {status}"
             except asyncio.CancelledError:
                 raise
+            except _Failed as failure:
+                denied, error = failure.egress, str(failure)
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                error = f"{type(exc).__name__}: {exc}"
+                denied = egress_denial(exc)
+                error = f"egress_denied: {denied.message}" if denied else f"{type(exc).__name__}: {exc}"
             latency = (time.perf_counter() - began) * 1000
             events.append(self._event(RouteEventKind.CALLBACK, original, caller, endpoint=url, attempt=attempt,
                                       agent_id=caller.sub, result="success" if error is None else "failure",
                                       status=status, latency_ms=latency, detail=error))
             if error is None:
                 return
+            if denied is not None:
+                break  # the policy will say the same on every retry
         log.warning("could not deliver the result of %s to %s", original.id, url)
 
     # -- helpers -----------------------------------------------------------------------------
@@ -743,6 +793,30 @@ class Proxy:
         response = _response(Answer(answer.status, answer.content_type, body, dict(answer.headers)))
         response.headers["X-Reach-Duplicate"] = "true"
         return response
+
+
+async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body, counted as it arrives; raises :class:`_ResponseTooLarge` past ``limit`` bytes.
+
+    aiohttp's stream reader pauses the socket while its buffer is full, so at most ``limit`` plus
+    one chunk is ever held; the caller's context exit then closes the connection.
+    """
+    declared = response.content_length
+    if declared is not None and declared > limit:
+        raise _ResponseTooLarge()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise _ResponseTooLarge()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _location(response: aiohttp.ClientResponse) -> str:
+    location = response.headers.get("Location")
+    return f" to {location[:200]!r}" if location else ""
 
 
 def _response(answer: Answer) -> web.Response:

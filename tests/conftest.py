@@ -44,7 +44,8 @@ async def node_factory(redis_url: str, region: str) -> AsyncIterator[NodeFactory
 
     async def start(*, region_name: str | None = None, **overrides: Any) -> RunningNode:
         settings: dict[str, Any] = {"region": region_name or region, "redis_url": redis_url, "port": 0,
-                                    "sweep_interval_ms": 100, "lease_sync_interval_ms": 100, "leader_ttl_ms": 1_000}
+                                    "sweep_interval_ms": 100, "lease_sync_interval_ms": 100, "leader_ttl_ms": 1_000,
+                                    "egress": {"allow": ["loopback"]}}  # test agents listen on 127.0.0.1
         settings.update(overrides)
         running = await start_node(RegistryNode(NodeConfig(**settings), secret=TEST_SECRET))
         started.append(running)

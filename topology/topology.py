@@ -20,7 +20,7 @@ shape is accepted too — ``agent-reach up`` writes one with the embedded servic
     node_urls = ["http://127.0.0.1:7101"]   # the first is where this region's node listens
     # redis_url = "redis://10.0.0.5:6379/0" # omit: `agent-reach up` embeds one per region
     prefer = ["us-west", "eu-west"]          # nearest first; unnamed peers follow in file order
-    policy = { env = "dev", allowed_transports = ["http+token", "https+token"] }
+    policy = { env = "dev", allowed_transports = ["http+token", "https+token"], egress = { allow = ["loopback"] } }
 
 Loading validates everything (pydantic, unknown keys are errors); a problem is a
 :class:`TopologyError` naming the file and the field, e.g.
@@ -50,6 +50,7 @@ from federation.config import (
     PeerConfig,
 )
 from node.config import NodeConfig
+from node.egress import EgressPolicy
 from node.models import REGION_PATTERN, TRANSPORT_PATTERN
 
 DEFAULT_TOPOLOGY_FILE = Path(__file__).with_name("local.toml")
@@ -65,10 +66,15 @@ class _Model(BaseModel):
 
 
 class RegionPolicy(_Model):
-    """What a region allows: its environment label and the transports agents may register."""
+    """What a region allows: its environment label, the transports agents may register, what its node may contact.
+
+    ``egress`` (:class:`node.egress.EgressPolicy`): ``{ allow = ["loopback", "private", "10.1.0.0/16"],
+    deny = ["10.9.0.0/16"] }``; unset = the ``[node] egress`` setting, else public addresses only.
+    """
 
     env: str | None = Field(default=None, max_length=64)
     allowed_transports: list[str] | None = None
+    egress: EgressPolicy | None = None
 
     @field_validator("allowed_transports")
     @classmethod
@@ -211,6 +217,8 @@ class Topology(_Model):
                         port=listen_port if port is None else port, advertise_url=region.node_urls[0])
         if region.policy.allowed_transports is not None:
             settings["allowed_transports"] = region.policy.allowed_transports
+        if region.policy.egress is not None:
+            settings["egress"] = region.policy.egress
         return NodeConfig(**settings)
 
     def federation_config(self, name: str, *, bootstrap_servers: str | None = None) -> FederationConfig:
