@@ -98,7 +98,7 @@ class RegistryNode:
                                max_expire_fraction=config.max_expire_fraction,
                                protect_min_agents=config.protect_min_agents,
                                protection_max_hold_ms=config.protection_max_hold_ms)
-        self.prober = Prober(self.store, self.cache, max_concurrent=config.max_concurrent_probes)
+        self.prober = Prober(self.store, self.cache, max_concurrent=config.max_concurrent_probes, egress=config.egress)
         self.leadership.add_duty("sweeper", self.sweeper.run)
         self.leadership.add_duty("prober", self.prober.run)
         self.watch = WatchHub()
@@ -166,6 +166,9 @@ class RegistryNode:
     async def register(self, registration: Registration, caller: TokenClaims) -> tuple[RegisterResponse, bool]:
         """Upsert; returns the response and whether the agent was new to this region."""
         authorize_agent(caller, registration.agent_id)
+        denied = self.config.egress.check_registration(registration)
+        if denied is not None:  # an address this region never contacts nor hands out (422 naming the field)
+            raise denied
         if not self.config.transport_allowed(registration.transport):
             raise ValidationFailed(
                 f"region {self.region} does not allow transport {registration.transport!r}; "

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 import orjson
 import redis.asyncio as aioredis
 from pydantic import ValidationError
+from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
 from .errors import Conflict, StoreUnavailable, UnknownAgent
 from .models import AGENT_ID_RE, AgentRecord, ChangeEvent, ChangeKind, DeleteReason
@@ -183,14 +183,13 @@ class RegionStore:
         # failing the request. Every script is safe to run again (upserts, CAS, idempotent deletes).
         # A bounded pool that waits for a free connection under bursts instead of failing with
         # "Too many connections".
+        # The retry policy goes to the pool's connections: a client given a pool ignores its own.
         pool = aioredis.BlockingConnectionPool.from_url(
             url, decode_responses=True, health_check_interval=30, max_connections=DEFAULT_MAX_CONNECTIONS,
-            timeout=DEFAULT_POOL_TIMEOUT_S,
-        )
-        client = aioredis.Redis(
-            connection_pool=pool, retry=Retry(ExponentialBackoff(cap=0.5, base=0.01), retries=2),
+            timeout=DEFAULT_POOL_TIMEOUT_S, retry=Retry(ExponentialBackoff(cap=0.5, base=0.01), retries=2),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
+        client = aioredis.Redis(connection_pool=pool)
         return cls(client, region=region, **options)  # type: ignore[arg-type]
 
     async def aclose(self) -> None:

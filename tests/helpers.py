@@ -229,8 +229,8 @@ class Pair:
                            "request_timeout_ms": 1_000},
             "node": {"leader_ttl_ms": 600, "sweep_interval_ms": 100, "lease_sync_interval_ms": 100,
                      "semantic_enabled": False},
-            "regions": [{"name": name, "node_urls": [f"http://127.0.0.1:{free_port()}"], "redis_url": redis_url}
-                        for name in self.names],
+            "regions": [{"name": name, "node_urls": [f"http://127.0.0.1:{free_port()}"], "redis_url": redis_url,
+                         "policy": {"egress": {"allow": ["loopback"]}}} for name in self.names],
         })
         self.running: list[RunningNode] = []
 

@@ -43,7 +43,7 @@ def eval_registration(agent: dict[str, Any], port: int) -> dict[str, Any]:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def catalog(redis_url: str) -> AsyncIterator[RunningNode]:
     config = NodeConfig(region="disc", redis_url=redis_url, port=0, key_prefix="disc-test",
-                        sweep_interval_ms=100, lease_sync_interval_ms=100)
+                        sweep_interval_ms=100, lease_sync_interval_ms=100, egress={"allow": ["loopback"]})
     node = await start_node(build_node(config, secret=TEST_SECRET))
     try:
         for position, agent in enumerate(EVAL["agents"]):
@@ -227,7 +227,8 @@ async def test_lexical_mode_without_torch(tmp_path: Path, redis_url: str) -> Non
 
         async def main():
             node = await start_node(build_node(NodeConfig(region="lex", redis_url={redis_url!r}, port=0,
-                                                          key_prefix="lex-test"), secret=b"x" * 20))
+                                                          key_prefix="lex-test", egress={{"allow": ["loopback"]}}),
+                                               secret=b"x" * 20))
             try:
                 await node.register(registration("ocr.receipt.lex", capability="ocr.receipt",
                                                  description="Reads totals off scanned receipts"))
@@ -255,6 +256,7 @@ async def test_agent_in_one_region_is_found_by_a_query_in_another() -> None:
     topology = Topology.model_validate({
         "name": "discovery-test",
         "federation": {"beacon_interval_ms": 200, "stale_after_ms": 2_000},
+        "node": {"egress": {"allow": ["loopback"]}},  # the agents run on this machine
         "regions": [{"name": "da", "node_urls": ["http://127.0.0.1:1"], "prefer": ["db"]},
                     {"name": "db", "node_urls": ["http://127.0.0.1:2"], "prefer": ["da"]}],
     })

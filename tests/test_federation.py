@@ -45,7 +45,7 @@ def cluster_topology() -> Topology:
                        "anti_entropy_min_interval_ms": 200},
         # Semantic search stays lexical here (no model load per node); tests/test_discovery.py covers it.
         "node": {"sweep_interval_ms": 200, "leader_ttl_ms": 1_000, "lease_sync_interval_ms": 200,
-                 "semantic_enabled": False},
+                 "semantic_enabled": False, "egress": {"allow": ["loopback"]}},
         "regions": [
             {"name": "ra", "node_urls": [node_url + "01"], "prefer": ["rc", "rb"]},
             {"name": "rb", "node_urls": [node_url + "02"], "prefer": ["ra", "rc"]},

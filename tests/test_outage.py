@@ -14,7 +14,8 @@ from .helpers import registration, start_node, wait_for
 async def test_redis_outage_and_data_loss() -> None:
     async with EmbeddedRedis() as redis:
         node = await start_node(RegistryNode(NodeConfig(region="outage", redis_url=redis.url, port=0,
-                                                        lease_sync_interval_ms=100, sweep_interval_ms=100),
+                                                        lease_sync_interval_ms=100, sweep_interval_ms=100,
+                                                        egress={"allow": ["loopback"]}),
                                              secret=TEST_SECRET))
         try:
             await node.register(registration("lang.translate.o1", lease_ttl_ms=60_000))
@@ -45,7 +46,7 @@ async def test_redis_outage_and_data_loss() -> None:
             await wait_for(lambda: _status(node, "translate.text", 404), timeout_s=10, message="cache reloaded")
             await wait_for(lambda: _ready(node), timeout_s=10, message="/readyz 200 once Redis answers")
             status, body = await node.call("PUT", "/v1/agents/lang.translate.o1/heartbeat", json={})
-            assert status == 404 and body["error"] == "unknown_agent"
+            assert status == 404 and body["error"] == "unknown_agent", body
             await node.register(registration("lang.translate.o1", lease_ttl_ms=60_000))
             assert await _status(node, "translate.text", 200)
         finally:
