@@ -5,6 +5,7 @@ through :class:`RemoteCatalog` and :class:`Matcher` (see ``node.router``).
 """
 
 from .config import NodeConfig
+from .egress import EgressDenied, EgressPolicy
 from .errors import (
     BadRequest,
     Conflict,
@@ -33,6 +34,7 @@ from .models import (
     Status,
     TokenRole,
 )
+from .quarantine import Quarantine
 from .router import Decision, Matcher, PeerView, RemoteCatalog, Router, SemanticMatch
 from .security import Signer, load_secret
 from .service import RegistryNode
@@ -41,6 +43,9 @@ from .store import RegionStore
 __all__ = [
     "RegistryNode",
     "NodeConfig",
+    "EgressPolicy",
+    "EgressDenied",
+    "Quarantine",
     "RegionStore",
     "Router",
     "Decision",

@@ -240,6 +240,9 @@ class Policy(BaseModel):
     max_body_bytes: int
     max_hops: int
     ticket_ttl_ms: int
+    egress_allow: list[str] = Field(default_factory=list,
+                                    description="Loopback/private ranges agents may register (public ones always).")
+    egress_deny: list[str] = Field(default_factory=list, description="Ranges agents may never register.")
     caller: TokenClaims
 
 

@@ -504,7 +504,8 @@ class Proxy:
         config = self.node.config
         return json_response(Policy(region=self.node.region, allowed_transports=config.allowed_transports,
                                     max_body_bytes=config.max_body_bytes, max_hops=self.settings.max_hops,
-                                    ticket_ttl_ms=config.ticket_ttl_ms, caller=request[CALLER]))
+                                    ticket_ttl_ms=config.ticket_ttl_ms, egress_allow=list(config.egress.allow),
+                                    egress_deny=list(config.egress.deny), caller=request[CALLER]))
 
     # -- checks ------------------------------------------------------------------------------
 

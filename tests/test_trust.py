@@ -368,3 +368,11 @@ async def test_a_record_that_does_not_parse_is_quarantined_and_the_region_goes_o
         finally:
             await pair.aclose()
             await store.aclose()
+
+
+async def test_the_policy_route_tells_agents_which_addresses_they_may_register(node: RunningNode) -> None:
+    status, policy = await node.call("GET", "/v1/policy", token=node.token("ops.caller.x", TokenRole.CALLER))
+    assert status == 200 and policy["egress_allow"] == ["loopback"] and policy["egress_deny"] == [], policy
+    status, reply = await node.call("POST", "/v1/agents", json=registration(
+        "meta.data.grab", endpoint="http://169.254.169.254/latest/meta-data/"))
+    assert status == 422 and reply["error"] == "egress_denied" and reply["field"] == "endpoints.primary", reply
