@@ -56,15 +56,17 @@ class Demo:
     agents: list[DemoAgent]
     lines: list[str] = field(default_factory=list)
 
-    async def aclose(self) -> None:
-        """Stop every agent (SIGTERM: they deregister), killing any that lingers. Idempotent."""
+    async def aclose(self, *, stop_timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop every agent (SIGTERM: they deregister), killing any still running after
+        ``stop_timeout_s`` (in all). Idempotent."""
         for agent in self.agents:
             if agent.process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     agent.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + stop_timeout_s
         for agent in self.agents:
             try:
-                await asyncio.wait_for(agent.process.wait(), STOP_TIMEOUT_S)
+                await asyncio.wait_for(agent.process.wait(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     agent.process.kill()
@@ -77,12 +79,13 @@ class Demo:
 
 async def start_demo(region_urls: dict[str, str], admin_token: str, *, say: Callable[[str], None] = print,
                      start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
-                     federation_timeout_s: float = DEFAULT_FEDERATION_TIMEOUT_S) -> Demo:
+                     federation_timeout_s: float = DEFAULT_FEDERATION_TIMEOUT_S,
+                     stop_timeout_s: float = STOP_TIMEOUT_S) -> Demo:
     """Start the demo agents across ``region_urls`` (ordered: the first is the caller's region).
 
     Prints (through ``say``) where each agent runs, then a local and a cross-region call.
-    Raises :class:`DemoError` when an agent does not start; the agents already started are
-    stopped first.
+    Raises :class:`DemoError` when an agent does not start. When it raises or is cancelled,
+    the agents already started are stopped first (within ``stop_timeout_s``).
     """
     if not region_urls:
         raise DemoError("the demo needs at least one region")
@@ -93,17 +96,17 @@ async def start_demo(region_urls: dict[str, str], admin_token: str, *, say: Call
             region = regions[index % len(regions)]
             demo.agents.append(await _spawn(module, region, region_urls[region], admin_token))
         await asyncio.gather(*(_wait_ready(agent, start_timeout_s) for agent in demo.agents))
-    except BaseException:
-        await demo.aclose()
+
+        def emit(line: str) -> None:
+            demo.lines.append(line)
+            say(line)
+
+        for agent in demo.agents:
+            emit(f"demo: {agent.agent_id} runs in region {agent.region} at {agent.url}")
+        await _calls(demo, regions[0], region_urls[regions[0]], admin_token, emit, federation_timeout_s)
+    except BaseException:  # cancelled (Ctrl-C) or failed: no agent may outlive the demo
+        await demo.aclose(stop_timeout_s=stop_timeout_s)
         raise
-
-    def emit(line: str) -> None:
-        demo.lines.append(line)
-        say(line)
-
-    for agent in demo.agents:
-        emit(f"demo: {agent.agent_id} runs in region {agent.region} at {agent.url}")
-    await _calls(demo, regions[0], region_urls[regions[0]], admin_token, emit, federation_timeout_s)
     return demo
 
 

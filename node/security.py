@@ -57,28 +57,62 @@ def _unb64(text: str) -> bytes:
     return data
 
 
-def load_secret(*, secret: str | None = None, secret_file: str | Path | None = None) -> tuple[bytes, str]:
+class SecretError(ValueError):
+    """The cluster secret is missing, unreadable or too short; the message says how to fix it."""
+
+
+def load_secret(*, secret: str | None = None, secret_file: str | Path | None = None,
+                create: bool = False) -> tuple[bytes, str]:
     """The cluster secret and where it came from (for the startup log).
 
     Order: the ``secret`` argument, ``AGENT_REACH_SECRET``, the ``secret_file`` argument,
-    ``AGENT_REACH_SECRET_FILE``, then the default file, created if missing.
+    ``AGENT_REACH_SECRET_FILE``, then the default file ``~/.agent-reach/secret``. The default
+    file is created when missing (mode 0600) and reused after; a file that was *named* must
+    exist unless ``create`` is true — a typo must not silently mint tokens with a new secret.
+
+    Raises:
+        SecretError: the named file does not exist (and ``create`` is false), cannot be read
+            or created, or holds fewer than ``MIN_SECRET_BYTES`` bytes.
     """
     value = secret or os.environ.get(SECRET_ENV)
     if value:
         source = "argument" if secret else f"${SECRET_ENV}"
         return _checked(value.encode(), source), source
-    path = Path(secret_file or os.environ.get(SECRET_FILE_ENV) or DEFAULT_SECRET_FILE).expanduser()
+    named = secret_file or os.environ.get(SECRET_FILE_ENV)
+    path = Path(named or DEFAULT_SECRET_FILE).expanduser()
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if named and not create:
+            via = "--secret-file" if secret_file else f"${SECRET_FILE_ENV}"
+            raise SecretError(f"the secret file {path} (from {via}) does not exist; fix the path, or pass "
+                              "--create-secret to create a new secret there")
+        _create_secret_file(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SecretError(f"cannot read the secret file {path}: {reason}; fix its permissions "
+                          "(chmod 600, owned by this user) or point --secret-file elsewhere") from exc
+    return _checked(text.strip().encode(), str(path)), str(path)
+
+
+def _create_secret_file(path: Path) -> None:
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(secrets.token_urlsafe(32) + "\n")
-    return _checked(path.read_text().strip().encode(), str(path)), str(path)
+    except FileExistsError:
+        return  # another process created it first: use theirs
+    except OSError as exc:
+        raise SecretError(f"cannot create the secret file {path}: {exc.strerror or exc}; choose a writable "
+                          "place with --secret-file, or set $AGENT_REACH_SECRET") from exc
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_urlsafe(32) + "\n")
 
 
 def _checked(secret: bytes, source: str) -> bytes:
     if len(secret) < MIN_SECRET_BYTES:
-        raise ValueError(f"the cluster secret from {source} is shorter than {MIN_SECRET_BYTES} bytes")
+        raise SecretError(f"the cluster secret from {source} is shorter than {MIN_SECRET_BYTES} bytes; use a "
+                          "longer one (e.g. the output of: python -c 'import secrets; "
+                          "print(secrets.token_urlsafe(32))')")
     return secret
 
 

@@ -47,7 +47,7 @@ def _read_until(process: subprocess.Popen[str], pattern: str, timeout_s: float =
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_node_with_embedded_redis_starts_serves_and_stops_cleanly(signum: int, tmp_path: Path) -> None:
     env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
-    process = subprocess.Popen([AGENT_REACH, "node", "--region", "cli", "--port", "0", "--no-semantic"], env=env,
+    process = subprocess.Popen([AGENT_REACH, "node", "--region", "cli", "--port", "0", "--no-semantic", "--ephemeral"], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         found = _read_until(process, r"url=http://127\.0\.0\.1:(\d+) redis=redis://127\.0\.0\.1:(\d+)")
@@ -86,8 +86,8 @@ def test_secret_file_is_created_once_and_reused(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_REACH_SECRET")}
     secret_file = tmp_path / "secret"
     env["AGENT_REACH_SECRET_FILE"] = str(secret_file)
-    first = subprocess.run([AGENT_REACH, "token", "issue", "--admin"], env=env, capture_output=True, text=True,
-                           check=True, timeout=30)
+    first = subprocess.run([AGENT_REACH, "token", "issue", "--admin", "--create-secret"], env=env,
+                           capture_output=True, text=True, check=True, timeout=30)
     assert secret_file.exists() and oct(secret_file.stat().st_mode & 0o777) == "0o600"
     assert str(secret_file) in first.stderr
     second = subprocess.run([AGENT_REACH, "token", "issue", "--admin"], env=env, capture_output=True, text=True,
@@ -103,7 +103,7 @@ def test_register_from_an_a2a_card_with_keep_alive(tmp_path: Path) -> None:
     from .test_discovery import CARD_V03
 
     env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
-    node = subprocess.Popen([AGENT_REACH, "node", "--region", "cli", "--port", "0", "--no-semantic"], env=env, stdout=subprocess.PIPE,
+    node = subprocess.Popen([AGENT_REACH, "node", "--region", "cli", "--port", "0", "--no-semantic", "--ephemeral"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         url = "http://127.0.0.1:" + _read_until(node, r"url=http://127\.0\.0\.1:(\d+)").group(1)
@@ -151,7 +151,7 @@ def test_node_says_clearly_when_redis_is_unreachable() -> None:
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    out = subprocess.run([AGENT_REACH, "node", "--region", "cli", "--port", "0", "--no-semantic", "--redis",
+    out = subprocess.run([AGENT_REACH, "node", "--region", "cli", "--port", "0", "--no-semantic", "--ephemeral", "--redis",
                           f"redis://127.0.0.1:{port}/0"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert out.stderr.startswith("error: Redis of region cli cannot be reached"), out.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from topology.datadir import DataDirError
 from topology.embedded import (
     EmbeddedKafka,
     EmbeddedRedis,
@@ -269,3 +271,53 @@ def test_kafka_sync_start_and_stop() -> None:
         broker.stop_sync()
     assert broker.state is EmbeddedState.STOPPED
     assert not process_exists(pid)
+
+
+# -- Redis with a data dir --------------------------------------------------------------------
+
+
+async def test_redis_with_a_data_dir_keeps_its_data_across_restart_and_kill(tmp_path: Path) -> None:
+    data_dir = tmp_path / "redis-data"
+    async with EmbeddedRedis(data_dir=data_dir) as server:
+        client = aioredis.from_url(server.url)
+        try:
+            await client.set("kept", "across restarts")
+            assert await client.config_get("appendonly") == {"appendonly": "yes"}
+            assert await client.config_get("appendfsync") == {"appendfsync": "everysec"}
+        finally:
+            await client.aclose()
+        port = server.port
+
+        await server.restart()  # SIGTERM: the append-only file is flushed
+        assert server.port == port
+
+        killed_pid = server.pid
+        assert killed_pid is not None
+        assert server.reap_if_exited() is None  # running
+        os.kill(killed_pid, signal.SIGKILL)
+        async with asyncio.timeout(CLIENT_DEADLINE_S):
+            while (death := server.reap_if_exited()) is None:
+                await asyncio.sleep(0.01)
+        assert death.pid == killed_pid and death.describe() == f"pid {killed_pid} was killed by SIGKILL"
+        assert server.state is EmbeddedState.FAILED and not process_exists(killed_pid)
+
+        await server.start()  # revived, on the same port, with its data
+        assert server.state is EmbeddedState.RUNNING and server.port == port
+        client = aioredis.from_url(server.url)
+        try:
+            assert await client.get("kept") == b"across restarts"
+        finally:
+            await client.aclose()
+    assert (data_dir / "appendonly.aof").exists()
+
+
+async def test_a_redis_data_dir_admits_one_server(tmp_path: Path) -> None:
+    data_dir = tmp_path / "shared"
+    async with EmbeddedRedis(data_dir=data_dir):
+        second = EmbeddedRedis(data_dir=data_dir)
+        with pytest.raises(DataDirError, match="in use by another agent-reach process"):
+            await second.start()
+        assert second.pid is None and second.state is EmbeddedState.NEW
+    # Released at stop: the directory is free again.
+    async with EmbeddedRedis(data_dir=data_dir) as again:
+        assert again.state is EmbeddedState.RUNNING

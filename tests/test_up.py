@@ -4,12 +4,14 @@ resolvable across regions, and stopped by Ctrl-C (SIGINT) with no process left b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -83,3 +85,115 @@ async def test_up_runs_three_regions_and_ctrl_c_stops_everything(tmp_path: Path)
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+# -- Ctrl-C at any moment ----------------------------------------------------------------------
+
+CTRL_C_DEADLINE_S = 5.0
+MOMENT_DEADLINE_S = 90.0
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class UpRun:
+    """``agent-reach up`` in its own process group, its output collected and its process tree tracked."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.lines: list[str] = []
+        self.tree: set[int] = set()
+        self._reader = asyncio.ensure_future(self._read())
+
+    @classmethod
+    async def spawn(cls, tmp_path: Path, *args: str) -> UpRun:
+        env = {**os.environ, "HOME": str(tmp_path), "AGENT_REACH_SECRET": "up-test-secret-0123456789abcdef"}
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "topology.cli", "--log-level", "WARNING", "up", "--any-port", "--ephemeral", *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env, start_new_session=True)
+        return cls(process)
+
+    async def _read(self) -> None:
+        assert self.process.stdout is not None
+        while line := await self.process.stdout.readline():
+            self.lines.append(line.decode(errors="replace"))
+
+    def track(self) -> set[int]:
+        self.tree |= descendants(self.process.pid)
+        return self.tree
+
+    async def until(self, condition: Any, what: str) -> None:
+        deadline = time.monotonic() + MOMENT_DEADLINE_S
+        while not condition():
+            self.track()
+            assert self.process.returncode is None, f"up exited before {what}:\n{self.output}"
+            assert time.monotonic() < deadline, f"never saw {what}:\n{self.output}"
+            await asyncio.sleep(0.01)
+        self.track()
+
+    def has_child(self, fragment: str) -> bool:
+        return any(fragment in cmdline(pid) for pid in self.track())
+
+    async def ctrl_c(self) -> float:
+        """SIGINT to the whole group, as a terminal's Ctrl-C; returns the seconds until up exited."""
+        self.track()
+        os.killpg(self.process.pid, signal.SIGINT)
+        sent = time.monotonic()
+        while self.process.returncode is None and time.monotonic() - sent < 30:
+            self.track()  # children started while stopping count too
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.process.wait(), timeout=0.02)
+        took = time.monotonic() - sent
+        await asyncio.wait_for(self._reader, timeout=10)
+        return took
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    async def kill(self) -> None:
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            await self.process.wait()
+        for pid in self.tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._reader.cancel()
+
+
+MOMENTS = [
+    ("plain", "immediately"), ("plain", "nodes starting"), ("plain", "running"),
+    ("demo", "immediately"), ("demo", "nodes starting"), ("demo", "demo starting"), ("demo", "running"),
+]
+
+
+@pytest.mark.parametrize(("mode", "moment"), MOMENTS,
+                         ids=[f"{mode}-{moment.replace(' ', '-')}" for mode, moment in MOMENTS])
+async def test_ctrl_c_at_any_moment_stops_everything_within_5_s(tmp_path: Path, mode: str, moment: str) -> None:
+    run = await UpRun.spawn(tmp_path, *(["--demo"] if mode == "demo" else []))
+    try:
+        if moment == "nodes starting":
+            await run.until(lambda: run.has_child(" node --topology "), "a node process")
+        elif moment == "demo starting":
+            await run.until(lambda: run.has_child("examples."), "a demo agent process")
+        elif moment == "running":
+            await run.until(lambda: "Ctrl-C stops everything" in run.output, "'Ctrl-C stops everything'")
+        children = len(run.tree)
+        took = await run.ctrl_c()
+        print(f"\nup{' --demo' if mode == 'demo' else ''}: Ctrl-C {moment} ({children} children) -> "
+              f"exit {run.process.returncode} after {took:.2f} s")
+        assert took < CTRL_C_DEADLINE_S, f"up took {took:.1f} s to stop:\n{run.output}"
+        survivors = [f"{pid} {cmdline(pid)}" for pid in run.tree if alive(pid)]
+        assert not survivors, f"left behind: {survivors}\n{run.output}"
+        if moment == "running":
+            assert run.process.returncode == 0, run.output
+        elif moment != "immediately":
+            assert run.process.returncode == 130, run.output
+            assert "Traceback" not in run.output, run.output
+    finally:
+        await run.kill()

@@ -7,10 +7,12 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from . import launcher, preflight, register, run_node, sidecar, tokens
+from node.redact import CredentialFilter
+
+from . import preflight, register, run_node, sidecar, tokens, up
 
 # Each module adds its subparser and sets ``func`` (taking the parsed args, returning an exit code).
-COMMAND_MODULES = [run_node, tokens, launcher, register, preflight, sidecar]
+COMMAND_MODULES = [run_node, tokens, up, register, preflight, sidecar]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +28,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return int(args.func(args) or 0)
+    # On the handlers, not the root logger: a handler's filter sees every propagated record.
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(CredentialFilter())
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C before a command installed its own handling
+        return 130
 
 
 if __name__ == "__main__":

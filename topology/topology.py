@@ -251,6 +251,8 @@ def load_topology(path: str | Path | None = None) -> Topology:
         text = file.read_text()
     except OSError as exc:
         raise TopologyError(f"{file}: cannot read the topology file: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise TopologyError(f"{file}: not a text file ({exc.reason}); give a TOML or JSON topology") from exc
     try:
         data = json.loads(text) if file.suffix == ".json" else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:

@@ -1,0 +1,151 @@
+"""``agent-reach up [FILE]``: run a whole topology on this machine, supervised, until Ctrl-C.
+
+Runs :class:`~topology.launcher.LocalCluster`: embedded Redis and Kafka where the topology
+names none, one node process per region, each child restarted if it dies on its own (one line
+on stderr says what died). The embedded Redis data is kept in ``--data-dir`` (default
+``~/.agent-reach/up/<topology name>/<region>/redis``) unless ``--ephemeral``.
+
+Ctrl-C (or SIGTERM) at any moment — while starting, while the demo starts, while running —
+stops everything within a few seconds: demo agents, then nodes (SIGTERM, SIGKILL after
+:data:`UP_NODE_STOP_TIMEOUT_S`), then the broker and Redis. Exit status: 0 after a stop
+while running, 130 when interrupted while starting, 1 when something could not start, 2 for
+an unusable topology file or secret.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from node.errors import NodeError
+from node.security import SecretError, load_secret
+
+from . import console
+from .datadir import default_up_data_dir
+from .launcher import LauncherError, LocalCluster
+from .signals import Interrupted, StopSignals
+from .topology import DEFAULT_TOPOLOGY_FILE, Topology, TopologyError, load_topology
+
+__all__ = ["UP_DEMO_STOP_TIMEOUT_S", "UP_NODE_DRAIN_TIMEOUT_MS", "UP_NODE_STOP_TIMEOUT_S", "UP_SERVICE_STOP_TIMEOUT_S",
+           "add_parser"]
+
+# Ctrl-C must leave nothing running within 5 s: these bound each stage of the stop (demo
+# agents, then nodes in parallel, then the embedded servers in parallel). A node's stop can
+# outlast its drain when a model thread is busy encoding; SIGKILL loses nothing there (the
+# data is in Redis).
+UP_DEMO_STOP_TIMEOUT_S = 1.0
+UP_NODE_STOP_TIMEOUT_S = 2.5
+UP_NODE_DRAIN_TIMEOUT_MS = 500
+UP_SERVICE_STOP_TIMEOUT_S = 1.0
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("up", help="run a whole topology locally (embedded Redis/Kafka where none is set)")
+    parser.add_argument("file", nargs="?", default=None,
+                        help=f"topology file (default: the packaged {DEFAULT_TOPOLOGY_FILE.name}, three regions)")
+    parser.add_argument("--any-port", action="store_true",
+                        help="listen on free ports instead of the topology's node URLs")
+    parser.add_argument("--log-dir", metavar="DIR", help="keep node logs here (default: a temporary directory "
+                                                         "removed on exit)")
+    storage = parser.add_mutually_exclusive_group()
+    storage.add_argument("--data-dir", metavar="DIR",
+                         help="keep the embedded Redis data here, one subdirectory per region (default: "
+                              "~/.agent-reach/up/<topology name>)")
+    storage.add_argument("--ephemeral", action="store_true",
+                         help="keep the embedded Redis data in a temporary directory removed on exit")
+    parser.add_argument("--secret-file", help="cluster secret file; it must exist unless --create-secret "
+                                              "(see README: Security)")
+    parser.add_argument("--create-secret", action="store_true",
+                        help="create the --secret-file (mode 0600) if it does not exist")
+    parser.add_argument("--demo", action="store_true", help="also start the demo agents (examples/) in different "
+                                                            "regions and show a local and a cross-region call")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        topology = load_topology(args.file)
+        secret, source = load_secret(secret_file=args.secret_file, create=args.create_secret)
+    except (TopologyError, SecretError) as exc:
+        console.error(str(exc))
+        return 2
+    if args.ephemeral:
+        data_dir = None
+    else:
+        data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_up_data_dir(topology.name)
+    try:
+        return asyncio.run(_main(args, topology, secret=secret, source=source, data_dir=data_dir))
+    except KeyboardInterrupt:  # before the handlers were installed: nothing was started yet
+        return 130
+
+
+async def _main(args: argparse.Namespace, topology: Topology, *, secret: bytes, source: str,
+                data_dir: Path | None) -> int:
+    async with StopSignals() as signals:
+        cluster = LocalCluster(topology, secret=secret, any_port=args.any_port,
+                               run_dir=Path(args.log_dir) if args.log_dir else None, data_dir=data_dir,
+                               log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+                               say=lambda line: console.notice(f"agent-reach up: {line}"),
+                               node_stop_timeout_s=UP_NODE_STOP_TIMEOUT_S,
+                               node_drain_timeout_ms=UP_NODE_DRAIN_TIMEOUT_MS,
+                               service_stop_timeout_s=UP_SERVICE_STOP_TIMEOUT_S)
+        demo: Any = None
+        try:
+            try:
+                await signals.run(cluster.start())
+            except Interrupted:
+                console.say("agent-reach up: interrupted while starting; stopping everything")
+                return 130
+            except TopologyError as exc:  # a node or service did not start, the data dir is unusable
+                console.error(str(exc))
+                return 1
+            console.say(f"agent-reach up: topology {topology.name!r} is running ({len(cluster.nodes)} regions)")
+            console.say(cluster.summary())
+            console.say(f"  data {data_dir if data_dir is not None else '(ephemeral: removed on exit)'}")
+            console.say(f"  secret {source}")
+            console.say(f"admin token (24 h): {cluster.admin_token()}")
+            if args.demo:
+                try:
+                    demo = await signals.run(_start_demo(cluster))
+                except Interrupted:
+                    console.say("agent-reach up: interrupted while the demo started; stopping everything")
+                    return 130
+                except LauncherError as exc:
+                    console.error(str(exc))
+                    return 1
+            console.say("Ctrl-C stops everything; children that die are restarted.")
+            try:
+                failure = await signals.run(cluster.supervisor.wait_failed())
+            except Interrupted:
+                console.say("agent-reach up: stopping")
+                return 0
+            console.error(f"supervision failed ({failure!r}); stopping everything")
+            return 1
+        finally:
+            if demo is not None:
+                await demo.aclose(stop_timeout_s=UP_DEMO_STOP_TIMEOUT_S)
+            await cluster.aclose()
+            console.say("agent-reach up: stopped")
+
+
+async def _start_demo(cluster: LocalCluster) -> Any:  # -> examples.demo.Demo
+    """The demo agents of ``examples/`` (shipped with the source, not as a package), one region each.
+
+    Raises LauncherError when the demo cannot start or its calls fail.
+    """
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    try:
+        from examples.demo import DemoError, start_demo
+    except ImportError as exc:
+        raise LauncherError(f"--demo needs the examples/ directory of the source checkout: {exc}") from exc
+    try:
+        return await start_demo({name: cluster.url(name) for name in cluster.nodes}, cluster.admin_token(),
+                                stop_timeout_s=UP_DEMO_STOP_TIMEOUT_S)
+    except (DemoError, NodeError) as exc:
+        raise LauncherError(f"the demo failed: {exc}") from exc
