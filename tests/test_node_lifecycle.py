@@ -276,3 +276,39 @@ def test_admin_token_is_printed_only_when_asked(tmp_path: Path) -> None:
     printed = first_lines("--print-admin-token")
     token = printed.split("admin token (24 h): ", 1)[1].split()[0]
     assert Signer(SECRET.encode()).verify(token).role is TokenRole.ADMIN
+
+
+async def test_a_killed_embedded_redis_comes_back_with_its_data(tmp_path: Path,
+                                                               session: aiohttp.ClientSession) -> None:
+    from .helpers import descendants
+
+    node = await NodeProcess.start("--region", "revive", "--data-dir", str(tmp_path / "data"), home=tmp_path)
+    try:
+        body = registration("revive.kept.one", capability="revive.kept", lease_ttl_ms=120_000,
+                            endpoint=UNCONTACTED_ENDPOINT)
+        async with session.post(node.url + "/v1/agents", json=body) as response:
+            assert response.status == 201
+        redis_pids = [pid for pid in descendants(node.process.pid)
+                      if b"redis-server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(redis_pids) == 1
+        os.kill(redis_pids[0], signal.SIGKILL)
+        killed = time.monotonic()
+        seen: list[int] = []
+
+        async def back() -> bool:
+            status = await readyz(session, node.url)
+            if not seen or seen[-1] != status:
+                seen.append(status)
+            return 503 in seen and status == 200
+
+        await wait_for(back, timeout_s=30, interval_s=0.02, message="/readyz 503, then 200 again")
+        print(f"\nembedded redis-server of a node killed -> /readyz {' -> '.join(map(str, seen))} "
+              f"after {time.monotonic() - killed:.2f} s")
+        assert not Path(f"/proc/{redis_pids[0]}").exists(), "the killed redis-server was left a zombie"
+        async with session.get(node.url + "/v1/agents", params={"capability": "revive.kept"}) as response:
+            assert [agent["agent_id"] for agent in (await response.json())["agents"]] == ["revive.kept.one"]
+        code, rest, _ = await node.stop()
+        assert code == 0, rest
+        assert f"the embedded Redis of region revive: pid {redis_pids[0]} was killed by SIGKILL" in rest, rest
+    finally:
+        await node.kill()

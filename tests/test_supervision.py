@@ -256,3 +256,31 @@ async def test_node_that_keeps_crashing_at_start_is_retried_with_backoff() -> No
     assert waits[:3] == [0.4, 0.8, 0.8], waits  # doubling from 0.2 s, capped at 0.8 s
     log_quotes = [line for line in said if line.startswith("the node of region solo: the last lines of its log:")]
     assert len(log_quotes) == 1, f"the log tail should be quoted once per streak: {said}"
+
+
+async def test_a_cluster_data_dir_keeps_registrations_across_runs_and_admits_one_cluster(tmp_path: Path) -> None:
+    from topology.datadir import DataDirError
+
+    topology = Topology.model_validate({
+        "name": "data-dir-test", "node": {"semantic_enabled": False},
+        "regions": [{"name": "kept", "node_urls": ["http://127.0.0.1:1"]}],
+    })
+    data_dir = tmp_path / "cluster-data"
+    body = registration("keep.across.runs", capability="keep.across", lease_ttl_ms=120_000,
+                        endpoint=UNCONTACTED_ENDPOINT)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        async with LocalCluster(topology, secret=SECRET, any_port=True, log_level="WARNING",
+                                data_dir=data_dir) as first:
+            probe_ = Probe(first, session)
+            status, reply = await probe_.call("kept", "POST", "/v1/agents", body)
+            assert status == 201, reply
+            status, before = await probe_.call("kept", "GET", "/v1/agents/keep.across.runs")
+            with pytest.raises(DataDirError, match="in use by another agent-reach process"):
+                async with LocalCluster(topology, secret=SECRET, any_port=True, data_dir=data_dir):
+                    pass
+        assert (data_dir / "kept" / "redis" / "appendonly.aof").exists()
+        async with LocalCluster(topology, secret=SECRET, any_port=True, log_level="WARNING",
+                                data_dir=data_dir) as second:
+            status, after = await Probe(second, session).call("kept", "GET", "/v1/agents/keep.across.runs")
+    assert status == 200, after
+    assert (after["version"], after["registered_at_ms"]) == (before["version"], before["registered_at_ms"])
