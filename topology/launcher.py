@@ -38,9 +38,10 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -213,7 +214,7 @@ class LocalCluster:
         for region in self.resolved.regions:
             self.nodes[region.name] = NodeProcess(region.name, region.node_urls[0].rstrip("/"),
                                                   self.run_dir / f"{region.name}.log")
-        await asyncio.gather(*(self.start_node(name) for name in self.nodes))
+        await _all_or_none([self.start_node(name) for name in self.nodes])
         self.state = ClusterState.RUNNING
 
     async def aclose(self) -> None:
@@ -408,6 +409,22 @@ class _NodeChild:
         pid = await self._cluster._launch(self._node)
         self._node.restarts += 1
         return pid
+
+
+async def _all_or_none(starts: list[Coroutine[Any, Any, object]]) -> None:
+    """Run ``starts`` concurrently; when one fails, cancel the others (their cleanup runs) and raise
+    its error — the first one's, not an ExceptionGroup, so callers see the LauncherError."""
+    tasks = [asyncio.ensure_future(start) for start in starts]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in tasks:
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            raise error
 
 
 def _check_ports_free(topology: Topology) -> None:

@@ -102,7 +102,7 @@ class _Plan:
     secret: bytes
     secret_source: str
     redis_url: str | None  # None: an embedded Redis
-    data_dir: Path | None  # where the embedded Redis keeps its data; None with an external Redis
+    data_dir: Path | None  # where the embedded Redis keeps its data; None: external Redis or --ephemeral
     ephemeral: bool
 
 
