@@ -208,7 +208,8 @@ class EgressPolicy(BaseModel):
         group = _group_of(ip)
         if group is not None and not self._allows(ip):
             return EgressDenied(f"{shown} is {group}; the region's egress policy does not allow {group} addresses "
-                                f'(add "{group}" or a range covering it to policy.egress.allow)',
+                                f'(add "{group}" or a range covering it to the region\'s policy.egress.allow, or run '
+                                f'agent-reach node --egress-allow {group})',
                                 address=str(address), rule=group)
         return None
 
@@ -250,7 +251,8 @@ class EgressPolicy(BaseModel):
         loopback_name = name in _LOOPBACK_NAMES or name.endswith(".localhost")
         if loopback_name and not any(self._allows(ip) for ip in _LOOPBACK_ADDRESSES):
             raise EgressDenied(f"{host} is a loopback name; the region's egress policy does not allow loopback "
-                               f'addresses (add "{LOOPBACK}" to policy.egress.allow)', address=host, rule=LOOPBACK)
+                               f'addresses (add "{LOOPBACK}" to the region\'s policy.egress.allow, or run '
+                               f'agent-reach node --egress-allow {LOOPBACK})', address=host, rule=LOOPBACK)
 
     def check_url(self, url: str, *, schemes: Iterable[str] | None = NODE_SCHEMES) -> None:
         """Raise :class:`EgressDenied` if ``url`` may not be contacted, judged without DNS.

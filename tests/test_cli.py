@@ -103,8 +103,10 @@ def test_register_from_an_a2a_card_with_keep_alive(tmp_path: Path) -> None:
     from .test_discovery import CARD_V03
 
     env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
-    node = subprocess.Popen([AGENT_REACH, "node", "--region", "cli", "--port", "0", "--no-semantic", "--ephemeral"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    node = subprocess.Popen([AGENT_REACH, "node", "--region", "cli", "--port", "0", "--no-semantic", "--ephemeral",
+                             "--egress-allow", "loopback"],  # the card's agent listens on 127.0.0.1
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
     try:
         url = "http://127.0.0.1:" + _read_until(node, r"url=http://127\.0\.0\.1:(\d+)").group(1)
         card = tmp_path / "card.json"
@@ -156,3 +158,27 @@ def test_node_says_clearly_when_redis_is_unreachable() -> None:
     assert out.returncode == 1
     assert out.stderr.startswith("error: Redis of region cli cannot be reached"), out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_standalone_node_contacts_public_addresses_only_unless_told() -> None:
+    import json
+
+    env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
+    node = subprocess.Popen([AGENT_REACH, "node", "--region", "cli", "--port", "0", "--no-semantic", "--ephemeral"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    try:
+        url = "http://127.0.0.1:" + _read_until(node, r"url=http://127\.0\.0\.1:(\d+)").group(1)
+        admin = Signer(SECRET.encode()).issue("admin", TokenRole.ADMIN, ttl_s=600)
+        body = json.dumps({"agent_id": "lang.translate.local", "endpoints": {"primary": "http://127.0.0.1:9001"}})
+        request = urllib.request.Request(f"{url}/v1/agents", data=body.encode(), method="POST",
+                                         headers={"Authorization": f"Bearer {admin}",
+                                                  "Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        reply = json.loads(refused.value.read())
+        assert refused.value.code == 422 and reply["field"] == "endpoints.primary", reply
+        assert "--egress-allow loopback" in reply["message"], reply  # the message says how to allow it
+    finally:
+        node.send_signal(signal.SIGTERM)
+        node.wait(timeout=30)

@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from node.api import bound_port, serve
 from node.config import DEFAULT_PORT, NodeConfig
+from node.egress import EgressPolicy
 from node.errors import NodeError
 from node.models import TokenRole
 from node.redact import mask_url
@@ -88,6 +89,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                              f"(default {DEFAULT_DRAIN_GRACE_MS})")
     parser.add_argument("--drain-timeout-ms", type=int, default=DEFAULT_DRAIN_TIMEOUT_MS,
                         help=f"then give requests in flight this long to finish (default {DEFAULT_DRAIN_TIMEOUT_MS})")
+    parser.add_argument("--egress-allow", action="append", default=[], metavar="RANGE",
+                        help="let the node contact and agents register addresses in RANGE: loopback, private or a "
+                             "CIDR (repeatable; added to the topology's policy.egress.allow; default: public "
+                             "addresses only)")
     parser.add_argument("--semantic", action=argparse.BooleanOptionalAction, default=None,
                         help="embed capability descriptions for search (default: on; --no-semantic = lexical only, "
                              "no model load)")
@@ -149,6 +154,11 @@ def _plan(args: argparse.Namespace) -> _Plan:
     if redis_url is not None and args.data_dir:
         raise ValueError(f"--data-dir is where the embedded Redis keeps its data, but this node uses the Redis at "
                          f"{mask_url(redis_url)}; drop --data-dir (that Redis keeps its own data)")
+    try:
+        EgressPolicy(allow=tuple(args.egress_allow))
+    except ValidationError as exc:
+        raise ValueError(f"--egress-allow: {exc.errors(include_url=False)[0]['msg'].removeprefix('Value error, ')}"
+                         ) from None
     secret, source = load_secret(secret_file=args.secret_file, create=args.create_secret)
     data_dir = None
     if redis_url is None and not args.ephemeral:
@@ -191,6 +201,10 @@ async def _start(args: argparse.Namespace, plan: _Plan,
                             port=DEFAULT_PORT if args.port is None else args.port)
     if args.semantic is not None:
         config = config.model_copy(update={"semantic_enabled": args.semantic})
+    if args.egress_allow:
+        egress = config.egress.model_validate({**config.egress.model_dump(),
+                                               "allow": [*config.egress.allow, *args.egress_allow]})
+        config = config.model_copy(update={"egress": egress})
     built = build_node(config, secret=plan.secret, topology=plan.topology, bootstrap_servers=args.kafka)
     drain = Drain()
     built.extensions.append(drain.install)
