@@ -7,7 +7,7 @@ first start of a region's consumer (bootstrap). The same path heals a new node, 
 lost its data and a long partition.
 
 Reconciling with a snapshot at watermark ``W`` (``GET /v1/federation/snapshot`` of the peer's
-node, authenticated with an admin token signed by the shared cluster secret): records newer in
+node, authenticated with a peer token signed by the shared cluster secret): records newer in
 the snapshot are written, replica records the snapshot lacks and that are not newer than ``W``
 are dropped, and ``W`` becomes the replica's floor — events at or below it are covered and
 refused from then on. Records the replica holds at a version above ``W`` (changes that arrived
@@ -56,7 +56,7 @@ class AntiEntropyStats:
 class AntiEntropy:
     """Snapshot pulls and reconciles for one region's replica; an async context manager.
 
-    ``token`` returns a bearer token the peers accept (an admin token of the cluster secret).
+    ``token`` returns a bearer token the peers accept (a peer token of the cluster secret).
     """
 
     def __init__(self, config: FederationConfig, *, catalog: RemoteCatalog, replica_store: ReplicaStore,
