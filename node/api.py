@@ -152,11 +152,12 @@ def build_app(node: RegistryNode) -> web.Application:
 
     @routes.get("/v1/search")
     async def search(request: web.Request) -> web.Response:
-        query = request.query.get("q", "").strip()
+        raw_query = request.query.get("q", "")
+        if len(raw_query) > 2_000:  # as sent, like the spec's maxLength
+            raise ValidationFailed("q is longer than 2000 characters", field="q")
+        query = raw_query.strip()
         if not query:
             raise ValidationFailed("q is required: what should the agent do?", field="q")
-        if len(query) > 2_000:
-            raise ValidationFailed("q is longer than 2000 characters", field="q")
         try:
             k = int(request.query.get("k", DEFAULT_SEARCH_K))
         except ValueError:
@@ -164,7 +165,7 @@ def build_app(node: RegistryNode) -> web.Application:
         if not 1 <= k <= MAX_SEARCH_K:
             raise ValidationFailed(f"k must be within 1..{MAX_SEARCH_K}", field="k")
         scope = _scope(request, default=Scope.GLOBAL)
-        routable_only = request.query.get("routable", "false").lower() in {"1", "true", "yes"}
+        routable_only = _flag(request, "routable")
         return json_response(await node.search(query, k=k, scope=scope, routable_only=routable_only,
                                                caller=_caller(request)))
 
@@ -198,10 +199,16 @@ def build_app(node: RegistryNode) -> web.Application:
         raw = await read_body(request)
         if not raw:
             raise BadRequest("a JSON body (OutcomeReport or OutcomeReports) is required", code="missing_body")
+        # One report or a batch: an object with a "reports" key is a batch. The bytes alone cannot
+        # tell (a signature may read "reports", a key may be spelled "\u0072eports").
         try:
-            # One report or a batch: no field of a report can hold the quoted word, so its
-            # presence tells them apart without parsing twice.
-            if b'"reports"' in raw:
+            decoded = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            batched = b'"reports"' in raw  # pydantic names what is wrong with it below
+        else:
+            batched = isinstance(decoded, dict) and "reports" in decoded
+        try:
+            if batched:
                 batch = OutcomeReports.model_validate_json(raw, strict=True).reports
             else:
                 batch = [OutcomeReport.model_validate_json(raw, strict=True)]
@@ -243,7 +250,11 @@ def build_app(node: RegistryNode) -> web.Application:
 
     @routes.get("/v1/openapi.json")
     async def openapi(request: web.Request) -> web.Response:
-        return json_response(build_openapi(node.region))
+        # The routes this app serves (attachments add theirs), so the spec documents no other.
+        served = frozenset((route.method.lower(), route.resource.canonical) for route in request.app.router.routes()
+                           if route.resource is not None and route.method != "HEAD")
+        return json_response(build_openapi(node.region, served=served,
+                                           max_hops=request.app[PROXY_KEY].settings.max_hops))
 
     @routes.get("/healthz")
     async def healthz(request: web.Request) -> web.Response:
@@ -284,6 +295,18 @@ def _scope(request: web.Request, *, default: Scope) -> Scope:
         raise ValidationFailed("scope must be local, local-first or global (or all)", field="scope") from None
 
 
+_TRUE = frozenset({"1", "true", "yes"})
+_FALSE = frozenset({"0", "false", "no"})
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    """A boolean query parameter (absent: false); a value that is neither is a 422, not a silent false."""
+    value = request.query.get(name, "false").lower()
+    if value not in _TRUE and value not in _FALSE:
+        raise ValidationFailed(f"{name} must be true or false (or 1/0, yes/no)", field=name)
+    return value in _TRUE
+
+
 def _list_agents(node: RegistryNode, request: web.Request) -> AgentList:
     query = request.query
     scope = _scope(request, default=Scope.LOCAL)
@@ -301,7 +324,7 @@ def _list_agents(node: RegistryNode, request: web.Request) -> AgentList:
         if not sep or not key:
             raise ValidationFailed("label must be key=value", field="label")
         labels[key] = value
-    routable_only = query.get("routable", "false").lower() in {"1", "true", "yes"}
+    routable_only = _flag(request, "routable")
     caller = _caller(request)
     indexes = [node.cache.index]
     if scope is not Scope.LOCAL and node.router.remote is not None:
