@@ -22,7 +22,6 @@ from .models import (
     MIN_LEASE_TTL_MS,
     AgentId,
     AgentRecord,
-    Capability,
     Registration,
     Strict,
     parse_version,
@@ -135,7 +134,9 @@ def capability_name(skill_id: str) -> str:
 
 def _endpoint_name(binding: str, taken: set[str]) -> str:
     base = re.sub(r"[^a-z0-9]+", "_", binding.lower()).strip("_")[:24] or "interface"
-    name, n = base if base[0].isalpha() else f"if_{base}", 2
+    if not base[0].isalpha():
+        base = f"if_{base}"  # endpoint names start with a letter
+    name, n = base, 2
     while name in taken:
         name, n = f"{base}_{n}", n + 1
     return name
@@ -156,8 +157,9 @@ def card_to_registration(request: CardRegistration) -> Registration:
             raise ValueError(f"card.skills.{position}.id: {skill.id!r} does not give a unique capability name")
         seen.add(name)
         description = skill.description or skill.name
-        capabilities.append(Capability(name=name, version=version, description=description,
-                                       tags=skill.tags, examples=skill.examples))
+        # As data, validated with the registration, so a limit it breaks is named by card_field().
+        capabilities.append({"name": name, "version": version, "description": description, "tags": skill.tags,
+                             "examples": skill.examples})
     interfaces = card.interfaces()
     endpoints: dict[str, str] = {"primary": interfaces[0].url}
     for interface in interfaces[1:]:
@@ -168,11 +170,33 @@ def card_to_registration(request: CardRegistration) -> Registration:
               **request.labels}
     if card.provider is not None:
         labels.setdefault("a2a.provider", card.provider.organization[:200])
-    return Registration(
-        agent_id=request.agent_id, display_name=card.name, description=card.description,
-        capabilities=capabilities, endpoints=endpoints, transport=transport[:32], lease_ttl_ms=request.lease_ttl_ms,
-        labels=labels, weight=request.weight,
-    )
+    return Registration.model_validate({
+        "agent_id": request.agent_id, "display_name": card.name, "description": card.description,
+        "capabilities": capabilities, "endpoints": endpoints, "transport": transport[:32],
+        "lease_ttl_ms": request.lease_ttl_ms, "labels": labels, "weight": request.weight,
+    })
+
+
+# Where a registration field came from in the card, for errors that name what the author wrote.
+_CARD_FIELDS = {"capabilities": "card.skills", "display_name": "card.name", "description": "card.description",
+                "endpoints": "card.supportedInterfaces", "transport": "card.supportedInterfaces.0.protocolBinding",
+                "labels": "labels"}
+
+
+_SKILL_FIELDS = {"name": "id"}
+
+
+def card_field(location: tuple[int | str, ...]) -> str:
+    """The card path of a registration field's validation error location."""
+    if not location:
+        return "card"
+    head, *rest = (str(part) for part in location)
+    if head == "capabilities" and len(rest) >= 2:
+        position, field, *inner = rest
+        if field == "version":
+            return "card.version"  # every skill takes the card's version
+        return ".".join(["card.skills", position, _SKILL_FIELDS.get(field, field), *inner])
+    return ".".join([_CARD_FIELDS.get(head, head), *rest])
 
 
 def record_to_card(record: AgentRecord) -> dict[str, Any]:

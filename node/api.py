@@ -375,14 +375,15 @@ async def _watch(node: RegistryNode, request: web.Request) -> web.StreamResponse
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
     try:
+        # The replay is read before the stream opens, so a Redis outage is a clean 503, not a cut stream.
+        replay = await node.store.read_changes(after_version=since, count=10_000) if since is not None else []
         await response.prepare(request)
         await response.write(_sse("hello", {"region": node.region, "version": node.cache.index.version}))
         last = 0
-        if since is not None:
-            for event in await node.store.read_changes(after_version=since, count=10_000):
-                if accept(event):
-                    await response.write(_sse("change", event.model_dump(mode="json"), event_id=event.version))
-                last = event.version
+        for event in replay:
+            if accept(event):
+                await response.write(_sse("change", event.model_dump(mode="json"), event_id=event.version))
+            last = event.version
         while True:
             try:
                 event = await asyncio.wait_for(subscription.queue.get(), timeout=SSE_KEEPALIVE_S)

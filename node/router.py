@@ -39,7 +39,6 @@ from .models import (
     Scope,
     Status,
     TokenClaims,
-    TokenRole,
     compile_pattern,
     version_constraint,
 )

@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 import orjson
 from aiohttp import web
+from pydantic import ValidationError
 
-from .a2a import CardRegistration, card_to_registration
+from .a2a import CardRegistration, card_field, card_to_registration
 from .cache import CacheState, RegionCache
 from .config import NodeConfig
 from .errors import (
@@ -278,6 +279,10 @@ class RegistryNode:
         """Register an agent from its A2A card (see :mod:`node.a2a`)."""
         try:
             registration = card_to_registration(request)
+        except ValidationError as exc:  # the registration the card describes breaks a limit
+            first = exc.errors(include_url=False)[0]
+            field = card_field(first["loc"])
+            raise ValidationFailed(f"{field}: {first['msg']}", field=field) from None
         except ValueError as exc:
             message = str(exc)
             field, _, detail = message.partition(": ")

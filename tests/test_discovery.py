@@ -206,11 +206,14 @@ async def test_a2a_cards_import_and_export_round_trips(catalog: RunningNode) -> 
     ({**CARD_V1, "supportedInterfaces": "http://x"}, "card.supportedInterfaces"),
     ({**CARD_V1, "madeUpField": 1}, "card.madeUpField"),
     ("not a card", "card"),
+    # A valid version the registration cannot hold (over 40 characters): named, in one line.
+    ({**CARD_V1, "version": ".".join(str(n) for n in range(1, 21))}, "card.version"),
 ])
 async def test_malformed_cards_get_a_4xx_naming_the_field(catalog: RunningNode, card: Any, field: str) -> None:
     status, answer = await catalog.call("POST", "/v1/agent-cards", json={"agent_id": "bad.card.x", "card": card})
     assert status == 422, answer
     assert answer["field"] == field, answer
+    assert "\n" not in answer["message"], answer
     assert (await catalog.call("GET", "/v1/agents/bad.card.x"))[0] == 404
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,6 @@ import redis.asyncio as aioredis
 
 from federation import (
     DigestTracker,
-    Federation,
     FederationConfig,
     FederationMessage,
     PeerConfig,
@@ -27,12 +25,10 @@ from federation import (
     read_region_state,
     region_digest,
 )
-from node.api import bound_port, serve
-from node.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Snapshot, TokenRole
-from node.service import RegistryNode
+from node.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Snapshot
 from node.store import RegionStore, now_ms
 from topology import cli
-from topology.compose import attach_federation, build_node
+from topology.compose import build_node
 from topology.embedded import EmbeddedKafka
 from topology.topology import Topology, TopologyError, load_topology
 

@@ -39,6 +39,8 @@ async def test_redis_outage_and_data_loss() -> None:
             status, body = await node.call("PUT", "/v1/agents/lang.translate.o1/heartbeat", json={})
             assert status == 503 and body["error"] == "store_unavailable", body
             assert (await node.call("GET", "/healthz"))[0] == 200
+            status, body = await node.call("GET", "/v1/watch?since=0")  # a replay needs Redis: a clean 503
+            assert status == 503 and body["error"] == "store_unavailable", body
 
             # Redis comes back on the same port, empty (it forgot everything): the cache notices the
             # version went backwards and reloads; the agent's next heartbeat says register again.

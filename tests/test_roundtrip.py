@@ -31,7 +31,7 @@ from node.service import RegistryNode
 from topology.embedded import EmbeddedKafka
 
 from .conftest import TEST_SECRET
-from .helpers import Pair, RunningNode, Watcher, wait_for
+from .helpers import Pair, Watcher, wait_for
 
 T = TypeVar("T")
 AGENT_IDS = [f"prop.grp.a{n}" for n in range(6)]
