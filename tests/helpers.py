@@ -254,23 +254,24 @@ class Pair:
 
 
 class Watcher:
-    """An open ``/v1/watch`` stream read in the background: ``events`` holds what arrived.
+    """An open server-sent event stream (``/v1/watch``) read in the background.
 
-    ``async with Watcher(session, url, token) as watcher`` connects and waits for ``hello``;
-    every ``data:`` line is parsed as JSON (a line that does not parse fails the test).
+    ``async with Watcher(session, path, token) as watcher`` connects and waits for the first
+    event; ``events`` holds every event as the spec's items describe them (``{"event", "data"}``
+    plus ``"id"`` when it carries one), ``data(kind)`` their parsed data.
     """
 
     def __init__(self, session: aiohttp.ClientSession, url: str, token: str) -> None:
         self.session = session
         self.url = url
         self.token = token
-        self.events: list[tuple[str, Any]] = []
+        self.events: list[dict[str, str]] = []
         self.ended = False
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Watcher:
         self._task = asyncio.create_task(self._read())
-        await wait_for(lambda: self.ended or any(kind == "hello" for kind, _ in self.events), message="watch hello")
+        await wait_for(lambda: self.ended or self.events, message=f"the first event of {self.url}")
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -279,22 +280,32 @@ class Watcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    def kinds(self) -> list[str]:
+        return [event["event"] for event in self.events]
+
+    def data(self, kind: str) -> list[dict[str, Any]]:
+        return [json.loads(event["data"]) for event in self.events if event["event"] == kind]
+
     def changes(self) -> list[dict[str, Any]]:
-        return [data for kind, data in self.events if kind == "change"]
+        return self.data("change")
 
     def agent_ids(self) -> set[str]:
         return {change["agent_id"] for change in self.changes()}
 
     async def _read(self) -> None:
-        kind = ""
+        current: dict[str, str] = {}
         try:
             async with self.session.get(self.url, headers={"Authorization": f"Bearer {self.token}"},
                                         timeout=aiohttp.ClientTimeout(total=None, sock_read=None)) as response:
+                assert response.status == 200 and response.content_type == "text/event-stream", response.status
                 async for raw in response.content:
-                    line = raw.decode().rstrip("\n")
-                    if line.startswith("event: "):
-                        kind = line[len("event: "):]
-                    elif line.startswith("data: "):
-                        self.events.append((kind, json.loads(line[len("data: "):])))
+                    line = raw.decode().rstrip("\r\n")
+                    if not line:
+                        if "data" in current:
+                            self.events.append(current)
+                        current = {}
+                    elif not line.startswith(":"):
+                        name, _, value = line.partition(":")
+                        current[name] = value.removeprefix(" ")
         finally:
             self.ended = True

@@ -57,7 +57,7 @@ from node.proxy import ProxySettings, configure_proxy
 from topology.compose import build_node
 
 from .conftest import TEST_SECRET
-from .helpers import AgentServer, RunningNode, registration, start_node, wait_for
+from .helpers import AgentServer, RunningNode, Watcher, registration, start_node, wait_for
 
 pytestmark = pytest.mark.timeout(170)
 
@@ -412,54 +412,6 @@ async def test_every_operation_keeps_its_spec(fuzz_node: RunningNode, agent: Age
     assert len(run.operations) >= 20 and run.examples >= 20 * FUZZ_EXAMPLES
 
 
-# -- /v1/watch, read whole ----------------------------------------------------------------------
-
-
-class EventStream:
-    """An open server-sent event stream read in the background; ``events`` as the spec's items
-    describe them: ``{"event", "data"}`` plus ``"id"`` when the event carries one."""
-
-    def __init__(self, node: RunningNode, path: str) -> None:
-        self.node = node
-        self.path = path
-        self.events: list[dict[str, str]] = []
-        self.ended = False
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> EventStream:
-        self._task = asyncio.create_task(self._read())
-        await wait_for(lambda: self.ended or self.events, message=f"the first event of {self.path}")
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    def kinds(self) -> list[str]:
-        return [event["event"] for event in self.events]
-
-    def data(self, kind: str) -> list[dict[str, Any]]:
-        return [json.loads(event["data"]) for event in self.events if event["event"] == kind]
-
-    async def _read(self) -> None:
-        current: dict[str, str] = {}
-        try:
-            async with self.node.session.get(self.path, headers=self.node.headers(),
-                                             timeout=aiohttp.ClientTimeout(total=None, sock_read=None)) as response:
-                assert response.status == 200 and response.content_type == "text/event-stream"
-                async for raw in response.content:
-                    line = raw.decode().rstrip("\r\n")
-                    if not line:
-                        if "data" in current:
-                            self.events.append(current)
-                        current = {}
-                    elif not line.startswith(":"):
-                        name, _, value = line.partition(":")
-                        current[name] = value.removeprefix(" ")
-        finally:
-            self.ended = True
 
 
 def _event_checker(spec: dict[str, Any]) -> Any:
@@ -483,7 +435,7 @@ async def test_watch_events_conform_to_the_served_spec(fuzz_node: RunningNode) -
     async with aiohttp.ClientSession() as anonymous, anonymous.get(f"{node.url}/v1/openapi.json") as response:
         check = _event_checker(await response.json())
 
-    async with EventStream(node, "/v1/watch") as live:
+    async with Watcher(node.session, "/v1/watch", node.admin_token) as live:
         await node.register(registration("watch.fuzz.one"))
         await node.register(registration("watch.fuzz.brief", lease_ttl_ms=1_000, allowed_callers=["admin", "ops.*.*"],
                                          labels={"team": "watch"}, capabilities=[]))
@@ -500,13 +452,13 @@ async def test_watch_events_conform_to_the_served_spec(fuzz_node: RunningNode) -
     changes = live.data("change")
     assert {change["kind"] for change in changes} == {"upsert", "status", "delete"}
 
-    async with EventStream(node, "/v1/watch?since=0") as replay:
+    async with Watcher(node.session, "/v1/watch?since=0", node.admin_token) as replay:
         await wait_for(lambda: len(replay.data("change")) >= len(changes) + 2, message="the replayed changes")
 
     # A watcher whose queue fills up is cut off with an overflow event (a queue of one, and two
     # changes published before its handler runs).
     node.node.watch.subscriber_queue = 1
-    async with EventStream(node, "/v1/watch") as overflowing:
+    async with Watcher(node.session, "/v1/watch", node.admin_token) as overflowing:
         for change in (await node.node.store.read_changes(after_version=0, count=2)):
             node.node.watch.publish(change)
         await wait_for(lambda: overflowing.ended, message="the overflowing watcher cut off")

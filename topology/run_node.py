@@ -46,6 +46,7 @@ from .compose import build_node
 from .datadir import DataDirError, DataDirLock, default_node_data_dir, prepare_data_dir
 from .drain import Drain
 from .embedded import EmbeddedServiceError
+from .options import add_secret_options, add_storage_options
 from .runtime import run
 from .signals import Interrupted, StopSignals
 from .supervisor import ServiceChild, Supervisor
@@ -72,16 +73,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default=None, help="listen address (default: the topology's, else 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None,
                         help=f"HTTP port (default: the topology's, else {DEFAULT_PORT}; 0 = any)")
-    storage = parser.add_mutually_exclusive_group()
-    storage.add_argument("--data-dir", metavar="DIR",
-                         help="where the embedded Redis keeps its data (default: ~/.agent-reach/data/<region>); "
-                              "one node per directory")
-    storage.add_argument("--ephemeral", action="store_true",
-                         help="keep the embedded Redis data in a temporary directory removed at exit")
-    parser.add_argument("--secret-file", help="cluster secret file; it must exist unless --create-secret "
-                                              "(see README: Security)")
-    parser.add_argument("--create-secret", action="store_true",
-                        help="create the --secret-file (mode 0600) if it does not exist")
+    add_storage_options(parser, data_dir_help="where the embedded Redis keeps its data (default: "
+                                              "~/.agent-reach/data/<region>); one node per directory")
+    add_secret_options(parser)
     parser.add_argument("--print-admin-token", action="store_true",
                         help="print an admin token (24 h) at start")
     parser.add_argument("--drain-grace-ms", type=int, default=DEFAULT_DRAIN_GRACE_MS,

@@ -9,6 +9,7 @@ from node.models import AGENT_ID_RE, TokenRole
 from node.security import DEFAULT_TOKEN_TTL_S, SecretError, Signer, load_secret
 
 from . import console
+from .options import add_secret_options
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -20,11 +21,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     who.add_argument("--admin", action="store_true", help="an admin token (may act for any agent)")
     who.add_argument("--caller", metavar="NAME", help="a token that may only resolve/search/report")
     issue.add_argument("--ttl-s", type=int, default=DEFAULT_TOKEN_TTL_S, help="lifetime in seconds (default 30 days)")
-    issue.add_argument("--secret-file", help="cluster secret file (default: $AGENT_REACH_SECRET, "
-                                             "$AGENT_REACH_SECRET_FILE, ~/.agent-reach/secret); a named "
-                                             "file must exist unless --create-secret")
-    issue.add_argument("--create-secret", action="store_true",
-                       help="create the --secret-file (mode 0600) if it does not exist")
+    add_secret_options(issue)
     issue.set_defaults(func=issue_token)
 
 

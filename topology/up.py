@@ -27,6 +27,7 @@ from node.security import SecretError, load_secret
 from . import console
 from .datadir import default_up_data_dir
 from .launcher import LauncherError, LocalCluster
+from .options import add_secret_options, add_storage_options
 from .signals import Interrupted, StopSignals
 from .topology import DEFAULT_TOPOLOGY_FILE, Topology, TopologyError, load_topology
 
@@ -51,16 +52,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                         help="listen on free ports instead of the topology's node URLs")
     parser.add_argument("--log-dir", metavar="DIR", help="keep node logs here (default: a temporary directory "
                                                          "removed on exit)")
-    storage = parser.add_mutually_exclusive_group()
-    storage.add_argument("--data-dir", metavar="DIR",
-                         help="keep the embedded Redis data here, one subdirectory per region (default: "
-                              "~/.agent-reach/up/<topology name>)")
-    storage.add_argument("--ephemeral", action="store_true",
-                         help="keep the embedded Redis data in a temporary directory removed on exit")
-    parser.add_argument("--secret-file", help="cluster secret file; it must exist unless --create-secret "
-                                              "(see README: Security)")
-    parser.add_argument("--create-secret", action="store_true",
-                        help="create the --secret-file (mode 0600) if it does not exist")
+    add_storage_options(parser, data_dir_help="keep the embedded Redis data here, one subdirectory per region "
+                                              "(default: ~/.agent-reach/up/<topology name>)")
+    add_secret_options(parser)
     parser.add_argument("--demo", action="store_true", help="also start the demo agents (examples/) in different "
                                                             "regions and show a local and a cross-region call")
     parser.set_defaults(func=_run)
