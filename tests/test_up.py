@@ -197,3 +197,100 @@ async def test_ctrl_c_at_any_moment_stops_everything_within_5_s(tmp_path: Path, 
             assert "Traceback" not in run.output, run.output
     finally:
         await run.kill()
+
+
+# -- kill -9 of any child ----------------------------------------------------------------------
+
+KILL_TOPOLOGY = """
+name = "kill-test"
+[federation]
+beacon_interval_ms = 200
+stale_after_ms = 1500
+[node]
+semantic_enabled = false
+sweep_interval_ms = 200
+leader_ttl_ms = 1000
+[[regions]]
+name = "ka"
+node_urls = ["http://127.0.0.1:1"]
+policy = { egress = { allow = ["loopback"] } }
+[[regions]]
+name = "kb"
+node_urls = ["http://127.0.0.1:2"]
+policy = { egress = { allow = ["loopback"] } }
+[[regions]]
+name = "kc"
+node_urls = ["http://127.0.0.1:3"]
+policy = { egress = { allow = ["loopback"] } }
+"""
+KILL_DEADLINE_S = 45.0
+
+
+def _children(run: UpRun, fragment: str) -> list[int]:
+    return sorted(pid for pid in descendants(run.process.pid) if fragment in cmdline(pid) and alive(pid))
+
+
+async def test_kill_9_of_any_child_of_up_the_others_answer_and_it_comes_back(tmp_path: Path) -> None:
+    topology = tmp_path / "kill.toml"
+    topology.write_text(KILL_TOPOLOGY)
+    run = await UpRun.spawn(tmp_path, str(topology))
+    try:
+        await run.until(lambda: "Ctrl-C stops everything" in run.output, "'Ctrl-C stops everything'")
+        urls = {match.group(1): match.group(2) for line in run.lines if (match := REGION_LINE.match(line))}
+        token = next(match.group(1) for line in run.lines if (match := TOKEN_LINE.match(line)))
+        assert set(urls) == {"ka", "kb", "kc"}, run.output
+        headers = {"Authorization": f"Bearer {token}"}
+        async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=2)) as session:
+
+            async def status(region: str, path: str) -> int:
+                try:
+                    async with session.get(urls[region] + path) as response:
+                        return response.status
+                except (aiohttp.ClientError, TimeoutError):
+                    return 0
+
+            async def outage(victim: str, fragment: str, *, others: list[str], back: Any) -> float:
+                """kill -9 one child; poll the other regions throughout; seconds until it is back."""
+                before = _children(run, fragment)
+                pid = next(pid for pid in before if victim in cmdline(pid))
+                os.kill(pid, signal.SIGKILL)
+                killed = time.monotonic()
+                polls = 0
+                while True:
+                    assert time.monotonic() - killed < KILL_DEADLINE_S, f"{fragment} not back:\n{run.output}"
+                    for region in others:
+                        answered = await status(region, "/healthz")
+                        assert answered == 200, f"{region} did not answer while {fragment} was down"
+                    polls += 1
+                    now = _children(run, fragment)
+                    if pid not in now and len(now) == len(before) and await back():
+                        break
+                    await asyncio.sleep(0.02)
+                took = time.monotonic() - killed
+                print(f"\nkill -9 {fragment} ({victim or 'any'}): back after {took:.2f} s, {polls} polls of {others}")
+                return took
+
+            async def all_ready() -> bool:
+                return all([await status(region, "/readyz") == 200 for region in urls])
+
+            # One region's node: the other two answer throughout; it is ready again.
+            await outage("--region ka", " node --topology ", others=["kb", "kc"], back=all_ready)
+            # A redis-server (whichever region's): every node still answers; all ready again.
+            await outage("", "redis-server", others=["ka", "kb", "kc"], back=all_ready)
+            # The broker: every node answers; federation carries a new registration again.
+            body = registration("kill.test.after", capability="kill.cap", lease_ttl_ms=600_000)
+
+            async def federates() -> bool:
+                async with session.post(urls["ka"] + "/v1/agents", json=body) as response:
+                    if response.status not in (200, 201):
+                        return False
+                async with session.post(urls["kc"] + "/v1/resolve", json={"capability": "kill.cap"}) as reply:
+                    return reply.status == 200
+
+            await outage("", "tansu", others=["ka", "kb", "kc"], back=federates)
+        took = await run.ctrl_c()
+        assert run.process.returncode == 0 and took < CTRL_C_DEADLINE_S, run.output
+        survivors = [f"{pid} {cmdline(pid)}" for pid in run.tree if alive(pid)]
+        assert not survivors, f"left behind: {survivors}"
+    finally:
+        await run.kill()
