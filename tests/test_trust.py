@@ -9,8 +9,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from node.config import NodeConfig
@@ -376,3 +382,37 @@ async def test_the_policy_route_tells_agents_which_addresses_they_may_register(n
     status, reply = await node.call("POST", "/v1/agents", json=registration(
         "meta.data.grab", endpoint="http://169.254.169.254/latest/meta-data/"))
     assert status == 422 and reply["error"] == "egress_denied" and reply["field"] == "endpoints.primary", reply
+
+
+async def test_agent_reach_node_starts_over_a_redis_holding_a_record_that_does_not_parse(redis_url: str,
+                                                                                        region: str) -> None:
+    store = RegionStore.from_url(redis_url, region=region)
+    try:
+        await _poison(store, "quar.cli.bad")
+    finally:
+        await store.aclose()
+    env = {**os.environ, "AGENT_REACH_SECRET": TEST_SECRET.decode()}
+    process = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).with_name("agent-reach")), "node", "--region", region, "--redis", redis_url,
+        "--port", "0", "--no-semantic", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env)
+    assert process.stdout is not None
+    output = []
+    try:
+        async with asyncio.timeout(30):
+            while not (match := re.search(r"url=(http://127\.0\.0\.1:\d+)", output[-1] if output else "")):
+                line = (await process.stdout.readline()).decode()
+                assert line, "the node exited:\n" + "".join(output)  # the landed main exited here
+                output.append(line)
+        url = match.group(1)
+        admin = Signer(TEST_SECRET).issue("admin", TokenRole.ADMIN, ttl_s=600)
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {admin}"}) as session:
+            async with session.get(f"{url}/readyz") as response:
+                assert response.status == 200
+            async with session.get(f"{url}/v1/admin/quarantine") as response:
+                listed = await response.json()
+            assert [item["agent_id"] for item in listed["items"]] == ["quar.cli.bad"], listed
+    finally:
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            await process.wait()
+    assert process.returncode == 0
