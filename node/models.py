@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import fnmatch
+import math
 import re
 from functools import lru_cache
 from typing import Annotated, Literal
@@ -55,13 +56,14 @@ Region = Annotated[str, Field(pattern=REGION_PATTERN, max_length=63)]
 ShortText = Annotated[str, Field(max_length=200, pattern=SINGLE_LINE_PATTERN)]
 LongText = Annotated[str, Field(max_length=4_000, pattern=MULTI_LINE_PATTERN)]
 Millis = Annotated[int, Field(ge=0, le=INT64_MAX, description="ms since the epoch")]
+EndpointName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
 Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
 class Strict(BaseModel):
     """Base of every boundary model: unknown fields are errors, floats are finite."""
 
-    model_config = ConfigDict(extra="forbid", frozen=False, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def _check_url(value: str, *, schemes: tuple[str, ...] = ("http", "https")) -> str:
@@ -92,7 +94,7 @@ def check_json_value(value: object, *, _depth: int = 0) -> object:
             raise ValueError("holds an integer outside the 64-bit range")
         return value
     if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
+        if not math.isfinite(value):
             raise ValueError("holds NaN or an infinite number")
         return value
     if isinstance(value, list):
@@ -225,9 +227,9 @@ class Registration(Strict):
     display_name: ShortText = ""
     description: LongText = ""
     capabilities: list[Capability] = Field(default_factory=list, max_length=64)
-    endpoints: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")], Annotated[str, Field(max_length=2_000)]] = (
-        Field(description="Named endpoints; 'primary' is required.", examples=[{"primary": "http://127.0.0.1:9000"}],
-              min_length=1, max_length=16))
+    endpoints: dict[EndpointName, Annotated[str, Field(max_length=2_000)]] = Field(
+        description="Named endpoints; 'primary' is required.", examples=[{"primary": "http://127.0.0.1:9000"}],
+        min_length=1, max_length=16)
     callback_endpoint: str | None = Field(default=None, max_length=2_000)
     transport: str = Field(default="http+token", pattern=TRANSPORT_PATTERN)
     liveness_probe: Probe | None = None
