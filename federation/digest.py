@@ -11,7 +11,6 @@ about 40 ms per thousand agents; this about a third of that, and the tracker not
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -19,11 +18,9 @@ from redis.exceptions import RedisError
 
 from node.errors import StoreUnavailable
 from node.models import AgentRecord, ChangeEvent, ChangeKind
-from node.store import RegionStore
+from node.store import RegionStore, stored_version
 
 DIGEST_HEX_CHARS = 16
-# node.store splices the version first into every record it writes: '{"version":N,...'.
-_STORED_VERSION = re.compile(r'^\{"version":(\d+),')
 
 
 def entry_hash(agent_id: str, version: int) -> int:
@@ -83,11 +80,12 @@ async def read_region_state(store: RegionStore) -> RegionState:
         # A quarantined record is served to no peer, so it is in no digest either.
         if quarantine.holds_agent(agent_id):
             continue
-        match = _STORED_VERSION.match(raw)
-        if match is None and not store.vet_record_json(agent_id, raw):
-            continue
-        stored = int(match.group(1)) if match else AgentRecord.model_validate_json(raw).version
-        state.agents[agent_id] = (stored, lease_of.get(agent_id, 0))
+        version = stored_version(raw)
+        if version is None:  # not written by the store's scripts: parse it (or quarantine it)
+            if not store.vet_record_json(agent_id, raw):
+                continue
+            version = AgentRecord.model_validate_json(raw).version
+        state.agents[agent_id] = (version, lease_of.get(agent_id, 0))
     return state
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import re
 from collections.abc import Callable
 
 import orjson
@@ -51,15 +50,13 @@ from .outcomes import OutcomeTracker
 from .router import Decision, Router
 from .search import Searcher
 from .security import Signer, authorize_agent, may_see
-from .store import RegionStore, now_ms
+from .store import RegionStore, now_ms, stored_version
 from .sweeper import Sweeper
 from .watch import WatchHub
 
 log = logging.getLogger(__name__)
 
 Extension = Callable[[web.Application], None]
-# node.store splices the version first into every record it writes: '{"version":N,...'.
-_STORED_VERSION = re.compile(r'^\{"version":(\d+),')
 
 
 class NodeState(enum.Enum):
@@ -322,8 +319,7 @@ class RegistryNode:
 
     def _vetted(self, agent_id: str, raw: str) -> bool:
         known = self.cache.index.get(agent_id)
-        match = _STORED_VERSION.match(raw)
-        if known is not None and match is not None and int(match.group(1)) == known.version:
+        if known is not None and stored_version(raw) == known.version:
             return True
         return self.store.vet_record_json(agent_id, raw)
 

@@ -23,6 +23,7 @@ whose record does not parse reads as that agent's deletion, reason ``quarantined
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -130,6 +131,16 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+
+# register/update splice the version first into every record they write: '{"version":N,...'.
+_STORED_VERSION = re.compile(r'^\{"version":(\d+),')
+
+
+def stored_version(raw: str) -> int | None:
+    """The version of a record as this store wrote it, read off its JSON without parsing it."""
+    match = _STORED_VERSION.match(raw)
+    return int(match.group(1)) if match else None
 
 
 def now_ms() -> int:
