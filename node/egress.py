@@ -29,6 +29,7 @@ connected.
 from __future__ import annotations
 
 import errno
+import functools
 import ipaddress
 import re
 import socket
@@ -52,6 +53,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 NODE_SCHEMES = ("http", "https")
 LOOPBACK = "loopback"
 PRIVATE = "private"
+_JUDGED_URLS = 16_384  # URLs whose verdict is remembered, per policy and schemes
 
 _net = ipaddress.ip_network
 GROUPS: dict[str, tuple[IPNetwork, ...]] = {
@@ -301,14 +303,24 @@ class EgressPolicy(BaseModel):
             if probe is not None:
                 candidates.append((f"{name}.url", probe.url, NODE_SCHEMES))
         for field, url, schemes in candidates:
-            try:
-                self.check_url(url, schemes=schemes)
-            except EgressDenied as denied:
+            denied = _judged(self, url, schemes)
+            if denied is not None:
                 return denied.for_field(field)
         return None
 
 
 DEFAULT_EGRESS_POLICY = EgressPolicy()
+
+
+@functools.lru_cache(maxsize=_JUDGED_URLS)
+def _judged(policy: EgressPolicy, url: str, schemes: tuple[str, ...] | None) -> EgressDenied | None:
+    """``policy.check_url`` as a value, remembered: agents register the same URLs again and again
+    (every restart, every re-registration), and two URL parsers per URL show on that path."""
+    try:
+        policy.check_url(url, schemes=schemes)
+    except EgressDenied as denied:
+        return denied
+    return None
 
 
 # -- enforcement at connect time -------------------------------------------------------------

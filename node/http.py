@@ -34,6 +34,8 @@ async def read_body(request: web.Request) -> bytes:
     """The raw body within the node's size and time limits (413, 408)."""
     config = request.app[NODE_KEY].config
     try:
+        if request.content.is_eof():  # the whole body is here already (most requests): no timer
+            return await request.read()
         async with asyncio.timeout(config.body_read_timeout_ms / 1000):
             return await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
