@@ -21,7 +21,7 @@ import math
 import os
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -43,6 +43,7 @@ from .models import (
     version_constraint,
 )
 from .outcomes import ERROR_RECHECK_MS, OutcomeTracker
+from .remote import PeerView, RemoteCatalog  # noqa: F401 (re-exported: they were defined here)
 from .security import Signer, may_see
 from .store import now_ms
 
@@ -59,22 +60,6 @@ ALTERNATE_SAMPLING_MIN = 8
 EXACT_MATCHES: dict[MatchKind, dict[str, object]] = {
     kind: {"kind": kind.value, "capability": None, "version": None, "score": 1.0}
     for kind in (MatchKind.EXACT, MatchKind.PATTERN, MatchKind.AGENT_ID)}
-
-
-class PeerView(Protocol):
-    """A peer region as the federation replica knows it."""
-
-    region: str
-    index: AgentIndex
-
-    @property
-    def stale(self) -> bool: ...
-
-
-class RemoteCatalog(Protocol):
-    """Peer regions, nearest first (attached by the federation package)."""
-
-    def peers(self) -> Sequence[PeerView]: ...
 
 
 @dataclass(frozen=True, slots=True)
