@@ -3,9 +3,10 @@
 The digest is the XOR of a 64-bit hash of every ``(agent_id, version)`` the region holds:
 independent of order and updated one record at a time, so both sides keep it incrementally —
 the replica as it applies changes, the publisher as it sends them (:class:`DigestTracker`).
-Reading a whole region to compute it is for start-up and a periodic check only: it reads the
-versions off the stored JSON instead of validating every record (``store.snapshot()`` costs
-about 40 ms per thousand agents; this about a third of that, and the tracker nothing).
+Reading a whole region to compute it (``RegionStore.snapshot_versions``) is for start-up and a
+periodic check only: the store reads the versions off the stored JSON instead of validating
+every record (``snapshot()`` costs about 40 ms per thousand agents; this about a third of
+that, and the tracker nothing).
 """
 
 from __future__ import annotations
@@ -14,11 +15,8 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from redis.exceptions import RedisError
-
-from node.errors import StoreUnavailable
 from node.models import AgentRecord, ChangeEvent, ChangeKind
-from node.store import RegionStore, stored_version
+from node.store import RegionStore
 
 DIGEST_HEX_CHARS = 16
 
@@ -61,32 +59,14 @@ class RegionState:
 
 
 async def read_region_state(store: RegionStore) -> RegionState:
-    """Version, agent versions and leases of the region in one MULTI/EXEC.
+    """Version, agent versions and leases of the region, read consistently
+    (``RegionStore.snapshot_versions``: quarantined records are in no digest, as no peer is
+    served them).
 
-    Raises :class:`StoreUnavailable` when Redis cannot be reached.
+    Raises :class:`~node.errors.StoreUnavailable` when Redis cannot be reached.
     """
-    try:
-        async with store.redis.pipeline(transaction=True) as pipe:
-            pipe.get(store.key_version)
-            pipe.hgetall(store.key_agents)
-            pipe.zrange(store.key_leases, 0, -1, withscores=True)
-            version, raw_records, leases = await pipe.execute()
-    except RedisError as exc:
-        raise StoreUnavailable(f"Redis of region {store.region} cannot be read for its digest: {exc}") from exc
-    lease_of = {agent_id: int(score) for agent_id, score in leases}
-    state = RegionState(version=int(version or 0))
-    quarantine = store.quarantine
-    for agent_id, raw in raw_records.items():
-        # A quarantined record is served to no peer, so it is in no digest either.
-        if quarantine.holds_agent(agent_id):
-            continue
-        version = stored_version(raw)
-        if version is None:  # not written by the store's scripts: parse it (or quarantine it)
-            if not store.vet_record_json(agent_id, raw):
-                continue
-            version = AgentRecord.model_validate_json(raw).version
-        state.agents[agent_id] = (version, lease_of.get(agent_id, 0))
-    return state
+    stored = await store.snapshot_versions()
+    return RegionState(version=stored.version, agents=stored.agents)
 
 
 class DigestTracker:

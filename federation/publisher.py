@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
-from redis.exceptions import RedisError
 
 from node.errors import StoreUnavailable
 from node.models import ChangeEvent
@@ -204,7 +203,4 @@ class Publisher:
 
     async def _passed_leases(self, at_ms: int) -> int:
         """Agents whose lease has passed but whose expiry the sweeper has not written yet."""
-        try:
-            return int(await self.store.redis.zcount(self.store.key_leases, "-inf", at_ms))
-        except RedisError as exc:
-            raise StoreUnavailable(f"Redis of region {self.config.region} cannot count leases: {exc}") from exc
+        return await self.store.passed_lease_count(now_ms=at_ms)

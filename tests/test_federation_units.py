@@ -277,6 +277,28 @@ async def test_tracked_digest_equals_a_full_read_and_notices_a_gap(redis_url: st
         await store.aclose()
 
 
+async def test_region_state_parses_foreign_records_and_leaves_out_quarantined_ones(redis_url: str,
+                                                                                 region: str) -> None:
+    store = RegionStore.from_url(redis_url, region=region)
+    try:
+        kept, _ = await store.register(record("dig.own.a1", 0, region), at_ms=now_ms())
+        # A foreign writer's records: one valid but without the version spliced in first, one broken.
+        foreign = record("dig.own.foreign", 41, region)
+        await store.redis.hset(store.key_agents, mapping={"dig.own.foreign": foreign.model_dump_json(),
+                                                          "dig.own.broken": '{"agent_id": "dig.own.broken"}'})
+        await store.redis.zadd(store.key_leases, {"dig.own.foreign": 7, "dig.own.broken": 8})
+        state = await read_region_state(store)
+        assert state.version == kept.version
+        assert state.agents == {"dig.own.a1": (kept.version, kept.lease_expires_at_ms), "dig.own.foreign": (41, 7)}
+        assert [item.agent_id for item in store.quarantine.items()] == ["dig.own.broken"]
+        # Quarantined for whatever reason, an agent is in no digest (no peer is served it).
+        store.quarantine.add("record", store.record_key("dig.own.a1"), "test", agent_id="dig.own.a1")
+        assert set((await read_region_state(store)).agents) == {"dig.own.foreign"}
+        assert await store.passed_lease_count(now_ms=now_ms()) == 2
+    finally:
+        await store.aclose()
+
+
 # -- publisher --------------------------------------------------------------------------------
 
 def fast_config(region: str, bootstrap_servers: str, peers: list[PeerConfig] | None = None,
