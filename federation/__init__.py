@@ -1,6 +1,6 @@
 """Cross-region replication over Kafka: change events, publisher, consumer, replica, anti-entropy.
 
-Imports only ``node`` (models, store, cache, security); ``topology.compose`` attaches a
+Imports only ``node`` (models, store, cache, follower, security); ``topology.compose`` attaches a
 :class:`Federation` to a node. Where state lives: the replica of the peers, the consumer
 offsets and the publisher position are all in the consuming region's own Redis (see
 ``federation.replica_store``).
@@ -20,7 +20,7 @@ from .digest import DigestTracker, RegionState, entry_hash, read_region_state, r
 from .errors import BrokerUnavailable, FederationError, InvalidMessage, SnapshotUnavailable
 from .events import FederationMessage, RegionBeacon
 from .publisher import Publisher, PublisherState, PublisherStats
-from .replica import CatalogState, PeerReplica, RemoteCatalog
+from .replica import CatalogState, PeerCatalog, PeerReplica
 from .replica_store import ReplicaStore
 from .service import STATUS_PATH, Federation
 
@@ -28,7 +28,7 @@ __all__ = [
     "Federation",
     "FederationConfig",
     "PeerConfig",
-    "RemoteCatalog",
+    "PeerCatalog",
     "PeerReplica",
     "CatalogState",
     "ReplicaStore",

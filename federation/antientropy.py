@@ -36,7 +36,7 @@ from node.store import now_ms
 
 from .config import FederationConfig
 from .errors import SnapshotUnavailable
-from .replica import RemoteCatalog
+from .replica import PeerCatalog
 from .replica_store import ReconcileResult, ReplicaStore
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class AntiEntropy:
     ``token`` returns a bearer token the peers accept (a peer token of the cluster secret).
     """
 
-    def __init__(self, config: FederationConfig, *, catalog: RemoteCatalog, replica_store: ReplicaStore,
+    def __init__(self, config: FederationConfig, *, catalog: PeerCatalog, replica_store: ReplicaStore,
                  token: Callable[[], str]) -> None:
         self.config = config
         self.catalog = catalog

@@ -45,7 +45,7 @@ from .config import FederationConfig
 from .errors import BrokerUnavailable, InvalidMessage, SnapshotUnavailable
 from .events import FederationMessage, RegionBeacon
 from .kafka import PARTITION, ensure_topics, make_consumer
-from .replica import RemoteCatalog
+from .replica import PeerCatalog
 from .replica_store import ReplicaStore
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class ConsumerStats:
 class Consumer:
     """Applies the peers' topics to the replica; ``run()`` is the leader duty."""
 
-    def __init__(self, config: FederationConfig, *, catalog: RemoteCatalog, replica_store: ReplicaStore,
+    def __init__(self, config: FederationConfig, *, catalog: PeerCatalog, replica_store: ReplicaStore,
                  anti_entropy: AntiEntropy) -> None:
         self.config = config
         self.catalog = catalog

@@ -1,14 +1,15 @@
 """The remote catalog: peer regions' agents as this region knows them, nearest region first.
 
-This is what the router reads (``node.router.RemoteCatalog``): one :class:`PeerReplica` per
+This is what the router reads (``node.remote.RemoteCatalog``): one :class:`PeerReplica` per
 peer with an :class:`~node.cache.AgentIndex` of its agents and a freshness verdict. A peer is
 ``stale`` once nothing (no beacon, no change) has been heard from it for ``stale_after_ms`` —
 its node stopped, its publisher cannot reach Kafka, or this region's consumer cannot. Stale
 peers stay routable, but only when no fresher level can serve (see ``node.router``).
 
 State lives in the consuming region's Redis (``federation.replica_store``). Every node replica
-of the region loads it at start and then tails the replica feed, so a restarted node comes back
-with the peers it knew and with their last-heard times (stale until a beacon arrives). The
+of the region loads it at start and then tails the replica feed (:class:`PeerCatalog`, a
+``node.follower.StreamFollower``), so a restarted node comes back with the peers it knew and
+with their last-heard times (stale until a beacon arrives). The
 leader, which runs the Kafka consumer, also applies what it commits at once, ahead of the feed
 (read-your-writes); the feed then repeats those changes and they are skipped by version.
 
@@ -21,27 +22,18 @@ region (the node's watch hub, the semantic index) — synchronously, so listener
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import enum
-import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from pydantic import ValidationError
 
 from node.cache import AgentIndex
-from node.errors import StoreUnavailable
+from node.follower import FollowerState, StreamFollower
 from node.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
 from node.store import now_ms
 
 from .digest import digest_hex, entry_hash
 from .events import RegionBeacon
 from .replica_store import FeedEntry, PeerState, ReplicaStore, shielded_read
-
-log = logging.getLogger(__name__)
-
-ChangeListener = Callable[[ChangeEvent], None]
-_RETRY_DELAY_S = 0.5
 
 
 class PeerReplica:
@@ -176,35 +168,28 @@ class PeerReplica:
             self._digest ^= entry_hash(previous.agent_id, previous.version)
 
 
-class CatalogState(enum.Enum):
-    NEW = "new"
-    RUNNING = "running"
-    FAILED = "failed"
-    CLOSED = "closed"
+CatalogState = FollowerState  # the catalog's state: NEW → RUNNING ⇄ DISCONNECTED → CLOSED, or FAILED
 
 
-class RemoteCatalog:
+class PeerCatalog(StreamFollower[FeedEntry]):
     """All peer replicas, nearest first; loads from Redis, then tails the replica feed.
 
-    An async context manager. ``subscribe`` listeners are called for every applied remote
-    change (including the synthetic ones a load or reload produces); they must not block.
+    The ``node.remote.RemoteCatalog`` the router reads; an async context manager.
+    ``subscribe`` listeners are called for every applied remote change (including the
+    synthetic ones a load or reload produces); they must not block.
     """
+
+    stream_name = "replica feed"
 
     def __init__(self, store: ReplicaStore, *, peers: Sequence[str], stale_after_ms: int,
                  feed_block_ms: int = 1_000) -> None:
+        super().__init__(region=store.region, task_name=f"federation-feed-{store.region}")
         self.store = store
-        self.region = store.region
         self.feed_block_ms = feed_block_ms
         self._peers = [PeerReplica(peer, stale_after_ms=stale_after_ms) for peer in peers]
         self._by_region = {peer.region: peer for peer in self._peers}
-        self._listeners: list[ChangeListener] = []
-        self._loaded = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self.feed_position = 0
-        self.reloads = 0
-        self.state = CatalogState.NEW
 
-    # -- RemoteCatalog protocol --------------------------------------------------------------
+    # -- node.remote.RemoteCatalog -----------------------------------------------------------
 
     def peers(self) -> Sequence[PeerReplica]:
         return self._peers
@@ -212,56 +197,20 @@ class RemoteCatalog:
     def describe(self) -> list[dict[str, object]]:
         return [peer.describe() for peer in self._peers]
 
+    # subscribe(listener) -> unsubscribe: node.follower.StreamFollower
+
     # -- public ------------------------------------------------------------------------------
 
     def peer(self, region: str) -> PeerReplica:
         """The replica of ``region``; raises KeyError for a region that is not a peer."""
         return self._by_region[region]
 
-    def subscribe(self, listener: ChangeListener) -> Callable[[], None]:
-        """Call ``listener`` for every applied remote change; returns the unsubscribe function."""
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
-
-    async def wait_loaded(self) -> None:
-        await self._loaded.wait()
-
-    async def __aenter__(self) -> RemoteCatalog:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    async def start(self) -> None:
-        """Load every peer from Redis (raises StoreUnavailable if it is down), then tail the feed."""
-        if self.state is not CatalogState.NEW:
-            return
-        await self.reload()
-        self.state = CatalogState.RUNNING
-        self._loaded.set()
-        self._task = asyncio.create_task(self._tail(), name=f"federation-feed-{self.region}")
-        self._task.add_done_callback(self._task_done)
-
-    async def aclose(self) -> None:
-        if self.state is CatalogState.CLOSED:
-            return
-        self.state = CatalogState.CLOSED
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
     async def reload(self, peers: Sequence[str] | None = None) -> None:
-        """Replace the given peers (default: all) with what Redis holds."""
-        names = list(peers) if peers is not None else [peer.region for peer in self._peers]
-        seq, states = await self.store.load(names)
-        changes: list[ChangeEvent] = []
-        for name, state in states.items():
-            changes += self._by_region[name].replace(state)
+        """Replace the given peers (default: all, and tail the feed on from there) with what Redis holds."""
         if peers is None:
-            self.feed_position = seq
+            await super().reload()
+            return
+        _, changes = await self._load_peers(peers)
         self.reloads += 1
         self._emit(changes)
 
@@ -291,36 +240,32 @@ class RemoteCatalog:
         peer.reconciled_at_ms = at_ms
         self._emit(changes)
 
-    # -- feed --------------------------------------------------------------------------------
+    # -- the feed (node.follower) ------------------------------------------------------------
 
-    async def _tail(self) -> None:
-        while True:
-            try:
-                entries = await shielded_read(self.store.read_feed(after_seq=self.feed_position,
-                                                                   block_ms=self.feed_block_ms))
-                if entries and entries[0].seq != self.feed_position + 1:
-                    log.warning("region %s: replica feed gap (have %d, next %d); reloading", self.region,
-                                self.feed_position, entries[0].seq)
-                    await self.reload()
-                    continue
-                if not entries:
-                    if await self.store.feed_seq() < self.feed_position:
-                        log.warning("region %s: replica feed went back (Redis lost data?); reloading", self.region)
-                        await self.reload()
-                    continue
-                for entry in entries:
-                    await self._apply_entry(entry)
-                    self.feed_position = entry.seq
-            except asyncio.CancelledError:
-                raise
-            except StoreUnavailable as exc:
-                log.warning("region %s: cannot tail the replica feed: %s", self.region, exc)
-                await asyncio.sleep(_RETRY_DELAY_S)
+    async def _load(self) -> tuple[int, list[ChangeEvent]]:
+        return await self._load_peers([peer.region for peer in self._peers])
 
-    async def _apply_entry(self, entry: FeedEntry) -> None:
+    async def _load_peers(self, names: Sequence[str]) -> tuple[int, list[ChangeEvent]]:
+        seq, states = await self.store.load(names)
+        changes: list[ChangeEvent] = []
+        for name, state in states.items():
+            changes += self._by_region[name].replace(state)
+        return seq, changes
+
+    async def _read(self, *, after: int) -> list[FeedEntry]:
+        return await shielded_read(self.store.read_feed(after_seq=after, block_ms=self.feed_block_ms))
+
+    def _number(self, entry: FeedEntry) -> int:
+        return entry.seq
+
+    async def _lost_data(self) -> bool:
+        return await self.store.feed_seq() < self.position
+
+    async def _apply(self, entry: FeedEntry) -> list[ChangeEvent]:
         peer = self._by_region.get(entry.peer)
         if peer is None:
-            return  # a peer that is no longer in the topology
+            return []  # a peer that is no longer in the topology
+        changes: list[ChangeEvent] = []
         try:
             if (entry.type in ("change", "put") and entry.agent_id
                     and peer.covers(entry.agent_id, entry.version, below_floor=entry.type == "change")):
@@ -328,17 +273,15 @@ class RemoteCatalog:
             elif entry.type == "change" and entry.body:
                 event = ChangeEvent.model_validate_json(entry.body)
                 if peer.apply_change(event):
-                    self._emit([event])
+                    changes.append(event)
             elif entry.type == "beacon" and entry.body:
                 peer.beacon = RegionBeacon.model_validate_json(entry.body)
             elif entry.type == "put" and entry.body:
-                change = peer.put_record(AgentRecord.model_validate_json(entry.body))
-                if change is not None:
-                    self._emit([change])
+                if (change := peer.put_record(AgentRecord.model_validate_json(entry.body))) is not None:
+                    changes.append(change)
             elif entry.type == "evict" and entry.agent_id:
-                change = peer.evict(entry.agent_id, entry.version)
-                if change is not None:
-                    self._emit([change])
+                if (change := peer.evict(entry.agent_id, entry.version)) is not None:
+                    changes.append(change)
             elif entry.type == "state":
                 peer.raise_floor(entry.floor, entry.seen)
                 peer.anti_entropy_runs = max(peer.anti_entropy_runs, entry.runs)
@@ -351,19 +294,4 @@ class RemoteCatalog:
         peer.seen_version = max(peer.seen_version, entry.seen)
         peer.index.version = peer.seen_version
         peer.hear(entry.at_ms)
-
-    def _emit(self, changes: Sequence[ChangeEvent]) -> None:
-        for change in changes:
-            for listener in list(self._listeners):
-                try:
-                    listener(change)
-                except Exception:  # a broken listener must not stop replication
-                    log.exception("remote change listener %r failed", listener)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or self.state is CatalogState.CLOSED:
-            return
-        exc = task.exception()
-        if exc is not None:
-            log.error("region %s: replica feed task died: %r", self.region, exc)
-            self.state = CatalogState.FAILED
+        return changes

@@ -1,6 +1,6 @@
 """``Federation``: the cross-region attachment of one region's node.
 
-It owns the replica of the peers (:class:`RemoteCatalog`), the publisher, the consumer and
+It owns the replica of the peers (:class:`PeerCatalog`), the publisher, the consumer and
 anti-entropy, and attaches them through the node's hooks only::
 
     federation = Federation(config, store=node.store, secret=secret)
@@ -32,7 +32,7 @@ from .config import FederationConfig
 from .consumer import Consumer
 from .digest import read_region_state
 from .publisher import Publisher
-from .replica import RemoteCatalog
+from .replica import PeerCatalog
 from .replica_store import ReplicaStore
 
 if TYPE_CHECKING:
@@ -52,8 +52,8 @@ class Federation:
         self.store = store
         self.replica_store = ReplicaStore(store.redis, region=config.region, key_prefix=config.key_prefix,
                                           feed_maxlen=config.feed_maxlen, quarantine=store.quarantine)
-        self.catalog = RemoteCatalog(self.replica_store, peers=[peer.region for peer in config.peers],
-                                     stale_after_ms=config.stale_after_ms, feed_block_ms=config.feed_block_ms)
+        self.catalog = PeerCatalog(self.replica_store, peers=[peer.region for peer in config.peers],
+                                   stale_after_ms=config.stale_after_ms, feed_block_ms=config.feed_block_ms)
         signer = Signer(secret)
         subject = f"federation:{config.region}"
         self.anti_entropy = AntiEntropy(config, catalog=self.catalog, replica_store=self.replica_store,

@@ -2,29 +2,30 @@
 
 ``AgentIndex`` is the plain data structure (records by id and by capability name), also used by
 the federation replica for peer regions. ``RegionCache`` keeps one index current with the
-region's Redis: it loads a snapshot, then ``XREAD BLOCK``s the change stream from the
-snapshot's version; a version gap (the capped stream was trimmed past us, or Redis was wiped)
-reloads the snapshot. Heartbeats that only move leases append nothing, so every
-``lease_sync_interval_ms`` the cache re-reads the leases it holds as ending within two
-intervals (ZMSCORE; an agent heartbeating through another replica is re-read about once per
-lease, not once per interval). Routing treats a lease as passed only against the start of the
-last successful sync — every lease that ended before that instant was re-read then — so a node
-cut off from Redis keeps routing on what it knew instead of emptying its table. Likewise, when more than ``preserve_fraction`` of
-a region's leases have passed at once (agents cut off from Redis, not dead), routing stops
+region's Redis (a :class:`~node.follower.StreamFollower`): it loads a snapshot, then
+``XREAD BLOCK``s the change stream from the snapshot's version; a version gap (the capped
+stream was trimmed past us, an entry did not parse, or Redis was wiped) reloads the snapshot.
+Heartbeats that only move leases append nothing, so every ``lease_sync_interval_ms`` the cache
+re-reads the leases it holds as ending within two intervals (ZMSCORE; an agent heartbeating
+through another replica is re-read about once per lease, not once per interval). Routing treats
+a lease as passed only against the start of the last successful sync — every lease that ended
+before that instant was re-read then — so a node cut off from Redis keeps routing on what it
+knew instead of emptying its table. Likewise, when more than ``preserve_fraction`` of a
+region's leases have passed at once (agents cut off from Redis, not dead), routing stops
 expiring leases lazily until the share drops again (self-preservation, as the sweeper does).
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Coroutine, Iterator
+from typing import Any
 
 from .errors import StoreUnavailable
+from .follower import FollowerState, StreamFollower
 from .models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
 from .store import RegionStore, now_ms
-from .tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,6 @@ DEFAULT_LEASE_SYNC_INTERVAL_MS = 1_000
 DEFAULT_TAIL_BLOCK_MS = 1_000
 DEFAULT_PRESERVE_FRACTION = 0.5
 DEFAULT_PRESERVE_MIN_AGENTS = 10
-_RETRY_DELAY_S = 0.5
-
-ChangeListener = Callable[[ChangeEvent], None]
 
 
 class AgentIndex:
@@ -135,27 +133,22 @@ class AgentIndex:
         return iter(self.records.values())
 
 
-class CacheState(enum.Enum):
-    """NEW → RUNNING ⇄ DISCONNECTED (serving from memory while Redis is unreachable) → CLOSED;
-    FAILED when a tail task died."""
-
-    NEW = "new"
-    RUNNING = "running"
-    DISCONNECTED = "disconnected"
-    FAILED = "failed"
-    CLOSED = "closed"
+CacheState = FollowerState  # the cache's state: NEW → RUNNING ⇄ DISCONNECTED → CLOSED, or FAILED
 
 
-class RegionCache:
+class RegionCache(StreamFollower[ChangeEvent]):
     """Keeps an :class:`AgentIndex` current with the region's Redis; an async context manager.
 
     Listeners are called synchronously, in the event loop, for every applied change (including
     the synthetic ones a reload produces); they must be quick and must not raise.
     """
 
+    stream_name = "change stream"
+
     def __init__(self, store: RegionStore, *, lease_sync_interval_ms: int = DEFAULT_LEASE_SYNC_INTERVAL_MS,
                  tail_block_ms: int = DEFAULT_TAIL_BLOCK_MS, preserve_fraction: float = DEFAULT_PRESERVE_FRACTION,
                  preserve_min_agents: int = DEFAULT_PRESERVE_MIN_AGENTS) -> None:
+        super().__init__(region=store.region, task_name=f"cache-tail-{store.region}")
         self.store = store
         self.index = AgentIndex(store.region)
         self.lease_sync_interval_ms = lease_sync_interval_ms
@@ -164,55 +157,12 @@ class RegionCache:
         self.preserve_min_agents = preserve_min_agents
         self.preserving = False
         self.lease_synced_at_ms = 0
-        self.reloads = 0
-        self.state = CacheState.NEW
-        self._listeners: list[ChangeListener] = []
-        self._tasks: list[asyncio.Task[None]] = []
-        self._loaded = asyncio.Event()
-
-    def subscribe(self, listener: ChangeListener) -> Callable[[], None]:
-        """Call ``listener`` for every change; returns the unsubscribe function."""
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
-
-    async def __aenter__(self) -> RegionCache:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    async def start(self) -> None:
-        """Load the first snapshot (raises StoreUnavailable if Redis is down), then tail."""
-        if self.state is not CacheState.NEW:
-            return
-        await self.reload()
-        self.state = CacheState.RUNNING
-        self._tasks = [asyncio.create_task(self._tail(), name=f"cache-tail-{self.store.region}"),
-                       asyncio.create_task(self._sync_leases(), name=f"cache-leases-{self.store.region}")]
-        for task in self._tasks:
-            task.add_done_callback(self._task_done)
-
-    async def aclose(self) -> None:
-        if self.state is CacheState.CLOSED:
-            return
-        self.state = CacheState.CLOSED
-        tasks, self._tasks = self._tasks, []
-        await cancel_and_wait(tasks)
 
     def routable_now_ms(self) -> int:
         """Leases that ended before this instant are certainly over (see module docstring)."""
         if self.preserving:
             return 0
         return min(now_ms(), self.lease_synced_at_ms) if self.lease_synced_at_ms else now_ms()
-
-    async def reload(self) -> None:
-        started = now_ms()
-        snapshot = await self.store.snapshot()
-        changes = self.index.replace_all(snapshot.records, snapshot.version)
-        self.lease_synced_at_ms = started
-        self.reloads += 1
-        self._emit(changes)
 
     def apply_local(self, event: ChangeEvent) -> None:
         """Apply a change this node just wrote, ahead of the stream (read-your-writes).
@@ -227,49 +177,38 @@ class RegionCache:
         if record is not None and record.lease_expires_at_ms < lease_expires_at_ms:
             record.lease_expires_at_ms = lease_expires_at_ms
 
-    def _emit(self, changes: list[ChangeEvent]) -> None:
-        for change in changes:
-            for listener in list(self._listeners):
-                try:
-                    listener(change)
-                except Exception:  # a broken listener must not stop the cache
-                    log.exception("change listener %r failed", listener)
+    # -- the tail (node.follower) -------------------------------------------------------------
 
-    async def _tail(self) -> None:
-        position = self.index.version
-        while True:
-            try:
-                events = await self.store.read_changes(after_version=position, block_ms=self.tail_block_ms)
-                self._set_reachable(True)
-                if events and events[0].version != position + 1:
-                    log.warning("region %s: change stream gap (have %d, next %d); reloading",
-                                self.store.region, position, events[0].version)
-                    await self.reload()
-                    position = self.index.version
-                    continue
-                if not events and await self._fell_behind(position):
-                    await self.reload()
-                    position = self.index.version
-                    continue
-                applied = []
-                for event in events:
-                    if event.version != position + 1:
-                        await self.reload()
-                        break
-                    position = event.version
-                    if self._apply_stream_event(event):
-                        applied.append(event)
-                    self.index.version = max(self.index.version, position)
-                else:
-                    self._emit(applied)
-                    continue
-                position = self.index.version
-            except asyncio.CancelledError:
-                raise
-            except StoreUnavailable as exc:
-                self._set_reachable(False)
-                log.warning("region %s: cache cannot tail the change stream: %s", self.store.region, exc)
-                await asyncio.sleep(_RETRY_DELAY_S)
+    async def _load(self) -> tuple[int, list[ChangeEvent]]:
+        started = now_ms()
+        snapshot = await self.store.snapshot()
+        changes = self.index.replace_all(snapshot.records, snapshot.version)
+        # The snapshot read every lease: none that ended before it started is unknown to us.
+        self.lease_synced_at_ms = started
+        return snapshot.version, changes
+
+    async def _read(self, *, after: int) -> list[ChangeEvent]:
+        return await self.store.read_changes(after_version=after, block_ms=self.tail_block_ms)
+
+    def _number(self, entry: ChangeEvent) -> int:
+        return entry.version
+
+    async def _apply(self, entry: ChangeEvent) -> tuple[ChangeEvent, ...]:
+        applied = self._apply_stream_event(entry)
+        # An entry this node applied ahead of the stream (apply_local) changes nothing, but the
+        # index has still seen its version.
+        self.index.version = max(self.index.version, entry.version)
+        return (entry,) if applied else ()
+
+    async def _lost_data(self) -> bool:
+        """An idle stream whose version is behind ours, or whose oldest entry is past the next
+        one we need, means Redis lost data or the capped stream was trimmed past us."""
+        position = self.position
+        version = await self.store.version()
+        return version < position or (version > position and (await self.store.first_change_version() or 0) > position + 1)
+
+    def _background(self) -> dict[str, Coroutine[Any, Any, None]]:
+        return {f"cache-leases-{self.store.region}": self._sync_leases()}
 
     def _apply_stream_event(self, event: ChangeEvent) -> bool:
         current = self.index.get(event.agent_id)
@@ -277,11 +216,6 @@ class RegionCache:
             # Stream records do not carry leases moved by heartbeats; keep what we know.
             event.record.lease_expires_at_ms = max(current.lease_expires_at_ms, event.record.lease_expires_at_ms)
         return self.index.apply(event)
-
-    async def _fell_behind(self, position: int) -> bool:
-        """An idle stream whose version is behind ours means Redis lost data: reload."""
-        version = await self.store.version()
-        return version < position or (version > position and (await self.store.first_change_version() or 0) > position + 1)
 
     async def _sync_leases(self) -> None:
         while True:
@@ -311,18 +245,3 @@ class RegionCache:
             log.warning("region %s: %d of %d leases passed at once; lazy expiry %s", self.store.region, passed,
                         total, "suspended (self-preservation)" if preserving else "resumed")
         self.preserving = preserving
-
-    def _set_reachable(self, reachable: bool) -> None:
-        if reachable and self.state is CacheState.DISCONNECTED:
-            log.info("region %s: Redis answers again", self.store.region)
-            self.state = CacheState.RUNNING
-        elif not reachable and self.state is CacheState.RUNNING:
-            self.state = CacheState.DISCONNECTED
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or self.state is CacheState.CLOSED:
-            return
-        exc = task.exception()
-        if exc is not None:
-            log.error("region %s: cache task %s died: %r", self.store.region, task.get_name(), exc)
-            self.state = CacheState.FAILED

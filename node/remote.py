@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from .cache import AgentIndex, ChangeListener
+from .cache import AgentIndex
+from .follower import ChangeListener
 
 __all__ = ["PeerView", "RemoteCatalog"]
 

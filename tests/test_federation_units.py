@@ -18,9 +18,9 @@ from federation import (
     DigestTracker,
     FederationConfig,
     FederationMessage,
+    PeerCatalog,
     PeerConfig,
     Publisher,
-    RemoteCatalog,
     ReplicaStore,
     read_region_state,
     region_digest,
@@ -159,10 +159,10 @@ def expected_state(events: list[ChangeEvent]) -> dict[str, int]:
 
 
 @contextlib.asynccontextmanager
-async def replica(redis_url: str, region: str, peer: str = "p") -> AsyncIterator[tuple[ReplicaStore, RemoteCatalog]]:
+async def replica(redis_url: str, region: str, peer: str = "p") -> AsyncIterator[tuple[ReplicaStore, PeerCatalog]]:
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
     store = ReplicaStore(client, region=region, key_prefix="ar", feed_maxlen=10_000)
-    catalog = RemoteCatalog(store, peers=[peer], stale_after_ms=60_000, feed_block_ms=50)
+    catalog = PeerCatalog(store, peers=[peer], stale_after_ms=60_000, feed_block_ms=50)
     try:
         async with catalog:
             yield store, catalog
@@ -170,7 +170,7 @@ async def replica(redis_url: str, region: str, peer: str = "p") -> AsyncIterator
         await client.aclose()
 
 
-async def apply(store: ReplicaStore, catalog: RemoteCatalog, events: list[ChangeEvent], peer: str = "p") -> None:
+async def apply(store: ReplicaStore, catalog: PeerCatalog, events: list[ChangeEvent], peer: str = "p") -> None:
     """What the consumer does with one batch: the Redis script, then the in-memory apply."""
     messages = [FederationMessage(change=event) for event in events]
     result = await store.apply(peer, messages, now_ms=now_ms(), offset=("topic:0", len(events)))
@@ -178,7 +178,7 @@ async def apply(store: ReplicaStore, catalog: RemoteCatalog, events: list[Change
     catalog.committed_changes(peer, applied, seen=result.seen, heard_at_ms=now_ms())  # type: ignore[arg-type]
 
 
-def versions_of(catalog: RemoteCatalog, peer: str = "p") -> dict[str, int]:
+def versions_of(catalog: PeerCatalog, peer: str = "p") -> dict[str, int]:
     return {r.agent_id: r.version for r in catalog.peer(peer).index}
 
 
@@ -228,6 +228,36 @@ async def test_follower_tails_the_feed_and_a_restart_reloads_from_redis(redis_ur
     async with replica(redis_url, region) as (_, restarted):
         assert versions_of(restarted) == expected
         assert restarted.peer("p").seen_version == events[-1].version
+
+
+async def test_a_feed_gap_in_the_middle_of_a_batch_reloads_and_every_change_reaches_the_listeners(
+        redis_url: str, region: str) -> None:
+    events = [ChangeEvent(kind=ChangeKind.UPSERT, region="p", version=v, agent_id=f"p.gap.a{v}", at_ms=now_ms(),
+                          record=record(f"p.gap.a{v}", v)) for v in (1, 2, 3, 4)]
+    expected = {event.agent_id: event.version for event in events}
+    async with replica(redis_url, region) as (store, follower):
+        heard: list[ChangeEvent] = []
+        follower.subscribe(heard.append)
+        # What the consumer's script commits for four changes, in one transaction (so the tail
+        # reads one batch), except that the feed lost the entry of the third.
+        base = f"{store.key_base}:peer:p"
+        async with store.redis.pipeline(transaction=True) as pipe:
+            for event in events:
+                pipe.hset(f"{base}:agents", event.agent_id, event.record.model_dump_json())  # type: ignore[union-attr]
+                pipe.hset(f"{base}:versions", event.agent_id, event.version)
+            pipe.hset(f"{base}:state", mapping={"seen": 4, "heard_at_ms": now_ms()})
+            pipe.set(store.key_seq, 4)
+            for event in events:
+                if event.version != 3:
+                    pipe.xadd(store.key_feed, {"peer": "p", "type": "change", "at": now_ms(), "seen": event.version,
+                                               "agent_id": event.agent_id, "version": event.version,
+                                               "body": event.model_dump_json(exclude_none=True)},
+                              id=f"{event.version}-0")
+            await pipe.execute()
+        await wait_for(lambda: versions_of(follower) == expected, timeout_s=5, message="the follower to reload")
+        assert follower.reloads == 2 and follower.position == 4
+        assert {event.agent_id: event.version for event in heard} == expected
+        assert len(heard) == len(expected)
 
 
 async def test_reconcile_keeps_newer_records_drops_missing_ones_and_refuses_older_events(redis_url: str,
@@ -423,5 +453,5 @@ def test_build_node_attaches_federation_only_with_peers(redis_url: str, region: 
     assert alone.router.remote is None
     pair = Pair(redis_url, region, "127.0.0.1:1", secret=TEST_SECRET)
     federated = build_node(pair.topology.node_config(pair.names[0]), secret=TEST_SECRET, topology=pair.topology)
-    assert isinstance(federated.router.remote, RemoteCatalog)
+    assert isinstance(federated.router.remote, PeerCatalog)
     assert [peer.region for peer in federated.router.remote.peers()] == [pair.names[1]]

@@ -124,9 +124,9 @@ class SemanticDiscovery:
         log.info("region %s: semantic search in %s mode%s", self.node.region, self.search_index.mode.value,
                  f" ({self.search_index.unavailable_reason})" if self.search_index.unavailable_reason else "")
         self._unsubscribe.append(self.node.cache.subscribe(self._on_change))
-        subscribe = getattr(self.node.router.remote, "subscribe", None)
-        if subscribe is not None:
-            self._unsubscribe.append(subscribe(self._on_change))
+        remote = self.node.router.remote
+        if remote is not None:  # federation attached
+            self._unsubscribe.append(remote.subscribe(self._on_change))
         for index in self._indexes():
             for record in index:
                 self._queue(record.region, record.agent_id, record)
