@@ -3,9 +3,8 @@
 A deterministic discrete-event simulation (seeded RNGs, a simulated clock, no sleeps, no
 network) drives the real :class:`node.router.Router` over a real :class:`AgentIndex` and a real
 :class:`OutcomeTracker`. Only the Redis-backed ``RegionCache`` is replaced, by a stand-in that
-exposes what the router reads (``index``, ``store.region``, ``preserving``,
-``routable_now_ms()``), and the router's clock (``node.router.now_ms``) is pointed at the
-simulated one while a policy runs.
+exposes what the router reads (``index``, ``preserving``, ``routable_now_ms()``), and the
+router is given the simulated clock (``Router(clock=...)``).
 
 The fleet is one capability served by twelve agents of unequal capacity. Operators set some
 registered weights in proportion to capacity and left others at the default (a new big box
@@ -41,7 +40,6 @@ Run: `.venv/bin/python bench/routing.py` (`--help` for duration, seeds, pairs).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import heapq
 import itertools
 import math
@@ -49,7 +47,6 @@ import random
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,7 +54,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import node.router as router_module
 from node.cache import AgentIndex
 from node.errors import NoAgentAvailable
 from node.models import (
@@ -71,7 +67,7 @@ from node.models import (
     TokenRole,
 )
 from node.outcomes import OutcomeTracker
-from node.router import WEIGHT_FACTORS, Router
+from node.router import ALL_WEIGHT_FACTORS, Router, WeightFactor
 from node.security import Signer
 
 REGION = "sim"
@@ -197,7 +193,7 @@ def arrivals(config: SimConfig) -> list[Arrival]:
 # -- the node side: a stand-in for RegionCache over a real AgentIndex -----------------------
 
 class SimClock:
-    """Simulated milliseconds; the router reads it through :func:`simulated_clock`."""
+    """Simulated milliseconds; the router reads them through ``now_ms`` (its ``clock``)."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -206,33 +202,16 @@ class SimClock:
         return int(self.now)
 
 
-@dataclass(slots=True)
-class _SimStore:
-    region: str
-
-
 class SimRegionCache:
     """What the router reads of a RegionCache, over a real index; leases are exact here."""
 
     def __init__(self, clock: SimClock, region: str = REGION) -> None:
         self.index = AgentIndex(region)
-        self.store = _SimStore(region)
         self.preserving = False
         self._clock = clock
 
     def routable_now_ms(self) -> int:
         return self._clock.now_ms()
-
-
-@contextlib.contextmanager
-def simulated_clock(clock: SimClock) -> Iterator[None]:
-    """Point the router's ``now_ms`` at ``clock`` for the duration (restored on exit)."""
-    original = router_module.now_ms
-    router_module.now_ms = clock.now_ms
-    try:
-        yield
-    finally:
-        router_module.now_ms = original
 
 
 # -- the simulation -------------------------------------------------------------------------
@@ -297,15 +276,15 @@ _ARRIVE, _RETRY, _DONE, _ANSWER, _DEADLINE, _HEARTBEAT, _REPORT = range(7)
 class Simulation:
     """One policy over one arrival sequence; :meth:`run` returns its :class:`PolicyResult`."""
 
-    def __init__(self, config: SimConfig, factors: frozenset[str], traffic: list[Arrival], *, name: str) -> None:
+    def __init__(self, config: SimConfig, factors: WeightFactor, traffic: list[Arrival], *, name: str) -> None:
         self.config = config
         self.name = name
         self.traffic = traffic
         self.clock = SimClock()
         self.cache = SimRegionCache(self.clock)
         self.outcomes = OutcomeTracker()
-        self.router = Router(self.cache, Signer(b"bench-routing-secret-0123456789"), self.outcomes,  # type: ignore[arg-type]
-                             factors=factors, rng=random.Random(f"router-{config.seed}"))
+        self.router = Router(self.cache, Signer(b"bench-routing-secret-0123456789"), self.outcomes,
+                             factors=factors, rng=random.Random(f"router-{config.seed}"), clock=self.clock.now_ms)
         self.agents = {spec.agent_id: _Agent(spec) for spec in config.fleet}
         self.caller = TokenClaims(sub="sim.caller.any", role=TokenRole.CALLER, exp=2**40, iat=0)
         self.request = RouteRequest(capability=CAPABILITY)
@@ -325,21 +304,20 @@ class Simulation:
         heapq.heappush(self.events, (at_ms, next(self.sequence), kind, payload))
 
     def run(self) -> PolicyResult:
-        with simulated_clock(self.clock):
-            for agent in self.agents.values():
-                self._register(agent.spec)
-                self._at(self.heartbeat_phase[agent.spec.agent_id], _HEARTBEAT, agent)
-            for arrival in self.traffic:
-                self._at(arrival.at_ms, _ARRIVE, arrival)
-            end = self.config.duration_ms + DEADLINE_MS + REPORT_FLUSH_MS
-            handlers = (self._arrive, self._retry, self._done, self._answer, self._deadline,
-                        self._heartbeat, self._deliver_report)
-            while self.events:
-                at, _, kind, payload = heapq.heappop(self.events)
-                if at > end:
-                    break
-                self.clock.now = at
-                handlers[kind](payload)
+        for agent in self.agents.values():
+            self._register(agent.spec)
+            self._at(self.heartbeat_phase[agent.spec.agent_id], _HEARTBEAT, agent)
+        for arrival in self.traffic:
+            self._at(arrival.at_ms, _ARRIVE, arrival)
+        end = self.config.duration_ms + DEADLINE_MS + REPORT_FLUSH_MS
+        handlers = (self._arrive, self._retry, self._done, self._answer, self._deadline,
+                    self._heartbeat, self._deliver_report)
+        while self.events:
+            at, _, kind, payload = heapq.heappop(self.events)
+            if at > end:
+                break
+            self.clock.now = at
+            handlers[kind](payload)
         return self._result()
 
     # -- agents ------------------------------------------------------------------------------
@@ -527,19 +505,19 @@ BLEND = "blend"
 SINGLES = ("weight", "status", "load", "errors")
 
 
-def policies(*, pairs: bool = False, leave_one_out: bool = True) -> dict[str, frozenset[str]]:
+def policies(*, pairs: bool = False, leave_one_out: bool = True) -> dict[str, WeightFactor]:
     """Uniform, each factor alone, optionally pairs and the blend minus one, and the blend."""
-    chosen: dict[str, frozenset[str]] = {UNIFORM: frozenset()}
-    chosen.update({factor: frozenset({factor}) for factor in SINGLES})
+    chosen: dict[str, WeightFactor] = {UNIFORM: WeightFactor(0)}
+    chosen.update({name: WeightFactor.from_names([name]) for name in SINGLES})
     if pairs:
-        chosen.update({f"{a}+{b}": frozenset({a, b}) for a, b in itertools.combinations(SINGLES, 2)})
+        chosen.update({f"{a}+{b}": WeightFactor.from_names([a, b]) for a, b in itertools.combinations(SINGLES, 2)})
     if leave_one_out:
-        chosen.update({f"blend-{factor}": WEIGHT_FACTORS - {factor} for factor in SINGLES})
-    chosen[BLEND] = WEIGHT_FACTORS
+        chosen.update({f"blend-{name}": ALL_WEIGHT_FACTORS & ~WeightFactor.from_names([name]) for name in SINGLES})
+    chosen[BLEND] = ALL_WEIGHT_FACTORS
     return chosen
 
 
-def run_policies(config: SimConfig, chosen: dict[str, frozenset[str]]) -> dict[str, PolicyResult]:
+def run_policies(config: SimConfig, chosen: dict[str, WeightFactor]) -> dict[str, PolicyResult]:
     """Every policy over the same arrival sequence."""
     traffic = arrivals(config)
     return {name: Simulation(config, factors, traffic, name=name).run() for name, factors in chosen.items()}

@@ -1,0 +1,335 @@
+"""The router on its own (no Redis, no HTTP): records in an in-memory AgentIndex, a stand-in for
+the three things the router reads of its RegionCache, a simulated clock and a seeded RNG.
+
+Each test asserts what a caller relies on: shares that follow the effective weight, sticky
+conversations, traffic that spills to peers only for the share the local region cannot carry,
+breakers that eject at most half a pool and let one trial through after the cool-down, agents
+the caller may not see that do not exist for it, version constraints, and the semantic fallback.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from node.cache import AgentIndex
+from node.errors import NoAgentAvailable
+from node.models import (
+    AgentRecord,
+    Capability,
+    Load,
+    Outcome,
+    RouteRequest,
+    Status,
+    TokenClaims,
+    TokenRole,
+)
+from node.outcomes import OutcomeTracker
+from node.router import ALL_WEIGHT_FACTORS, Router, SemanticMatch, WeightFactor
+from node.security import Signer
+
+pytestmark = pytest.mark.unit
+
+REGION = "home"
+CAPABILITY = "translate.text"
+START_MS = 1_000_000
+LEASE_MS = 30_000
+ADMIN = TokenClaims(sub="admin", role=TokenRole.ADMIN, exp=2**40, iat=0)
+OUTSIDER = TokenClaims(sub="ops.caller.x", role=TokenRole.CALLER, exp=2**40, iat=0)
+INSIDER = TokenClaims(sub="finance.ledger.y", role=TokenRole.CALLER, exp=2**40, iat=0)
+
+
+class Clock:
+    """Milliseconds that move only when a test moves them."""
+
+    def __init__(self) -> None:
+        self.now = START_MS
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class MemoryRegion:
+    """What the router reads of a RegionCache: the index, the lease horizon, self-preservation."""
+
+    def __init__(self, clock: Clock, region: str = REGION) -> None:
+        self.index = AgentIndex(region)
+        self.preserving = False
+        self._clock = clock
+
+    def routable_now_ms(self) -> int:
+        return self._clock.now
+
+
+@dataclass
+class Peer:
+    region: str
+    index: AgentIndex
+    stale: bool = False
+
+
+class Catalog:
+    def __init__(self, *peers: Peer) -> None:
+        self._peers = list(peers)
+
+    def peers(self) -> list[Peer]:
+        return self._peers
+
+
+def record(agent_id: str, *, region: str = REGION, capability: str = CAPABILITY, version: str = "1",
+           **fields: Any) -> AgentRecord:
+    fields.setdefault("lease_expires_at_ms", START_MS + LEASE_MS)
+    return AgentRecord(agent_id=agent_id, region=region, capabilities=[Capability(name=capability, version=version)],
+                       endpoints={"primary": f"http://{agent_id}.test:8080"}, lease_ttl_ms=LEASE_MS, **fields)
+
+
+def make_router(*records: AgentRecord, peers: tuple[Peer, ...] = (), **options: Any
+                ) -> tuple[Router, MemoryRegion, Clock]:
+    clock = Clock()
+    region = MemoryRegion(clock)
+    for item in records:
+        region.index.put(item)
+    options.setdefault("rng", random.Random(7))
+    router = Router(region, Signer(b"unit-test-secret-0123456789abcdef"), options.pop("outcomes", OutcomeTracker()),
+                    clock=clock, **options)
+    if peers:
+        router.remote = Catalog(*peers)  # type: ignore[assignment]
+    return router, region, clock
+
+
+def index_of(region: str, *records: AgentRecord) -> AgentIndex:
+    index = AgentIndex(region)
+    for item in records:
+        index.put(item)
+    return index
+
+
+def picks(router: Router, count: int, caller: TokenClaims = ADMIN, **request: Any) -> Counter[str]:
+    parsed = RouteRequest(**request)
+    return Counter(router.decide_exact(parsed, caller).target.agent_id for _ in range(count))
+
+
+def stages(router: Router, caller: TokenClaims = ADMIN, **request: Any) -> dict[str, str]:
+    with pytest.raises(NoAgentAvailable) as raised:
+        router.decide_exact(RouteRequest(**request), caller)
+    assert raised.value.details is not None
+    return raised.value.details["stages"]  # type: ignore[return-value]
+
+
+# -- weighted choice -------------------------------------------------------------------------
+
+def test_shares_follow_registered_weight_status_and_load() -> None:
+    router, _, _ = make_router(record("lang.translate.w1", weight=100), record("lang.translate.w2", weight=200),
+                               record("lang.translate.w7", weight=700))
+    count = 3_000
+    picked = picks(router, count, capability=CAPABILITY)
+    for agent_id, share in {"lang.translate.w1": 0.1, "lang.translate.w2": 0.2, "lang.translate.w7": 0.7}.items():
+        assert abs(picked[agent_id] / count - share) < 0.03, picked
+
+    # degraded (×0.5) and at capacity (×0.5): a quarter of the calm one's weight, so 20 %.
+    router, _, _ = make_router(record("lang.translate.calm", max_concurrency=10),
+                               record("lang.translate.hot", max_concurrency=10, status=Status.DEGRADED,
+                                      load=Load(inflight=10, queued=0)))
+    picked = picks(router, 2_000, capability=CAPABILITY)
+    assert abs(picked["lang.translate.hot"] / 2_000 - 0.2) < 0.03, picked
+
+
+def test_weight_factors_switch_parts_of_the_effective_weight() -> None:
+    agents = (record("lang.translate.light", weight=100), record("lang.translate.heavy", weight=900, status=Status.BUSY))
+    uniform, _, _ = make_router(*agents, factors=WeightFactor(0))
+    picked = picks(uniform, 2_000, capability=CAPABILITY)
+    assert abs(picked["lang.translate.heavy"] / 2_000 - 0.5) < 0.03, picked
+    weight_only, _, _ = make_router(*agents, factors=WeightFactor.WEIGHT)
+    picked = picks(weight_only, 2_000, capability=CAPABILITY)
+    assert abs(picked["lang.translate.heavy"] / 2_000 - 0.9) < 0.03, picked
+    blend, _, _ = make_router(*agents)  # 900 × 0.2 (busy) = 180 against 100
+    picked = picks(blend, 2_000, capability=CAPABILITY)
+    assert abs(picked["lang.translate.heavy"] / 2_000 - 180 / 280) < 0.03, picked
+
+    assert WeightFactor.from_names(["weight", "LOAD"]) == WeightFactor.WEIGHT | WeightFactor.LOAD
+    assert ALL_WEIGHT_FACTORS == WeightFactor.from_names(["weight", "status", "load", "errors"])
+    with pytest.raises(ValueError, match="unknown weight factor 'speed'; use errors, load, status, weight"):
+        WeightFactor.from_names(["speed"])
+    with pytest.raises(TypeError, match="WeightFactor"):
+        make_router(*agents, factors=frozenset({"weight"}))
+
+
+def test_alternates_are_other_agents_and_draining_ones_are_never_chosen() -> None:
+    router, _, _ = make_router(*(record(f"lang.translate.a{i}") for i in range(12)),
+                               record("lang.translate.leaving", status=Status.DRAINING))
+    for _ in range(200):
+        decision = router.decide_exact(RouteRequest(capability=CAPABILITY), ADMIN)
+        named = [decision.target.agent_id, *(c.agent_id for c in decision.alternates)]
+        assert len(named) == 3 and len(set(named)) == 3, named
+        assert "lang.translate.leaving" not in named
+    assert stages(router, agent_id="lang.translate.leaving") == {"local": "1 matched, none routable (1 draining)"}
+
+
+# -- affinity --------------------------------------------------------------------------------
+
+def test_a_conversation_stays_on_its_agent_and_moves_only_when_that_agent_goes() -> None:
+    router, region, _ = make_router(*(record(f"lang.translate.s{i}") for i in range(4)))
+    owners = {}
+    for conversation in range(60):
+        picked = picks(router, 10, capability=CAPABILITY, conversation_id=f"conv-{conversation}")
+        assert len(picked) == 1, "a conversation moved between agents"
+        owners[f"conv-{conversation}"] = next(iter(picked))
+    assert len(set(owners.values())) == 4, "affinity should still spread conversations"
+
+    removed = owners["conv-0"]
+    region.index.remove(removed)
+    for conversation, owner in owners.items():
+        now = next(iter(picks(router, 1, capability=CAPABILITY, conversation_id=conversation)))
+        assert now != removed
+        if owner != removed:
+            assert now == owner, "rendezvous hashing must not move conversations of surviving agents"
+
+
+# -- levels and spill-over -------------------------------------------------------------------
+
+def test_local_first_spills_only_the_share_the_local_region_cannot_carry() -> None:
+    east = Peer("east", index_of("east", record("lang.translate.e1", region="east")))
+    healthy = record("lang.translate.h1")
+    unready = [record(f"lang.translate.u{i}", ready=False) for i in range(3)]
+    router, _, _ = make_router(healthy, *unready, peers=(east,))
+    # One of four equal agents is healthy: the local level takes min(1, 1.4 × 1/4) = 35 %.
+    picked = picks(router, 2_000, capability=CAPABILITY)
+    assert abs(picked["lang.translate.h1"] / 2_000 - 0.35) < 0.03, picked
+    assert set(picked) == {"lang.translate.h1", "lang.translate.e1"}
+
+    # The preferred region comes first, and a fully healthy level carries all the traffic.
+    assert set(picks(router, 200, capability=CAPABILITY, preferred_region="east")) == {"lang.translate.e1"}
+    decision = router.decide_exact(RouteRequest(capability=CAPABILITY, preferred_region="east"), ADMIN)
+    assert decision.target.target["region"] == "east" and decision.target.target["locality"] == "remote"
+    assert set(picks(router, 200, capability=CAPABILITY, scope="local")) == {"lang.translate.h1"}
+
+
+def test_a_stale_peer_serves_only_when_nothing_fresher_can() -> None:
+    stale = Peer("west", index_of("west", record("lang.translate.w1", region="west")), stale=True)
+    router, region, _ = make_router(record("lang.translate.h1"), peers=(stale,))
+    assert set(picks(router, 200, capability=CAPABILITY)) == {"lang.translate.h1"}
+    decision = router.decide_exact(RouteRequest(capability=CAPABILITY), ADMIN)
+    assert [c.agent_id for c in decision.alternates] == ["lang.translate.w1"], "the stale peer is the last resort"
+
+    region.index.remove("lang.translate.h1")
+    decision = router.decide_exact(RouteRequest(capability=CAPABILITY), ADMIN)
+    assert decision.target.agent_id == "lang.translate.w1" and decision.target.target["stale"] is True
+    assert stages(router, capability=CAPABILITY, scope="local") == {
+        "local": "no agent has capability 'translate.text'", "remote": "scope=local"}
+
+
+def test_a_passed_lease_takes_the_agent_out_without_waiting_for_the_index() -> None:
+    router, _, clock = make_router(record("lang.translate.old"), record("lang.translate.new",
+                                                                        lease_expires_at_ms=START_MS + 2 * LEASE_MS))
+    assert set(picks(router, 100, capability=CAPABILITY)) == {"lang.translate.old", "lang.translate.new"}
+    clock.now = START_MS + LEASE_MS  # the cached table must notice the lease horizon moving past
+    assert set(picks(router, 100, capability=CAPABILITY)) == {"lang.translate.new"}
+    assert stages(router, agent_id="lang.translate.old") == {"local": "1 matched, none routable (1 lease_expired)"}
+
+
+# -- breakers --------------------------------------------------------------------------------
+
+def test_breakers_eject_at_most_half_a_pool_and_a_named_agent_gets_no_exemption() -> None:
+    outcomes = OutcomeTracker(failure_threshold=3)
+    agents = [f"lang.translate.e{i}" for i in range(4)]
+    router, _, clock = make_router(*(record(agent_id) for agent_id in agents), outcomes=outcomes)
+    for agent_id in agents[:3]:
+        for _ in range(3):
+            outcomes.record(agent_id, Outcome.FAILURE, now_ms=clock.now)
+    outcomes.record(agents[0], Outcome.TIMEOUT, now_ms=clock.now)  # e0 is the worst: it stays out
+    routed = set(picks(router, 400, capability=CAPABILITY))
+    assert len(routed) == 2 and agents[3] in routed and agents[0] not in routed, routed
+    assert stages(router, agent_id=agents[1]) == {"local": "1 matched, none routable (1 circuit_open)"}
+
+
+def test_an_open_breaker_admits_one_trial_after_the_cool_down_and_closes_on_success() -> None:
+    outcomes = OutcomeTracker(failure_threshold=2, cooldown_ms=500)
+    router, _, clock = make_router(record("lang.translate.good"), record("lang.translate.bad"), outcomes=outcomes)
+    for _ in range(2):
+        outcomes.record("lang.translate.bad", Outcome.FAILURE, now_ms=clock.now)
+    assert set(picks(router, 100, capability=CAPABILITY)) == {"lang.translate.good"}
+
+    clock.now += 500  # the router reads the cool-down on its own clock
+    trial = router.decide_exact(RouteRequest(agent_id="lang.translate.bad"), ADMIN)
+    assert trial.target.agent_id == "lang.translate.bad"
+    assert "circuit_open" in stages(router, agent_id="lang.translate.bad")["local"], "one trial per cool-down"
+    outcomes.record("lang.translate.bad", Outcome.SUCCESS, now_ms=clock.now)
+    assert set(picks(router, 200, capability=CAPABILITY)) == {"lang.translate.good", "lang.translate.bad"}
+
+
+# -- visibility, exclusion, versions ---------------------------------------------------------
+
+def test_an_agent_the_caller_may_not_see_does_not_exist_for_it() -> None:
+    router, _, _ = make_router(record("lang.translate.pub"),
+                               record("lang.translate.vip", allowed_callers=["finance.*.*"]))
+    assert set(picks(router, 200, OUTSIDER, capability=CAPABILITY)) == {"lang.translate.pub"}
+    assert set(picks(router, 400, INSIDER, capability=CAPABILITY)) == {"lang.translate.pub", "lang.translate.vip"}
+    # Neither an ACL nor a count: the reasons read as if the agent were not registered.
+    assert stages(router, OUTSIDER, agent_id="lang.translate.vip") == {"local": "no agent lang.translate.vip"}
+    decision = router.decide_exact(RouteRequest(capability=CAPABILITY), OUTSIDER)
+    assert [c.agent_id for c in decision.alternates] == [], "no ACL-denied alternate"
+    assert stages(router, OUTSIDER, capability=CAPABILITY, exclude=["lang.translate.pub"]) == {
+        "local": "1 matched, none routable (1 excluded)"}
+
+
+def test_version_constraints_select_compatible_versions() -> None:
+    router, _, _ = make_router(record("lang.translate.v1", version="1.4"), record("lang.translate.v2", version="v2.0.1"))
+    for constraint, expected, version in [("1", "lang.translate.v1", "1.4"), ("v1.2", "lang.translate.v1", "1.4"),
+                                          ("2", "lang.translate.v2", "v2.0.1"), (">=2,<3", "lang.translate.v2", "v2.0.1")]:
+        decision = router.decide_exact(RouteRequest(capability=CAPABILITY, version=constraint), ADMIN)
+        assert decision.target.agent_id == expected, constraint
+        assert decision.match == {"kind": "exact", "capability": CAPABILITY, "version": version, "score": 1.0}
+    assert stages(router, capability=CAPABILITY, version="1.5") == {
+        "local": "2 matched, none routable (2 incompatible_version)"}
+
+
+def test_a_ticket_is_signed_for_the_caller_and_expires_after_its_ttl() -> None:
+    router, _, clock = make_router(record("lang.translate.t1"), ticket_ttl_ms=2_000)
+    decision = router.decide_exact(RouteRequest(capability=CAPABILITY, trace_id="collab-1"), INSIDER)
+    ticket = decision.ticket()
+    assert (ticket.issued_at_ms, ticket.expires_at_ms) == (clock.now, clock.now + 2_000)
+    assert ticket.caller == INSIDER.sub and ticket.trace_id == "collab-1"
+    claims = router.signer.verify_ticket(ticket.signature)
+    assert claims["a"] == ["lang.translate.t1"] and claims["c"] == INSIDER.sub
+
+
+# -- semantic fallback -----------------------------------------------------------------------
+
+class FixedMatcher:
+    """Answers every query with the same scored hits, filtered by ``allow`` as a real one is."""
+
+    suggested_threshold = 0.5
+
+    def __init__(self, *hits: SemanticMatch) -> None:
+        self.hits = list(hits)
+
+    async def match(self, text: str, *, k: int, allow: Callable[[str, str], bool] | None = None
+                    ) -> list[SemanticMatch]:
+        return [hit for hit in self.hits if allow is None or allow(hit.region, hit.agent_id)][:k]
+
+
+async def test_the_semantic_fallback_takes_the_best_routable_match_above_the_threshold() -> None:
+    router, _, _ = make_router(record("lang.translate.best", capability="lang.translate"),
+                               record("lang.translate.next", capability="lang.translate"),
+                               record("lang.translate.vip", capability="lang.translate", allowed_callers=["finance.*.*"]))
+    router.matcher = FixedMatcher(SemanticMatch("lang.translate.vip", REGION, "lang.translate", 0.95),
+                                  SemanticMatch("lang.translate.best", REGION, "lang.translate", 0.9),
+                                  SemanticMatch("lang.translate.next", REGION, "lang.translate", 0.7),
+                                  SemanticMatch("lang.translate.gone", REGION, "lang.translate", 0.6))
+    decision = await router.decide(RouteRequest(capability="turn french into english"), OUTSIDER)
+    assert decision.target.agent_id == "lang.translate.best"
+    assert [c.agent_id for c in decision.alternates] == ["lang.translate.next"]
+    assert decision.match == {"kind": "semantic", "capability": "lang.translate", "score": 0.9, "version": "1"}
+
+    router.semantic_threshold = 0.92
+    with pytest.raises(NoAgentAvailable) as raised:
+        await router.decide(RouteRequest(capability="turn french into english"), OUTSIDER)
+    assert raised.value.details is not None
+    assert raised.value.details["stages"] == {  # type: ignore[index]
+        "local": "no agent has capability 'turn french into english'",
+        "semantic": "no match above the threshold 0.92 (best lang.translate.best at 0.90)"}
