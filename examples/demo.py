@@ -24,8 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.client import ReachClient
-from node.errors import NodeError
+from node.client import NodeError, ReachClient
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 AGENT_MODULES = ("examples.translator", "examples.ocr", "examples.image_search")

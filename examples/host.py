@@ -28,10 +28,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
-from node.api import bound_port
-from node.client import ReachClient
-from node.envelope import Envelope
-from node.models import Capability, Load, Registration
+from node.client import Capability, Envelope, Load, ReachClient, Registration
 
 Handler = Callable[[Envelope], Awaitable[Any]]
 ANSWER_CACHE_SIZE = 1_000
@@ -117,6 +114,14 @@ class AgentHost:
 
     async def _readyz(self, request: web.Request) -> web.Response:
         return web.json_response({"ready": True, "inflight": self.inflight})
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    """The TCP port a runner listens on (with port 0, the one the kernel chose)."""
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            return address[1]
+    raise RuntimeError("the runner has no listening TCP site")
 
 
 def main(argv: Sequence[str] | None, *, agent_id: str, display_name: str, description: str,

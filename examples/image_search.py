@@ -6,8 +6,7 @@ import re
 import sys
 from typing import Any
 
-from node.envelope import Envelope
-from node.models import Capability
+from node.client import Capability, Envelope
 
 from .host import main
 

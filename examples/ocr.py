@@ -7,8 +7,7 @@ import binascii
 import sys
 from typing import Any
 
-from node.envelope import Envelope
-from node.models import Capability
+from node.client import Capability, Envelope
 
 from .host import main
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from node.envelope import Envelope
-from node.models import Capability
+from node.client import Capability, Envelope
 
 from .host import main
 

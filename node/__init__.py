@@ -1,44 +1,55 @@
-"""One regional registry node: models, Redis store, cache, router, probes, security, HTTP API, SDK.
+"""One regional registry node: models, Redis store, cache, router, probes, security, HTTP API.
 
 Runs alone (single region, no Kafka, no torch); federation and semantic discovery attach
-through :class:`RemoteCatalog` and :class:`Matcher` (see ``node.router``).
+through :class:`RemoteCatalog` and :class:`Matcher` (see ``node.router``). The agent SDK is the
+package :mod:`node.client`.
+
+The names below are loaded when first used (PEP 562, as aiohttp's ``__init__`` does), so
+``from node.client import ReachClient`` does not pull in the server — Redis, Prometheus,
+``aiohttp.web`` — with it; ``from node import RegistryNode`` works as ever.
 """
 
-from .config import NodeConfig
-from .egress import EgressDenied, EgressPolicy
-from .errors import (
-    BadRequest,
-    Conflict,
-    Forbidden,
-    NoAgentAvailable,
-    NodeError,
-    NotFound,
-    PayloadTooLarge,
-    RateLimited,
-    StoreUnavailable,
-    Unauthorized,
-    UnknownAgent,
-    ValidationFailed,
-)
-from .models import (
-    AgentRecord,
-    Capability,
-    ChangeEvent,
-    Heartbeat,
-    Load,
-    Probe,
-    Registration,
-    RouteRequest,
-    RouteTicket,
-    Scope,
-    Status,
-    TokenRole,
-)
-from .quarantine import Quarantine
-from .router import Decision, Matcher, PeerView, RemoteCatalog, Router, SemanticMatch
-from .security import Signer, load_secret
-from .service import RegistryNode
-from .store import RegionStore
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import NodeConfig
+    from .egress import EgressDenied, EgressPolicy
+    from .errors import (
+        BadRequest,
+        Conflict,
+        Forbidden,
+        NoAgentAvailable,
+        NodeError,
+        NotFound,
+        PayloadTooLarge,
+        RateLimited,
+        StoreUnavailable,
+        Unauthorized,
+        UnknownAgent,
+        ValidationFailed,
+    )
+    from .models import (
+        AgentRecord,
+        Capability,
+        ChangeEvent,
+        Heartbeat,
+        Load,
+        Probe,
+        Registration,
+        RouteRequest,
+        RouteTicket,
+        Scope,
+        Status,
+        TokenRole,
+    )
+    from .quarantine import Quarantine
+    from .router import Decision, Matcher, PeerView, RemoteCatalog, Router, SemanticMatch
+    from .security import Signer, load_secret
+    from .service import RegistryNode
+    from .store import RegionStore
 
 __all__ = [
     "RegistryNode",
@@ -80,3 +91,32 @@ __all__ = [
     "RateLimited",
     "StoreUnavailable",
 ]
+
+# Which module of this package defines each exported name (the imports above, for checkers).
+_MODULES: dict[str, tuple[str, ...]] = {
+    "service": ("RegistryNode",),
+    "config": ("NodeConfig",),
+    "egress": ("EgressPolicy", "EgressDenied"),
+    "quarantine": ("Quarantine",),
+    "store": ("RegionStore",),
+    "router": ("Router", "Decision", "RemoteCatalog", "PeerView", "Matcher", "SemanticMatch"),
+    "security": ("Signer", "load_secret"),
+    "models": ("Registration", "AgentRecord", "Capability", "Probe", "Load", "Heartbeat", "Status", "ChangeEvent",
+               "RouteRequest", "RouteTicket", "Scope", "TokenRole"),
+    "errors": ("NodeError", "BadRequest", "ValidationFailed", "PayloadTooLarge", "Unauthorized", "Forbidden",
+               "NotFound", "UnknownAgent", "NoAgentAvailable", "Conflict", "RateLimited", "StoreUnavailable"),
+}
+_MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -9,7 +9,9 @@ from .cache import (
     DEFAULT_PRESERVE_FRACTION,
     DEFAULT_PRESERVE_MIN_AGENTS,
 )
+from .client import RetryPolicy
 from .egress import EgressPolicy
+from .envelope import DEFAULT_MAX_HOPS, MAX_HOPS_CEILING
 from .health import DEFAULT_MAX_CONCURRENT_PROBES
 from .leader import DEFAULT_LEADER_TTL_MS
 from .models import REGION_PATTERN
@@ -37,6 +39,46 @@ DEFAULT_MAX_BODY_BYTES = 256 * 1024
 DEFAULT_REPORT_GRACE_MS = 300_000
 DEFAULT_RATE_LIMIT_RPS = 0.0
 DEFAULT_BODY_READ_TIMEOUT_MS = 30_000
+
+
+# -- proxy mode (node.proxy, node.traces) ----------------------------------------------------
+
+DEFAULT_IDEMPOTENCY_TTL_MS = 600_000
+DEFAULT_TRACE_TTL_MS = 86_400_000
+DEFAULT_TRACE_MAX_EVENTS = 1_000
+DEFAULT_IDEMPOTENCY_MAX_BODY_BYTES = 1024 * 1024
+DEFAULT_MAX_BACKGROUND = 1_000
+DEFAULT_PROXY_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+
+
+class ProxySettings(BaseModel):
+    """Limits of proxy mode and the trace log: ``NodeConfig.proxy`` (a topology's ``[node.proxy]``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_hops: int = Field(default=DEFAULT_MAX_HOPS, ge=1, le=MAX_HOPS_CEILING)
+    connect_timeout_ms: int = Field(default=3_000, ge=1)
+    read_timeout_ms: int = Field(default=30_000, ge=1)
+    request_timeout_ms: int = Field(default=30_000, ge=1, description="Budget of one send, all attempts included.")
+    max_attempts: int = Field(default=3, ge=1, le=10, description="For idempotent envelopes; others get one.")
+    retry_initial_backoff_ms: int = Field(default=100, ge=0)
+    retry_max_backoff_ms: int = Field(default=2_000, ge=0)
+    retry_multiplier: float = Field(default=2.0, ge=1.0)
+    jitter_ratio: float = Field(default=0.2, ge=0.0, lt=1.0)
+    idempotency_ttl_ms: int = Field(default=DEFAULT_IDEMPOTENCY_TTL_MS, ge=1_000)
+    idempotency_max_body_bytes: int = Field(default=DEFAULT_IDEMPOTENCY_MAX_BODY_BYTES, ge=0)
+    trace_ttl_ms: int = Field(default=DEFAULT_TRACE_TTL_MS, ge=1_000)
+    trace_max_events: int = Field(default=DEFAULT_TRACE_MAX_EVENTS, ge=1, le=100_000)
+    callback_attempts: int = Field(default=3, ge=1, le=10)
+    max_background: int = Field(default=DEFAULT_MAX_BACKGROUND, ge=1,
+                                description="Callback-mode deliveries in flight; beyond it sends get 429.")
+    max_response_bytes: int = Field(default=DEFAULT_PROXY_MAX_RESPONSE_BYTES, ge=1,
+                                    description="A target's answer (decoded) beyond this fails the attempt.")
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(initial_backoff_s=self.retry_initial_backoff_ms / 1000, multiplier=self.retry_multiplier,
+                           max_backoff_s=max(self.retry_max_backoff_ms, self.retry_initial_backoff_ms) / 1000,
+                           jitter_ratio=self.jitter_ratio, max_attempts=self.max_attempts)
 
 
 class NodeConfig(BaseModel):
@@ -93,6 +135,10 @@ class NodeConfig(BaseModel):
     egress: EgressPolicy = Field(
         default_factory=EgressPolicy,
         description='Default: public addresses only; e.g. {"allow": ["loopback"]} when agents run on this host.')
+    # Proxy mode (node.proxy) and the trace log (node.traces).
+    proxy: ProxySettings = Field(default_factory=ProxySettings,
+                                 description="Limits of POST /v1/send and of the trace log; e.g. "
+                                             '{"max_response_bytes": 1048576}.')
 
     def transport_allowed(self, transport: str) -> bool:
         return self.allowed_transports is None or transport in self.allowed_transports

@@ -26,6 +26,8 @@ class NodeMetrics:
         self.deregistrations = Counter("agent_reach_deregistrations", "Deregistrations", registry=self.registry)
         self.reports = Counter("agent_reach_outcome_reports", "Outcome reports by outcome",
                                ["outcome"], registry=self.registry).labels
+        self.proxy_sends = Counter("agent_reach_proxy_sends", "Proxy-mode sends by result",
+                                   ["result"], registry=self.registry).labels
         self.gauges: dict[str, Gauge] = {}
         self._labels = labels
         self._children: dict[tuple[str, ...], Counter] = {}

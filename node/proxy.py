@@ -6,61 +6,53 @@ optional ``version`` and ``scope``):
 1. **Refusals first.** ``hop_count`` at or beyond the maximum (default 5) is refused with 422
    ``hop_limit_exceeded`` — an A→B→A loop dies after five hops instead of storming; an envelope
    past ``expire_at_ms`` is refused with 410 ``envelope_expired`` (no ghost messages).
-2. **Once per id.** The envelope id (scoped by the caller's identity) is claimed in the region's
-   Redis with ``SET NX``; a repeated id — concurrent or later, on this replica or another — is
-   answered from the stored answer with ``X-Reach-Duplicate: true`` and is not delivered again.
-   A send that fails releases its claim, so the caller may retry with the same id.
-3. **Route and deliver.** The router picks the target (``target_agent`` as agent_id or pattern,
-   else ``operation`` as the capability; ``extensions.conversation_id`` for affinity). The node
-   POSTs the envelope with ``hop_count + 1`` and ``source_agent`` set from the caller's token to
-   the target's endpoint. Idempotent envelopes fail over to an alternate or a fresh decision
-   (never the same agent twice); others get one attempt. Outcomes feed the router's breaker.
-   **Passthrough** targets (``transport = "passthrough"``) get the raw payload, and their answer
-   is returned as is (status, content type, body).
+2. **Once per id** (:mod:`node.once`). A repeated envelope id — concurrent or later, on this
+   replica or another — is answered from the stored answer with ``X-Reach-Duplicate: true`` and
+   is not delivered again. A send that fails releases its claim, so the caller may retry.
+3. **Route and deliver** with the SDK's attempt and failover (:mod:`node.client.delivery`, where
+   the rules are written down): the router picks the target (``target_agent`` as agent_id or
+   pattern, else ``operation`` as the capability; ``extensions.conversation_id`` for affinity);
+   the node POSTs the envelope with ``hop_count + 1`` and ``source_agent`` set from the caller's
+   token, through its egress-checked session. Idempotent envelopes fail over, others get one
+   attempt. A target's 4xx is passed through as its answer. Outcomes feed the router's breakers.
+   **Passthrough** targets get the raw payload, and their answer is returned as is.
 4. **Callbacks.** ``delivery=callback`` answers 202 at once and sends the result (or a
    ``reach.delivery_failed`` event) to the caller's *registered* ``callback_endpoint`` — never
    to an address found in the payload.
 5. **Route events.** Every decision, delivery attempt, outcome, duplicate, refusal and callback
-   is appended to the trace's list in the region's Redis (``{prefix}:{region}:trace:{trace_id}``,
-   TTL and a length cap); ``GET /v1/traces/{trace_id}`` reads it back, so a caller whose answer
-   was lost can find out what happened. Clients add their direct-call deliveries with
-   ``POST /v1/traces``. ``GET /v1/policy`` tells a client the region's rules before it registers.
+   goes to the node's trace log (:mod:`node.traces`). ``GET /v1/policy`` tells a client the
+   region's rules before it registers.
 
-Keys (all under the region's hash tag, next to :mod:`node.store`'s)::
-
-    {prefix}:{region}:send:{caller}:{envelope_id}  STRING  the claim, then the stored answer (TTL)
-    {prefix}:{region}:trace:{trace_id}             LIST    route events, oldest first (TTL, capped)
+Limits are ``NodeConfig.proxy`` (:class:`~node.config.ProxySettings`); the sends are counted in
+``NodeMetrics.proxy_sends`` (``agent_reach_proxy_sends``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
-import os
 import random
-import re
 import time
-import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
-from prometheus_client import Counter
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from redis.exceptions import RedisError
+from pydantic import ValidationError
 
-from .agentconfig import RetryPolicy
+from .client.delivery import (
+    AttemptError,
+    AttemptLimits,
+    Failover,
+    Pacing,
+    Tried,
+    deliver,
+)
+from .config import ProxySettings
 from .egress import EgressDenied, EgressPolicy, egress_denial, egress_session
 from .envelope import (
-    DEFAULT_MAX_HOPS,
-    MAX_HOPS_CEILING,
-    PASSTHROUGH,
-    TRACE_ID_PATTERN,
     Envelope,
     EnvelopeExpired,
     EnvelopeType,
@@ -68,35 +60,21 @@ from .envelope import (
     Policy,
     RouteEvent,
     RouteEventKind,
-    RouteEvents,
     SendAccepted,
-    Trace,
     looks_like_envelope,
-    raw_payload,
 )
-from .errors import Conflict, Forbidden, NodeError, NotFound, RateLimited, StoreUnavailable, ValidationFailed
+from .errors import Conflict, NodeError, RateLimited, StoreUnavailable, ValidationFailed
 from .http import CALLER, json_response, parse_body, validation_error
-from .models import Outcome, OutcomeReport, RouteRequest, RouteTarget, RouteTicket, TokenClaims, TokenRole
+from .models import Outcome, OutcomeReport, RouteRequest, RouteTarget, RouteTicket, TokenClaims
+from .once import Answer, DeliveryInProgress, OnceCache
 from .service import RegistryNode
 from .store import now_ms
+from .traces import TraceLog, install_trace_routes
 
 log = logging.getLogger(__name__)
 
-DEFAULT_IDEMPOTENCY_TTL_MS = 600_000
-DEFAULT_TRACE_TTL_MS = 86_400_000
-DEFAULT_TRACE_MAX_EVENTS = 1_000
-DEFAULT_IDEMPOTENCY_MAX_BODY_BYTES = 1024 * 1024
-DEFAULT_MAX_BACKGROUND = 1_000
-DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
-_POLL_INTERVAL_S = 0.02
-_TRACE_RE = re.compile(TRACE_ID_PATTERN)
-
-# Compare-and-delete: release a claim only if it is still ours.
-_RELEASE = """
-local cur = redis.call('GET', KEYS[1])
-if cur and string.find(cur, ARGV[1], 1, true) then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+# A claim outlives the send's budget by this much, so a slow first send is not taken for a dead one.
+_CLAIM_GRACE_MS = 10_000
 
 
 # -- errors ----------------------------------------------------------------------------------
@@ -115,304 +93,45 @@ class DeliveryFailed(NodeError):
     code = "delivery_failed"
 
 
-class DeliveryInProgress(Conflict):
-    """Another send with the same envelope id is still being delivered: retry later with the same id."""
-
-    code = "delivery_in_progress"
-
-
 class DuplicateEnvelope(Conflict):
     """The id was delivered already and its answer was too large to keep for duplicates."""
 
     code = "duplicate_envelope"
 
 
-# -- settings --------------------------------------------------------------------------------
-
-
-class ProxySettings(BaseModel):
-    """Limits of proxy mode; the defaults serve most regions (``configure_proxy`` to change them)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_hops: int = Field(default=DEFAULT_MAX_HOPS, ge=1, le=MAX_HOPS_CEILING)
-    connect_timeout_ms: int = Field(default=3_000, ge=1)
-    read_timeout_ms: int = Field(default=30_000, ge=1)
-    request_timeout_ms: int = Field(default=30_000, ge=1, description="Budget of one send, all attempts included.")
-    max_attempts: int = Field(default=3, ge=1, le=10, description="For idempotent envelopes; others get one.")
-    retry_initial_backoff_ms: int = Field(default=100, ge=0)
-    retry_max_backoff_ms: int = Field(default=2_000, ge=0)
-    retry_multiplier: float = Field(default=2.0, ge=1.0)
-    jitter_ratio: float = Field(default=0.2, ge=0.0, lt=1.0)
-    idempotency_ttl_ms: int = Field(default=DEFAULT_IDEMPOTENCY_TTL_MS, ge=1_000)
-    idempotency_max_body_bytes: int = Field(default=DEFAULT_IDEMPOTENCY_MAX_BODY_BYTES, ge=0)
-    trace_ttl_ms: int = Field(default=DEFAULT_TRACE_TTL_MS, ge=1_000)
-    trace_max_events: int = Field(default=DEFAULT_TRACE_MAX_EVENTS, ge=1, le=100_000)
-    callback_attempts: int = Field(default=3, ge=1, le=10)
-    max_background: int = Field(default=DEFAULT_MAX_BACKGROUND, ge=1,
-                                description="Callback-mode deliveries in flight; beyond it sends get 429.")
-    max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, ge=1,
-                                    description="A target's answer (decoded) beyond this fails the attempt.")
-
-    def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy(initial_backoff_s=self.retry_initial_backoff_ms / 1000, multiplier=self.retry_multiplier,
-                           max_backoff_s=max(self.retry_max_backoff_ms, self.retry_initial_backoff_ms) / 1000,
-                           jitter_ratio=self.jitter_ratio, max_attempts=self.max_attempts)
-
-
-_SETTINGS: weakref.WeakKeyDictionary[RegistryNode, ProxySettings] = weakref.WeakKeyDictionary()
-_COUNTERS: weakref.WeakKeyDictionary[object, Any] = weakref.WeakKeyDictionary()
-
-
-def configure_proxy(node: RegistryNode, settings: ProxySettings) -> None:
-    """Use ``settings`` for ``node``'s proxy (call before the app is built)."""
-    _SETTINGS[node] = settings
-
-
-def _sends_counter(node: RegistryNode) -> Any:
-    counter = _COUNTERS.get(node.metrics)
-    if counter is None:
-        counter = Counter("agent_reach_proxy_sends", "Proxy-mode sends by result", ["result"],
-                          registry=node.metrics.registry).labels
-        _COUNTERS[node.metrics] = counter
-    return counter
-
-
-# -- the trace log ---------------------------------------------------------------------------
-
-
-class TraceLog:
-    """Route events per trace_id in the region's Redis: a capped list with a TTL."""
-
-    def __init__(self, node: RegistryNode, *, ttl_ms: int, max_events: int) -> None:
-        self.redis = node.store.redis
-        self.prefix = f"{node.store.key_base}:trace:"
-        self.ttl_ms = ttl_ms
-        self.max_events = max_events
-
-    def key(self, trace_id: str) -> str:
-        return self.prefix + trace_id
-
-    async def append(self, events: list[RouteEvent]) -> None:
-        """Append events (one pipeline); a Redis failure is logged, never raised: the send stands."""
-        if not events:
-            return
-        grouped: dict[str, list[str]] = {}
-        for event in events:
-            grouped.setdefault(event.trace_id, []).append(event.model_dump_json(exclude_none=True))
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for trace_id, items in grouped.items():
-                    key = self.key(trace_id)
-                    pipe.rpush(key, *items)
-                    pipe.ltrim(key, -self.max_events, -1)
-                    pipe.pexpire(key, self.ttl_ms)
-                await pipe.execute()
-        except RedisError as exc:
-            log.warning("could not record %d route events: %s", len(events), exc)
-
-    async def read(self, trace_id: str) -> list[RouteEvent]:
-        try:
-            raw = await self.redis.lrange(self.key(trace_id), 0, -1)
-        except RedisError as exc:
-            raise StoreUnavailable(f"cannot read trace {trace_id} from Redis: {exc}") from exc
-        events = []
-        for item in raw:
-            try:
-                events.append(RouteEvent.model_validate_json(item))
-            except ValidationError:
-                log.warning("skipping an unreadable event in %s", self.key(trace_id))
-        return events
-
-
-# -- once-per-id -----------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Answer:
-    """What a send answered; stored so a duplicate gets the same answer."""
-
-    status: int
-    content_type: str
-    body: bytes
-    headers: dict[str, str] = field(default_factory=dict)
-    too_large: bool = False
-
-    def dump(self) -> str:
-        return orjson.dumps({"state": "done", "status": self.status, "content_type": self.content_type,
-                             "headers": self.headers, "too_large": self.too_large,
-                             "body": "" if self.too_large else base64.b64encode(self.body).decode()}).decode()
-
-    @classmethod
-    def load(cls, data: dict[str, Any]) -> Answer:
-        return cls(status=int(data["status"]), content_type=str(data["content_type"]),
-                   body=base64.b64decode(data.get("body") or ""), headers=dict(data.get("headers") or {}),
-                   too_large=bool(data.get("too_large")))
-
-
-class OnceCache:
-    """Runs a delivery at most once per key across all replicas of a region.
-
-    Concurrent duplicates in this process wait on the first one's future; duplicates on other
-    replicas poll the stored claim until the answer is there.
-    """
-
-    def __init__(self, node: RegistryNode, *, ttl_ms: int, pending_ttl_ms: int, max_body_bytes: int) -> None:
-        self.redis = node.store.redis
-        self.prefix = f"{node.store.key_base}:send:"
-        self.node_id = node.node_id
-        self.ttl_ms = ttl_ms
-        self.pending_ttl_ms = pending_ttl_ms
-        self.max_body_bytes = max_body_bytes
-        self._release = self.redis.register_script(_RELEASE)
-        self._inflight: dict[str, asyncio.Future[Answer]] = {}
-        self.waiting = 0  # duplicates now waiting for a first send's answer
-
-    def key(self, caller: str, envelope_id: str) -> str:
-        return f"{self.prefix}{caller}:{envelope_id}"
-
-    async def run(self, key: str, deliver: Callable[[], Awaitable[Answer]], *, wait_s: float) -> tuple[Answer, bool]:
-        """``(answer, duplicate)``: the stored answer of an earlier send, or ``deliver()``'s.
-
-        Raises what ``deliver`` raises (to concurrent duplicates too, which did not deliver),
-        :class:`DeliveryInProgress` when another replica's send outlasts ``wait_s``.
-        """
-        deadline = time.monotonic() + wait_s
-        while True:
-            local = self._inflight.get(key)
-            if local is not None:
-                self.waiting += 1
-                try:
-                    return await asyncio.shield(local), True
-                except _ClaimAgain:
-                    continue
-                finally:
-                    self.waiting -= 1
-            future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-            self._inflight[key] = future
-            try:
-                answer, duplicate = await self._claim_and_deliver(key, deliver, deadline)
-            except _ClaimAgain as exc:
-                _fail(future, exc)
-                continue
-            except asyncio.CancelledError:
-                _fail(future, DeliveryInProgress("the first send of this envelope id was cancelled; "
-                                                 "retry with the same id", field="id"))
-                raise
-            except Exception as exc:
-                _fail(future, exc)
-                raise
-            else:
-                future.set_result(answer)
-                return answer, duplicate
-            finally:
-                if self._inflight.get(key) is future:
-                    del self._inflight[key]
-
-    async def _claim_and_deliver(self, key: str, deliver: Callable[[], Awaitable[Answer]],
-                                 deadline: float) -> tuple[Answer, bool]:
-        token = os.urandom(8).hex()
-        claim = orjson.dumps({"state": "pending", "node": self.node_id, "token": token}).decode()
-        async with _redis_errors("claim the envelope id"):
-            claimed = await self.redis.set(key, claim, nx=True, px=self.pending_ttl_ms)
-        if not claimed:
-            stored = await self._wait_stored(key, deadline)
-            if stored is None:
-                raise _ClaimAgain()  # the other send failed and released the id: claim it ourselves
-            return stored, True
-        try:
-            answer = await deliver()
-        except BaseException:
-            with contextlib.suppress(RedisError):
-                await self._release(keys=[key], args=[token])
-            raise
-        await self._store(key, answer)
-        return answer, False
-
-    async def _store(self, key: str, answer: Answer) -> None:
-        if len(answer.body) > self.max_body_bytes:
-            answer = Answer(answer.status, answer.content_type, b"", dict(answer.headers), too_large=True)
-        async with _redis_errors("store the answer for duplicates"):
-            await self.redis.set(key, answer.dump(), px=self.ttl_ms)
-
-    async def _wait_stored(self, key: str, deadline: float) -> Answer | None:
-        self.waiting += 1
-        try:
-            return await self._poll_stored(key, deadline)
-        finally:
-            self.waiting -= 1
-
-    async def _poll_stored(self, key: str, deadline: float) -> Answer | None:
-        while True:
-            async with _redis_errors("read the envelope id's claim"):
-                raw = await self.redis.get(key)
-            if raw is None:
-                return None
-            data = orjson.loads(raw)
-            if data.get("state") == "done":
-                return Answer.load(data)
-            if time.monotonic() >= deadline:
-                raise DeliveryInProgress("a send with this envelope id is still being delivered; "
-                                         "retry later with the same id to get its answer", field="id")
-            await asyncio.sleep(_POLL_INTERVAL_S)
-
-
-class _ClaimAgain(Exception):
-    """The id's earlier send failed and released it: try to claim it again."""
-
-
-def _fail(future: asyncio.Future[Answer], exc: Exception) -> None:
-    if not future.done():
-        future.set_exception(exc)
-        future.exception()  # mark it retrieved: there may be no concurrent duplicate waiting
-
-
-@contextlib.asynccontextmanager
-async def _redis_errors(what: str) -> AsyncIterator[None]:
-    try:
-        yield
-    except RedisError as exc:
-        raise StoreUnavailable(f"cannot {what} in Redis: {exc}") from exc
-
-
 # -- the proxy -------------------------------------------------------------------------------
 
 
-class _Failed(Exception):
-    def __init__(self, outcome: Outcome, message: str, *, status: int | None = None,
-                 egress: EgressDenied | None = None) -> None:
-        super().__init__(message)
-        self.outcome = outcome
-        self.status = status
-        self.egress = egress
+class _EgressGuard:
+    """The region's egress policy as the delivery's guard (the session's connector checks the rest)."""
 
-    def attempt(self, agent_id: str) -> dict[str, Any]:
-        """How ``DeliveryFailed.details.attempts`` describes this failure."""
-        described: dict[str, Any] = {"agent_id": agent_id, "error": str(self), "status": self.status}
-        if self.egress is not None:
-            described["reason"] = self.egress.code
-            described["egress"] = {"address": self.egress.address, "rule": self.egress.rule}
-        return described
+    def __init__(self, policy: EgressPolicy) -> None:
+        self.policy = policy
 
+    def check_url(self, url: str) -> None:
+        self.policy.check_url(url)
 
-class _ResponseTooLarge(Exception):
-    """A target's answer grew past ``max_response_bytes``."""
+    def denial(self, exc: BaseException) -> NodeError | None:
+        return egress_denial(exc)
 
 
 class Proxy:
     """Delivers envelopes for callers; owns its HTTP session and background deliveries."""
 
-    def __init__(self, node: RegistryNode, settings: ProxySettings, *, rng: random.Random | None = None) -> None:
+    def __init__(self, node: RegistryNode, *, traces: TraceLog, rng: random.Random | None = None) -> None:
         self.node = node
-        self.settings = settings
+        self.settings: ProxySettings = node.config.proxy
         self.egress: EgressPolicy = node.config.egress
-        self.policy = settings.retry_policy()
+        self.guard = _EgressGuard(self.egress)
+        self.policy = self.settings.retry_policy()
+        self.limits = AttemptLimits(connect_timeout_s=self.settings.connect_timeout_ms / 1000,
+                                    read_timeout_s=self.settings.read_timeout_ms / 1000,
+                                    max_response_bytes=self.settings.max_response_bytes, owner="the proxy's")
         self.rng = rng or random.Random()
-        self.traces = TraceLog(node, ttl_ms=settings.trace_ttl_ms, max_events=settings.trace_max_events)
-        self.once = OnceCache(node, ttl_ms=settings.idempotency_ttl_ms,
-                              pending_ttl_ms=settings.request_timeout_ms + 10_000,
-                              max_body_bytes=settings.idempotency_max_body_bytes)
-        self.sends = _sends_counter(node)
+        self.traces = traces  # api.py's direct-mode decisions still reach the log through here
+        self.once = OnceCache.of(node.store, node_id=node.node_id, ttl_ms=self.settings.idempotency_ttl_ms,
+                                 pending_ttl_ms=self.settings.request_timeout_ms + _CLAIM_GRACE_MS,
+                                 max_body_bytes=self.settings.idempotency_max_body_bytes)
         self.session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -453,52 +172,23 @@ class Proxy:
 
             answer, duplicate = await self.once.run(self.once.key(caller.sub, envelope.id), accept, wait_s=wait_s)
         else:
-            async def deliver() -> Answer:
+            async def deliver_now() -> Answer:
                 events: list[RouteEvent] = []
                 try:
                     return await self._deliver(envelope, route, caller, events)
                 finally:
                     await self.traces.append(events)
 
-            answer, duplicate = await self.once.run(self.once.key(caller.sub, envelope.id), deliver, wait_s=wait_s)
+            answer, duplicate = await self.once.run(self.once.key(caller.sub, envelope.id), deliver_now,
+                                                    wait_s=wait_s)
         if duplicate:
-            self.sends("duplicate").inc()
+            self._count("duplicate")
             await self.traces.append([self._event(RouteEventKind.DUPLICATE, envelope, caller, result="duplicate",
                                                   status=answer.status, agent_id=answer.headers.get("X-Reach-Agent"),
                                                   detail="answered from the idempotency cache, not delivered again")])
             return self._duplicate_response(answer)
-        self.sends("accepted" if callback_endpoint else "delivered").inc()
+        self._count("accepted" if callback_endpoint else "delivered")
         return _response(answer)
-
-    async def handle_trace(self, request: web.Request) -> web.Response:
-        caller: TokenClaims = request[CALLER]
-        trace_id = request.match_info["trace_id"]
-        if not _TRACE_RE.match(trace_id):
-            raise ValidationFailed("trace_id must be 1-100 characters of [A-Za-z0-9_.:-]", field="trace_id")
-        events = await self.traces.read(trace_id)
-        if caller.role is not TokenRole.ADMIN:
-            events = [event for event in events
-                      if caller.sub in (event.caller, event.agent_id) and self._may_see_agent(caller, event.agent_id)]
-        if not events:
-            raise NotFound(f"region {self.node.region} has no events of trace {trace_id} that you took part in "
-                           "(traces expire; events go to the region that handled the send)",
-                           field="trace_id", code="unknown_trace")
-        return json_response(Trace(trace_id=trace_id, region=self.node.region, count=len(events), events=events))
-
-    def _may_see_agent(self, caller: TokenClaims, agent_id: str | None) -> bool:
-        """An event naming an agent whose ``allowed_callers`` exclude the caller is not shown."""
-        record = self.node.find(agent_id) if agent_id else None
-        return record is None or self.node.visible(record, caller)
-
-    async def handle_trace_events(self, request: web.Request) -> web.Response:
-        caller: TokenClaims = request[CALLER]
-        batch = await parse_body(request, RouteEvents)
-        for event in batch.events:
-            if caller.role is not TokenRole.ADMIN and event.caller != caller.sub:
-                raise Forbidden(f"a token for {caller.sub!r} may only record its own calls, not {event.caller!r}",
-                                field="events.caller")
-        await self.traces.append([event.model_copy(update={"mode": "direct"}) for event in batch.events])
-        return json_response({"accepted": len(batch.events)})
 
     async def handle_policy(self, request: web.Request) -> web.Response:
         config = self.node.config
@@ -544,7 +234,7 @@ class Proxy:
                                       field="expire_at_ms")
         if refusal is None:
             return
-        self.sends(refusal.code).inc()
+        self._count(refusal.code)
         await self.traces.append([self._event(RouteEventKind.REFUSED, envelope, caller, result=refusal.code,
                                               status=refusal.status, detail=refusal.message)])
         raise refusal
@@ -576,133 +266,72 @@ class Proxy:
     async def _deliver(self, envelope: Envelope, route: RouteRequest, caller: TokenClaims,
                        events: list[RouteEvent]) -> Answer:
         """Route and deliver with failover for idempotent envelopes; raises DeliveryFailed."""
-        settings = self.settings
         started = time.monotonic()
-        budget_s = settings.request_timeout_ms / 1000
+        budget_s = self.settings.request_timeout_ms / 1000
         remaining_ms = envelope.remaining_ms(now_ms=now_ms())
         if remaining_ms is not None:
             budget_s = min(budget_s, remaining_ms / 1000)
-        deadline = started + budget_s
-        forwarded = envelope.forwarded().model_copy(update={"source_agent": caller.sub})
-        max_attempts = settings.max_attempts if envelope.idempotent else 1
-        tried: list[str] = []
         failures: list[dict[str, Any]] = []
-        queue: list[tuple[RouteTicket, RouteTarget]] = []
-        for attempt in range(max_attempts):
-            if attempt > 0:
-                delay = self.policy.backoff_s(attempt - 1, self.rng)
-                if time.monotonic() + delay >= deadline:
-                    break
-                await asyncio.sleep(delay)
-            pick = await self._next_target(route, queue, tried, envelope, caller, events)
-            if pick is None:
-                break
-            ticket, target = pick
-            tried.append(target.agent_id)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            began = time.perf_counter()
-            try:
-                answer = await self._post(target, forwarded.model_copy(update={"target_agent": target.agent_id}),
-                                          remaining)
-            except _Failed as failure:
-                latency = (time.perf_counter() - began) * 1000
-                failures.append(failure.attempt(target.agent_id))
-                events.append(self._event(RouteEventKind.DELIVERY, envelope, caller, target=target, attempt=attempt,
-                                          result=failure.outcome.value, status=failure.status, latency_ms=latency,
-                                          detail=str(failure)))
-                self._report(ticket, target, failure.outcome, latency, caller)
-                continue
-            latency = (time.perf_counter() - began) * 1000
-            events.append(self._event(RouteEventKind.DELIVERY, envelope, caller, target=target, attempt=attempt,
-                                      result="success", status=answer.status, latency_ms=latency))
+
+        async def decide(request: RouteRequest, *, fresh: bool) -> RouteTicket:
+            return await self._decide(request, first=not fresh, envelope=envelope, caller=caller, events=events)
+
+        def on_attempt(tried: Tried) -> None:
+            self._after_attempt(tried, envelope, caller, events, failures)
+
+        delivery = await deliver(
+            envelope.forwarded().model_copy(update={"source_agent": caller.sub}), Failover(route, resolve=decide),
+            session=self._require_session, limits=self.limits, pacing=Pacing(self.policy, self.rng),
+            max_attempts=self.settings.max_attempts if envelope.idempotent else 1, deadline=started + budget_s,
+            on_attempt=on_attempt, guard=self.guard)
+        answered = delivery.answered
+        if answered is not None and answered.answer is not None:
+            target, answer = answered.pick.target, answered.answer
             events.append(self._event(RouteEventKind.OUTCOME, envelope, caller, target=target, result="delivered",
                                       status=answer.status, latency_ms=(time.monotonic() - started) * 1000))
-            self._report(ticket, target, Outcome.SUCCESS, latency, caller)
-            answer.headers.update({"X-Reach-Agent": target.agent_id, "X-Reach-Region": target.region,
-                                   "X-Reach-Attempts": str(attempt + 1), "X-Reach-Trace-Id": envelope.trace_id,
-                                   "X-Reach-Envelope-Id": envelope.id})
-            return answer
-        self.sends("failed").inc()
+            return Answer(answer.status, answer.content_type, answer.body, headers={
+                "X-Reach-Agent": target.agent_id, "X-Reach-Region": target.region,
+                "X-Reach-Attempts": str(answered.index + 1), "X-Reach-Trace-Id": envelope.trace_id,
+                "X-Reach-Envelope-Id": envelope.id})
+        self._count("failed")
         note = "" if envelope.idempotent else " (one attempt: the envelope is not marked idempotent)"
         message = (f"could not deliver {envelope.id} after {len(failures)} attempt(s){note}: "
                    + ("; ".join(f"{f['agent_id']}: {f['error']}" for f in failures) or "no agent to try"))
         events.append(self._event(RouteEventKind.OUTCOME, envelope, caller, result="failed", detail=message[:1000]))
         raise DeliveryFailed(message, details={"attempts": failures})
 
-    async def _next_target(self, route: RouteRequest, queue: list[tuple[RouteTicket, RouteTarget]], tried: list[str],
-                           envelope: Envelope, caller: TokenClaims, events: list[RouteEvent]
-                           ) -> tuple[RouteTicket, RouteTarget] | None:
-        while queue:
-            ticket, target = queue.pop(0)
-            if target.agent_id not in tried:
-                return ticket, target
-        request = route.model_copy(update={"exclude": list(tried)}) if tried else route
+    async def _decide(self, request: RouteRequest, *, first: bool, envelope: Envelope, caller: TokenClaims,
+                      events: list[RouteEvent]) -> RouteTicket:
+        """A ticket from the router in process; every decision (or why there is none) joins the trace."""
         try:
             ticket = await self.node.resolve(request, caller)
         except NodeError as exc:
             events.append(self._event(RouteEventKind.DECISION, envelope, caller, result=exc.code, detail=exc.message))
-            if tried:
-                return None
-            self.sends(exc.code).inc()
+            if first:
+                self._count(exc.code)
             raise
         alternates = ", ".join(a.agent_id for a in ticket.alternates) or "none"
+        detail = f"ticket {ticket.ticket_id}, {ticket.locality.value}; alternates: {alternates}"
         events.append(self._event(RouteEventKind.DECISION, envelope, caller, target=ticket.target,
-                                  result=ticket.match.kind.value,
-                                  detail=f"ticket {ticket.ticket_id}, {ticket.locality.value}; alternates: {alternates}"))
-        queue.extend((ticket, target) for target in (ticket.target, *ticket.alternates)
-                     if target.agent_id not in tried)
-        return queue.pop(0) if queue else None
+                                  result=ticket.match.kind.value, detail=detail))
+        return ticket
 
-    async def _post(self, target: RouteTarget, envelope: Envelope, remaining_s: float) -> Answer:
-        session = self.session
-        if session is None:
+    def _after_attempt(self, tried: Tried, envelope: Envelope, caller: TokenClaims, events: list[RouteEvent],
+                       failures: list[dict[str, Any]]) -> None:
+        """The outcome sink: the router's breakers (as a report), the trace, and DeliveryFailed's details."""
+        target, failure = tried.pick.target, tried.failure
+        events.append(self._event(RouteEventKind.DELIVERY, envelope, caller, target=target, attempt=tried.index,
+                                  result=tried.outcome.value if failure is not None else "success",
+                                  status=tried.status, latency_ms=tried.latency_ms,
+                                  detail=str(failure) if failure is not None else None))
+        self._report(tried.pick.ticket, target, tried.outcome, tried.latency_ms, caller)
+        if failure is not None:
+            failures.append(_described(target.agent_id, failure))
+
+    def _require_session(self) -> aiohttp.ClientSession:
+        if self.session is None:
             raise StoreUnavailable("the proxy is not started", code="proxy_not_started")
-        if target.transport == PASSTHROUGH:
-            data, content_type = raw_payload(envelope.payload)
-        else:
-            data, content_type = envelope.to_json(), "application/json"
-        timeout = aiohttp.ClientTimeout(total=remaining_s, sock_connect=self.settings.connect_timeout_ms / 1000,
-                                        sock_read=self.settings.read_timeout_ms / 1000)
-        headers = {"Content-Type": content_type, "X-Reach-Trace-Id": envelope.trace_id,
-                   "X-Reach-Envelope-Id": envelope.id, "X-Reach-Hop-Count": str(envelope.hop_count)}
-        self._check_egress(target.endpoint)
-        limit = self.settings.max_response_bytes
-        try:
-            # Redirects are never followed: a target could bounce the node to an address the
-            # egress policy was only asked about once (and a 307 would re-send the body).
-            async with session.post(target.endpoint, data=data, headers=headers, timeout=timeout,
-                                    allow_redirects=False) as response:
-                status = response.status
-                if 300 <= status < 400:
-                    raise _Failed(Outcome.FAILURE, f"HTTP {status}: the target answered a redirect"
-                                  f"{_location(response)}; the node never follows redirects (register the final URL)",
-                                  status=status)
-                body = await _read_bounded(response, limit)
-                response_type = response.headers.get("Content-Type", "application/octet-stream")
-        except asyncio.CancelledError:
-            raise
-        except _ResponseTooLarge as exc:
-            raise _Failed(Outcome.FAILURE, f"the answer exceeds the proxy's limit of {limit} bytes "
-                          "(max_response_bytes); send large results by reference") from exc
-        except TimeoutError as exc:
-            raise _Failed(Outcome.TIMEOUT, "timed out") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            denied = egress_denial(exc)
-            if denied is not None:
-                raise _Failed(Outcome.FAILURE, f"egress_denied: {denied.message}", egress=denied) from exc
-            raise _Failed(Outcome.FAILURE, f"{type(exc).__name__}: {exc}") from exc
-        if status >= 500 or status in (408, 429):
-            raise _Failed(Outcome.REJECTED if status == 429 else Outcome.FAILURE, f"HTTP {status}", status=status)
-        return Answer(status, response_type, body)
-
-    def _check_egress(self, url: str) -> None:
-        """The static half of the egress policy (scheme, userinfo, literal hosts); the connector does the rest."""
-        try:
-            self.egress.check_url(url)
-        except EgressDenied as denied:
-            raise _Failed(Outcome.FAILURE, f"egress_denied: {denied.message}", egress=denied) from denied
+        return self.session
 
     def _report(self, ticket: RouteTicket, target: RouteTarget, outcome: Outcome, latency_ms: float,
                 caller: TokenClaims) -> None:
@@ -744,7 +373,7 @@ class Proxy:
             status: int | None = None
             denied: EgressDenied | None = None
             try:
-                self._check_egress(url)
+                self.egress.check_url(url)
                 # The body is not read: only the status matters, and an unread answer cannot
                 # fill the node's memory (the connection is closed instead of reused).
                 async with session.post(url, data=result.to_json(), headers=headers, timeout=timeout,
@@ -753,8 +382,8 @@ class Proxy:
                 error = None if status < 300 else f"HTTP {status}"
             except asyncio.CancelledError:
                 raise
-            except _Failed as failure:
-                denied, error = failure.egress, str(failure)
+            except EgressDenied as exc:
+                denied, error = exc, f"egress_denied: {exc.message}"
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 denied = egress_denial(exc)
                 error = f"egress_denied: {denied.message}" if denied else f"{type(exc).__name__}: {exc}"
@@ -769,6 +398,9 @@ class Proxy:
         log.warning("could not deliver the result of %s to %s", original.id, url)
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _count(self, result: str) -> None:
+        self.node.metrics.count(self.node.metrics.proxy_sends, result)
 
     def _event(self, kind: RouteEventKind, envelope: Envelope, caller: TokenClaims, *,
                target: RouteTarget | None = None, **fields: Any) -> RouteEvent:
@@ -796,28 +428,13 @@ class Proxy:
         return response
 
 
-async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The body, counted as it arrives; raises :class:`_ResponseTooLarge` past ``limit`` bytes.
-
-    aiohttp's stream reader pauses the socket while its buffer is full, so at most ``limit`` plus
-    one chunk is ever held; the caller's context exit then closes the connection.
-    """
-    declared = response.content_length
-    if declared is not None and declared > limit:
-        raise _ResponseTooLarge()
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            raise _ResponseTooLarge()
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _location(response: aiohttp.ClientResponse) -> str:
-    location = response.headers.get("Location")
-    return f" to {location[:200]!r}" if location else ""
+def _described(agent_id: str, failure: AttemptError) -> dict[str, Any]:
+    """How ``DeliveryFailed.details.attempts`` describes one failed attempt."""
+    described: dict[str, Any] = {"agent_id": agent_id, "error": str(failure), "status": failure.status}
+    if isinstance(failure.denied, EgressDenied):
+        described["reason"] = failure.denied.code
+        described["egress"] = {"address": failure.denied.address, "rule": failure.denied.rule}
+    return described
 
 
 def _response(answer: Answer) -> web.Response:
@@ -849,8 +466,9 @@ PROXY_KEY = web.AppKey("proxy", Proxy)
 
 
 def install_proxy_routes(app: web.Application, node: RegistryNode) -> None:
-    """Add ``/v1/send``, ``/v1/traces`` and ``/v1/policy`` to a node's app (called by ``build_app``)."""
-    proxy = Proxy(node, _SETTINGS.get(node) or ProxySettings())
+    """Add ``/v1/send`` and ``/v1/policy`` (and the trace routes, unless installed) to a node's app."""
+    traces = install_trace_routes(app, node)
+    proxy = Proxy(node, traces=traces)
     app[PROXY_KEY] = proxy
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -860,10 +478,8 @@ def install_proxy_routes(app: web.Application, node: RegistryNode) -> None:
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/send", proxy.handle_send)
-    app.router.add_get("/v1/traces/{trace_id}", proxy.handle_trace)
-    app.router.add_post("/v1/traces", proxy.handle_trace_events)
     app.router.add_get("/v1/policy", proxy.handle_policy)
 
 
-__all__ = ["DeliveryFailed", "DeliveryInProgress", "DuplicateEnvelope", "EnvelopeExpired", "HopLimitExceeded",
-           "NoCallbackEndpoint", "Proxy", "ProxySettings", "TraceLog", "configure_proxy", "install_proxy_routes"]
+__all__ = ["PROXY_KEY", "DeliveryFailed", "DeliveryInProgress", "DuplicateEnvelope", "EnvelopeExpired",
+           "HopLimitExceeded", "NoCallbackEndpoint", "Proxy", "install_proxy_routes"]

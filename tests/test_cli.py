@@ -115,6 +115,15 @@ def test_register_from_an_a2a_card_with_keep_alive(tmp_path: Path) -> None:
         bad = subprocess.run([AGENT_REACH, "register", "--a2a-card", str(card), "--agent-id", "finance.invoice.cli",
                               "--node", url, "--token", token + "x"], capture_output=True, text=True, timeout=30)
         assert bad.returncode == 2 and "refused" in bad.stderr
+        broken = tmp_path / "broken.json"
+        broken.write_text(json.dumps({**CARD_V03, "skills": "not a list"}))
+        invalid = subprocess.run([AGENT_REACH, "register", "--a2a-card", str(broken), "--agent-id",
+                                  "finance.invoice.cli", "--node", url, "--token", token],
+                                 capture_output=True, text=True, timeout=30)
+        assert invalid.returncode == 2 and "invalid (card.skills)" in invalid.stderr, invalid.stderr
+        once = subprocess.run([AGENT_REACH, "register", "--a2a-card", str(card), "--agent-id", "finance.invoice.cli",
+                               "--node", url, "--token", token], capture_output=True, text=True, timeout=30)
+        assert once.returncode == 0 and "registered finance.invoice.cli" in once.stdout, once.stderr
         keeper = subprocess.Popen([AGENT_REACH, "register", "--a2a-card", str(card), "--agent-id",
                                    "finance.invoice.cli", "--node", url, "--token", token, "--lease-ttl-ms", "1500",
                                    "--keep-alive"], stdout=subprocess.PIPE, text=True, start_new_session=True)
@@ -131,6 +140,7 @@ def test_register_from_an_a2a_card_with_keep_alive(tmp_path: Path) -> None:
                 except urllib.error.HTTPError as exc:
                     return exc.code
 
+            assert get() == 200  # the one-shot registration was not deregistered when it exited
             # Kept alive past several leases by its heartbeats.
             deadline = time.monotonic() + 3.5
             while time.monotonic() < deadline:

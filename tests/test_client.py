@@ -12,9 +12,16 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from node.agentconfig import AgentConfigError, RetryPolicy, load_agent_config
 from node.api import bound_port, serve
-from node.client import CallFailed, CallRejected, CallTimeout, ReachClient
+from node.client import (
+    AgentConfigError,
+    CallFailed,
+    CallRejected,
+    CallTimeout,
+    ReachClient,
+    RetryPolicy,
+    load_agent_config,
+)
 from node.models import Load, TokenRole
 from node.outcomes import BreakerState
 

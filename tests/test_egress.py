@@ -18,10 +18,9 @@ import pytest
 from aiohttp.abc import AbstractResolver, ResolveResult
 from pydantic import ValidationError
 
-from node.config import NodeConfig
+from node.config import NodeConfig, ProxySettings
 from node.egress import EgressConnector, EgressDenied, EgressPolicy, egress_denial, egress_session
 from node.models import Registration
-from node.proxy import ProxySettings, configure_proxy
 from node.service import RegistryNode
 from topology.topology import TopologyError, load_topology
 
@@ -424,9 +423,8 @@ async def test_a_redirect_is_never_followed(node: RunningNode) -> None:
 
 async def test_an_answer_beyond_the_size_cap_fails_the_attempt(redis_url: str, region: str) -> None:
     cap = 64 * 1024
-    node = RegistryNode(NodeConfig(region=region, redis_url=redis_url, port=0, egress={"allow": ["loopback"]}),
-                        secret=TEST_SECRET)
-    configure_proxy(node, ProxySettings(max_response_bytes=cap))
+    node = RegistryNode(NodeConfig(region=region, redis_url=redis_url, port=0, egress={"allow": ["loopback"]},
+                                   proxy=ProxySettings(max_response_bytes=cap)), secret=TEST_SECRET)
     running = await start_node(node)
     total = 64 * 1024 * 1024
     endless = await Listener(stream(total)).start()

@@ -42,7 +42,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from node.config import NodeConfig
+from node.config import NodeConfig, ProxySettings
 from node.egress import EgressPolicy
 from node.models import Probe, Registration, TokenRole, parse_version, version_constraint
 from node.openapi import (
@@ -53,7 +53,6 @@ from node.openapi import (
     stored_url_pattern,
     url_pattern,
 )
-from node.proxy import ProxySettings, configure_proxy
 from topology.compose import build_node
 
 from .conftest import TEST_SECRET
@@ -376,12 +375,12 @@ async def agent() -> AsyncIterator[AgentServer]:
 
 @pytest.fixture
 async def fuzz_node(redis_url: str, region: str, agent: AgentServer) -> AsyncIterator[RunningNode]:
-    config = NodeConfig(region=region, redis_url=redis_url, port=0, semantic_enabled=False, egress=EGRESS,
-                        sweep_interval_ms=100, lease_sync_interval_ms=100, leader_ttl_ms=1_000)
-    node = build_node(config, secret=TEST_SECRET)
     # Deliveries to fuzzed addresses fail fast (refused by the egress policy, or nobody listening).
-    configure_proxy(node, ProxySettings(connect_timeout_ms=300, read_timeout_ms=1_000, request_timeout_ms=2_000,
-                                        retry_initial_backoff_ms=10, retry_max_backoff_ms=50))
+    proxy = ProxySettings(connect_timeout_ms=300, read_timeout_ms=1_000, request_timeout_ms=2_000,
+                          retry_initial_backoff_ms=10, retry_max_backoff_ms=50)
+    config = NodeConfig(region=region, redis_url=redis_url, port=0, semantic_enabled=False, egress=EGRESS,
+                        sweep_interval_ms=100, lease_sync_interval_ms=100, leader_ttl_ms=1_000, proxy=proxy)
+    node = build_node(config, secret=TEST_SECRET)
     running = await start_node(node)
     try:
         # Long leases: nobody heartbeats them while the fuzzer runs.

@@ -12,10 +12,10 @@ from aiohttp import web
 
 from node.api import bound_port
 from node.client import ReachClient
-from node.config import NodeConfig
+from node.config import NodeConfig, ProxySettings
 from node.envelope import Envelope, EnvelopeExpired, HopLimitExceeded, epoch_ms
 from node.models import TokenRole
-from node.proxy import PROXY_KEY, ProxySettings, configure_proxy
+from node.proxy import PROXY_KEY
 from node.service import RegistryNode
 
 from .conftest import TEST_SECRET
@@ -333,8 +333,8 @@ async def test_direct_calls_record_their_deliveries_in_the_trace(node: RunningNo
 
 
 async def test_traces_are_capped_per_trace(redis_url: str, region: str) -> None:
-    node = RegistryNode(NodeConfig(region=region, redis_url=redis_url, port=0), secret=TEST_SECRET)
-    configure_proxy(node, ProxySettings(trace_max_events=5, trace_ttl_ms=60_000))
+    node = RegistryNode(NodeConfig(region=region, redis_url=redis_url, port=0,
+                                   proxy=ProxySettings(trace_max_events=5, trace_ttl_ms=60_000)), secret=TEST_SECRET)
     running = await start_node(node)
     try:
         events = [{"event": "delivery", "at_ms": index, "trace_id": "trace-cap", "caller": "admin",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from node.agentconfig import load_agent_config
+from node.client import load_agent_config
 from node.models import TokenRole
 from node.security import Signer
 from topology.preflight import run_preflight

@@ -25,10 +25,16 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from node.agentconfig import AgentConfig, AgentConfigError, load_agent_config
-from node.client import NodeUnreachable, ReachClient
-from node.errors import NodeError, Unauthorized
-from node.models import TokenRole
+from node.client import (
+    AgentConfig,
+    AgentConfigError,
+    NodeError,
+    NodeUnreachable,
+    ReachClient,
+    TokenRole,
+    Unauthorized,
+    load_agent_config,
+)
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -2,7 +2,8 @@
 
 Once (the lease then runs out unless something heartbeats it), or with ``--keep-alive``:
 heartbeat every lease/3 until SIGINT/SIGTERM, then deregister — for an A2A agent that has no
-Agent-Reach SDK or sidecar of its own.
+Agent-Reach SDK or sidecar of its own. Both go through the SDK (:class:`node.client.ReachClient`),
+so the heartbeats, the re-registration after a lapsed lease and the deregistration are the SDK's.
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ import signal
 import sys
 from pathlib import Path
 
-import aiohttp
+import orjson
+from pydantic import ValidationError
 
-from node.models import AGENT_ID_RE, MAX_LEASE_TTL_MS, MIN_LEASE_TTL_MS
+from node.client import CardRegistration, NodeError, NodeUnreachable, ReachClient
 
 from .runtime import run
 
 TOKEN_ENV = "AGENT_REACH_TOKEN"
 DEFAULT_NODE_URL = "http://127.0.0.1:7070"
+NODE_TIMEOUT_MS = 10_000
+# The card and its options as the CLI names them, for messages about a field that is wrong.
+_OPTION_OF_FIELD = {"agent_id": "--agent-id", "lease_ttl_ms": "--lease-ttl-ms", "labels": "--label"}
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -47,10 +52,6 @@ def _run(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get(TOKEN_ENV)
     if not token:
         return _fail(f"give --token or set ${TOKEN_ENV} ('agent-reach token issue --agent {args.agent_id}')")
-    if not AGENT_ID_RE.match(args.agent_id):
-        return _fail(f"--agent-id {args.agent_id!r} is not namespace.group.name (lower case)")
-    if not MIN_LEASE_TTL_MS <= args.lease_ttl_ms <= MAX_LEASE_TTL_MS:
-        return _fail(f"--lease-ttl-ms must be within {MIN_LEASE_TTL_MS}..{MAX_LEASE_TTL_MS}")
     try:
         card = json.loads(Path(args.a2a_card).read_text())
     except OSError as exc:
@@ -64,42 +65,46 @@ def _run(args: argparse.Namespace) -> int:
             return _fail(f"--label {label!r} must be KEY=VALUE")
         labels[key] = value
     body = {"agent_id": args.agent_id, "card": card, "lease_ttl_ms": args.lease_ttl_ms, "labels": labels}
-    return run(_register(args.node.rstrip("/"), token, body, keep_alive=args.keep_alive))
+    try:
+        # As the node parses it (strict JSON), so what passes here is what the node gets.
+        registration = CardRegistration.model_validate_json(orjson.dumps(body), strict=True)
+    except ValidationError as exc:
+        return _fail(_invalid(exc, args.a2a_card))
+    return run(_register(args.node.rstrip("/"), token, registration, keep_alive=args.keep_alive))
 
 
-async def _register(node: str, token: str, body: dict[str, object], *, keep_alive: bool) -> int:
-    headers = {"Authorization": f"Bearer {token}"}
-    agent_id = body["agent_id"]
-    async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as session:
-        try:
-            async with session.post(f"{node}/v1/agent-cards", json=body) as response:
-                answer = await response.json(content_type=None)
-                if response.status not in (200, 201):
-                    where = f" ({answer.get('field')})" if answer.get("field") else ""
-                    return _fail(f"the node refused the card{where}: {answer.get('message', answer)}")
-        except aiohttp.ClientError as exc:
-            return _fail(f"cannot reach the node at {node}: {exc}")
-        print(f"registered {agent_id} in region {answer['region']} (version {answer['version']})", flush=True)
+def _invalid(exc: ValidationError, card_file: str) -> str:
+    first = exc.errors(include_url=False)[0]
+    location = [str(part) for part in first["loc"]]
+    option = _OPTION_OF_FIELD.get(location[0]) if location else None
+    if option is not None:
+        return f"{option}: {first['msg']}"
+    return f"the card in {card_file} is invalid ({'.'.join(location)}): {first['msg']}"
+
+
+async def _register(node: str, token: str, card: CardRegistration, *, keep_alive: bool) -> int:
+    try:
         if not keep_alive:
+            async with ReachClient(node, token=token, node_timeout_ms=NODE_TIMEOUT_MS) as client:
+                answer = await client.register_card(card)
+            print(f"registered {card.agent_id} in region {answer.region} (version {answer.version})", flush=True)
             return 0
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        interval_s = answer["heartbeat_interval_ms"] / 1000
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=interval_s)
-                break
-            except TimeoutError:
-                pass
-            try:
-                async with session.put(f"{node}/v1/agents/{agent_id}/heartbeat", json={}) as response:
-                    if response.status == 404:  # the lease ran out (node restart, pause): register again
-                        async with session.post(f"{node}/v1/agent-cards", json=body) as again:
-                            again.raise_for_status()
-            except aiohttp.ClientError as exc:
-                print(f"heartbeat failed, retrying: {exc}", file=sys.stderr, flush=True)
-        async with session.delete(f"{node}/v1/agents/{agent_id}") as response:
-            print(f"deregistered {agent_id} ({response.status})", flush=True)
-    return 0
+        # register_max_wait_ms=0: one try, as without --keep-alive; a node that is down is an error now
+        async with ReachClient(node, token=token, card=card, node_timeout_ms=NODE_TIMEOUT_MS,
+                               register_max_wait_ms=0) as client:
+            answer = client.registered
+            if answer is not None:
+                print(f"registered {card.agent_id} in region {answer.region} (version {answer.version})",
+                      flush=True)
+            await stop.wait()
+        print(f"deregistered {card.agent_id}", flush=True)
+        return 0
+    except NodeUnreachable as exc:
+        return _fail(f"cannot reach the node at {node}: {exc.message}")
+    except NodeError as exc:
+        where = f" ({exc.field})" if exc.field else ""
+        return _fail(f"the node refused the card{where}: {exc.message}")

@@ -27,10 +27,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from node.agentconfig import AgentConfig, AgentConfigError, load_agent_config
-from node.client import ReachClient
-from node.errors import NodeError
-from node.models import Load, Status
+from node.client import AgentConfig, AgentConfigError, Load, NodeError, ReachClient, Status, load_agent_config
 
 from .preflight import run_preflight
 

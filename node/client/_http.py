@@ -11,9 +11,10 @@ import aiohttp
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from ._client_errors import NodeUnreachable, node_error
-from .envelope import Envelope, SendAccepted, looks_like_envelope
-from .models import Heartbeat, RegisterResponse, Registration
+from ..a2a import CardRegistration
+from ..envelope import Envelope, SendAccepted, looks_like_envelope
+from ..models import Heartbeat, RegisterResponse, Registration
+from ._errors import NodeUnreachable, node_error
 
 
 @dataclass(slots=True)
@@ -64,6 +65,12 @@ class NodeApi:
 
     async def register(self, registration: Registration) -> RegisterResponse:
         return RegisterResponse.model_validate(await self.request("POST", "/v1/agents", registration))
+
+    async def register_card(self, card: CardRegistration) -> RegisterResponse:
+        """``POST /v1/agent-cards``: register an agent from its A2A Agent Card."""
+        # exclude_unset: send what the caller wrote, so the node validates the card as given
+        body = card.model_dump(mode="json", exclude_unset=True)
+        return RegisterResponse.model_validate(await self.request("POST", "/v1/agent-cards", body))
 
     async def heartbeat(self, agent_id: str, heartbeat: Heartbeat) -> None:
         await self.request("PUT", f"/v1/agents/{quote(agent_id)}/heartbeat", heartbeat)

@@ -14,22 +14,23 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from ._client_http import NodeApi
-from ._retry import retryable_node_error
-from .agentconfig import RetryPolicy
-from .errors import NodeError, UnknownAgent
-from .models import Heartbeat, Load, Registration, Status
+from ..errors import NodeError, UnknownAgent
+from ..models import Heartbeat, Load, RegisterResponse, Status
+from ._http import NodeApi
+from ._retry import RetryPolicy, retryable_node_error
 
 log = logging.getLogger("node.client")  # the SDK logs under one name, whichever module it is in
 
 HEARTBEAT_STOP_TIMEOUT_S = 10.0
 LoadCallback = Callable[[], "Load | Mapping[str, Any] | None"]
+# Registers the agent again through ``api`` (the heartbeat thread's own), with ``status`` if set.
+Reregister = Callable[[NodeApi, "Status | None"], Awaitable[RegisterResponse]]
 
 
 class HeartbeatState(enum.Enum):
@@ -59,12 +60,13 @@ class Heartbeater:
     The stop and wake signals may come from any thread (``call_soon_threadsafe``).
     """
 
-    def __init__(self, *, base_url: str, token: str, registration: Registration, interval_s: float,
+    def __init__(self, *, base_url: str, token: str, agent_id: str, reregister: Reregister, interval_s: float,
                  node_timeout_s: float, policy: RetryPolicy, load: LoadCallback | None,
                  status: Callable[[], Status | None], rng: random.Random) -> None:
         self.base_url = base_url
         self.token = token
-        self.registration = registration
+        self.agent_id = agent_id
+        self.reregister = reregister
         self.interval_s = interval_s
         self.node_timeout_s = node_timeout_s
         self.retry_policy = policy
@@ -84,7 +86,7 @@ class Heartbeater:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start_thread(self) -> None:
-        name = f"reach-heartbeat-{self.registration.agent_id}"
+        name = f"reach-heartbeat-{self.agent_id}"
         self._thread = threading.Thread(target=self._thread_main, name=name, daemon=True)
         self._thread.start()
 
@@ -113,7 +115,7 @@ class Heartbeater:
                 self._loop.call_soon_threadsafe(self._stop.set)
         await asyncio.to_thread(self._thread.join, HEARTBEAT_STOP_TIMEOUT_S)
         if self._thread.is_alive():
-            log.error("the heartbeat thread of %s did not stop within %.0fs", self.registration.agent_id,
+            log.error("the heartbeat thread of %s did not stop within %.0fs", self.agent_id,
                       HEARTBEAT_STOP_TIMEOUT_S)
 
     def _thread_main(self) -> None:
@@ -132,7 +134,7 @@ class Heartbeater:
     def _died(self, exc: BaseException) -> None:
         self.error = exc
         self.state = HeartbeatState.FAILED
-        log.error("heartbeats of %s stopped: %r — the lease will lapse", self.registration.agent_id, exc,
+        log.error("heartbeats of %s stopped: %r — the lease will lapse", self.agent_id, exc,
                   exc_info=exc)
 
     # -- the loop ----------------------------------------------------------------------------
@@ -160,11 +162,11 @@ class Heartbeater:
                         # Retry sooner than the interval so one lost beat does not cost the lease.
                         wait_s = min(self.interval_s, self.retry_policy.backoff_s(failures, self.rng))
                         failures += 1
-                    log.warning("heartbeat of %s failed: %s", self.registration.agent_id, exc.message)
+                    log.warning("heartbeat of %s failed: %s", self.agent_id, exc.message)
                 except Exception as exc:  # noqa: BLE001 - one bad beat must not end the loop
                     self.stats.failed += 1
                     self.stats.last_error = repr(exc)
-                    log.exception("heartbeat of %s failed unexpectedly", self.registration.agent_id)
+                    log.exception("heartbeat of %s failed unexpectedly", self.agent_id)
                 await self._pause(wait_s)
         self.state = HeartbeatState.STOPPED
 
@@ -183,18 +185,14 @@ class Heartbeater:
     async def _beat(self, api: NodeApi) -> None:
         beat = Heartbeat(status=self.status(), load=self._current_load())
         try:
-            await api.heartbeat(self.registration.agent_id, beat)
+            await api.heartbeat(self.agent_id, beat)
         except UnknownAgent:
             # The lease lapsed (a partition, a paused process, a node that lost Redis): come back.
-            registration = self.registration
-            status = self.status()
-            if status is not None:
-                registration = registration.model_copy(update={"status": status})
-            response = await api.register(registration)
+            response = await self.reregister(api, self.status())
             self.stats.reregistered += 1
             if response.heartbeat_interval_ms:
                 self.interval_s = min(self.interval_s, response.heartbeat_interval_ms / 1000)
-            log.warning("%s had no lease at %s; registered again (version %d)", registration.agent_id,
+            log.warning("%s had no lease at %s; registered again (version %d)", self.agent_id,
                         self.base_url, response.version)
         self.stats.sent += 1
         self.stats.last_sent_at = time.monotonic()
@@ -206,11 +204,11 @@ class Heartbeater:
         try:
             value = self.load()
         except Exception:  # noqa: BLE001 - a broken load callback must not stop the heartbeat
-            log.exception("the load callback of %s raised; heartbeat sent without load", self.registration.agent_id)
+            log.exception("the load callback of %s raised; heartbeat sent without load", self.agent_id)
             return None
         if value is None or isinstance(value, Load):
             return value
         return Load.model_validate(dict(value))
 
 
-__all__ = ["HEARTBEAT_STOP_TIMEOUT_S", "Heartbeater", "HeartbeatState", "HeartbeatStats", "LoadCallback"]
+__all__ = ["HEARTBEAT_STOP_TIMEOUT_S", "Heartbeater", "HeartbeatState", "HeartbeatStats", "LoadCallback", "Reregister"]

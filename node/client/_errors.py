@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .envelope import EnvelopeExpired, HopLimitExceeded
-from .errors import (
+from ..envelope import EnvelopeExpired, HopLimitExceeded
+from ..errors import (
     BadRequest,
     Conflict,
     Forbidden,
@@ -24,7 +24,7 @@ from .errors import (
     UnknownAgent,
     ValidationFailed,
 )
-from .models import Outcome
+from ..models import Outcome
 
 
 class ClientError(NodeError):

@@ -1,52 +1,8 @@
-"""The agent SDK: register, stay alive, find others and call them — ``ReachClient``.
+"""``ReachClient``: an agent's (or a plain caller's) connection to its region's registry node.
 
-::
-
-    async with ReachClient("http://127.0.0.1:7070", token=TOKEN, registration=registration,
-                           load=lambda: Load(inflight=server.inflight)) as reach:
-        result = await reach.call("translate.text", {"text": "退款说明", "target_lang": "en"},
-                                  idempotent=True)
-
-What it guarantees:
-
-* **Registration** retries with backoff until the node answers (``register_max_wait_ms`` caps
-  it); a rejection (bad token, forbidden transport, invalid field) raises at once.
-* **Heartbeats** run on their own thread with their own event loop and HTTP session
-  (``heartbeat_in_thread=True``, the default): an agent handler that blocks the caller's event
-  loop — synchronous I/O, a CPU-bound step — does not stop them. The ``load`` callback is
-  called on that thread, so it must be thread-safe (reading counters is). A pure-Python busy
-  loop holding the GIL still lets the heartbeat thread run every ``sys.getswitchinterval()``
-  (5 ms); only a C extension that holds the GIL for longer than the lease can starve it.
-  ``unknown_agent`` (the lease lapsed) re-registers from the same thread.
-* **Close** stops heartbeats, flushes outcome reports and deregisters.
-* ``resolve()`` caches a ticket until it expires; a failure of its target evicts it.
-* ``call()`` POSTs an :class:`~node.envelope.Envelope` to the target (the raw payload for
-  ``transport = "passthrough"``) with separate connect, read and overall timeouts. Only
-  ``idempotent=True`` calls are retried: after the wait of :class:`RetryPolicy` they move to an
-  alternate of the ticket or a fresh decision that excludes every agent already tried — never
-  the same address twice. A breaker per target skips agents that keep failing. Every attempt's
-  outcome goes to ``/v1/reports`` in the background, batched.
-
-Errors (the node's tree, :mod:`node.errors`, plus)::
-
-    NodeError
-    └── ClientError               base of what only the SDK raises
-        ├── NodeUnreachable       503 the node did not answer (connection refused, timeout)
-        ├── NodeRejected          the node answered with an error this SDK has no class for
-        └── CallFailed            502 no attempt of call() succeeded; ``.attempts`` says why each failed
-            ├── CallRejected      the target answered 4xx (not retried: the request is wrong)
-            └── CallTimeout       504 the overall request timeout passed
-
-A node error with a known code is raised as its own class (``NoAgentAvailable``,
-``UnknownAgent``, ``Unauthorized``, :class:`~node.envelope.HopLimitExceeded`,
-:class:`~node.envelope.EnvelopeExpired` …) with the node's code, message, field and details.
-``call()`` raises those last two itself before sending: a direct call is a hop, like a
-proxied one, so ``hop_count`` is incremented and an A→B→A loop stops at ``max_hops`` (5).
-
-This module is the facade; the parts live in private modules: ``_client_errors`` (the tree
-above), ``_client_http`` (the node's API), ``_heartbeat``, ``_reports`` (batched outcome
-reports), ``_retry`` (backoff, breaker, failover order), ``_tickets`` (the ticket cache) and
-``_delivery`` (one attempt at a target).
+What it guarantees is on :mod:`node.client`'s page; the parts it composes live beside it:
+``_http`` (the node's API), ``_heartbeat``, ``_reports``, ``_tickets``, ``_retry`` and
+:mod:`node.client.delivery` (the attempt and the failover the proxy shares).
 """
 
 from __future__ import annotations
@@ -65,33 +21,11 @@ from urllib.parse import quote
 import aiohttp
 from pydantic import ValidationError
 
-from ._client_errors import (
-    Attempt,
-    CallFailed,
-    CallRejected,
-    CallTimeout,
-    ClientError,
-    NodeRejected,
-    NodeUnreachable,
-    node_error,
-)
-from ._client_http import NodeApi, SendResult
-from ._delivery import AttemptError, deliver
-from ._heartbeat import Heartbeater, HeartbeatStats, LoadCallback
-from ._reports import Reporter
-from ._retry import ClientBreakers, Failover, Pick, Sleep, register_with_backoff
-from ._tickets import TicketCache
-from .agentconfig import (
-    AgentConfig,
-    AgentConfigError,
-    ClientSettings,
-    RetryPolicy,
-    load_agent_config,
-)
-from .envelope import (
+from ..a2a import CardRegistration
+from ..envelope import (
+    PASSTHROUGH,
     Envelope,
     EnvelopeExpired,
-    EnvelopeType,
     HopLimitExceeded,
     Policy,
     RouteEvent,
@@ -99,9 +33,8 @@ from .envelope import (
     Trace,
     epoch_ms,
 )
-from .errors import NodeError, UnknownAgent, ValidationFailed
-from .models import (
-    Outcome,
+from ..errors import NodeError, UnknownAgent, ValidationFailed
+from ..models import (
     OutcomeReport,
     RegisterResponse,
     Registration,
@@ -110,9 +43,17 @@ from .models import (
     Scope,
     Status,
 )
-from .outcomes import BreakerState, OutcomeTracker
+from ..outcomes import BreakerState, OutcomeTracker
+from ._config import AgentConfig, AgentConfigError, ClientSettings, first_problem, load_agent_config, registration_of
+from ._errors import Attempt, CallFailed, CallRejected, CallTimeout, ClientError
+from ._heartbeat import Heartbeater, HeartbeatStats, LoadCallback
+from ._http import NodeApi, SendResult, as_envelope
+from ._reports import Reporter
+from ._retry import ClientBreakers, Sleep, register_with_backoff
+from ._tickets import TicketCache
+from .delivery import AttemptLimits, Delivery, End, Failover, Pacing, Tried, deliver
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("node.client")  # the SDK logs under one name, whichever module it is in
 
 
 @dataclass(slots=True)
@@ -148,31 +89,27 @@ class ClientState(enum.Enum):
 class ReachClient:
     """An agent's (or a plain caller's) connection to its region's registry node.
 
-    Build it with keywords or from an agent TOML file (:mod:`node.agentconfig`)::
+    Build it with keywords or from an agent TOML file (:class:`AgentConfig`)::
 
         ReachClient("http://127.0.0.1:7070", token=token, registration={...}, connect_timeout_ms=1000)
         ReachClient(config="agent.toml", load=current_load)
+        ReachClient("http://127.0.0.1:7070", token=token, card=CardRegistration(...))  # an A2A agent
 
     Keywords beyond the named ones are :class:`ClientSettings` fields and override the file.
     ``clock`` (monotonic seconds), ``sleep`` and ``rng`` are injectable so tests can check the
-    backoff and breaker without wall time. Without a ``registration`` it only calls others.
+    backoff and breaker without wall time. Without a ``registration`` or ``card`` it only calls
+    others.
     """
 
     def __init__(self, node_url: str | None = None, *, token: str | None = None,
                  registration: Registration | Mapping[str, Any] | None = None,
+                 card: CardRegistration | None = None,
                  config: AgentConfig | str | Path | None = None, settings: ClientSettings | None = None,
                  load: LoadCallback | None = None, clock: Callable[[], float] = time.monotonic,
                  sleep: Sleep = asyncio.sleep, rng: random.Random | None = None, **options: Any) -> None:
         if isinstance(config, (str, Path)):
             config = load_agent_config(config)
-        base = settings or (config.client if config is not None else ClientSettings())
-        if options:
-            try:
-                base = ClientSettings.model_validate({**base.model_dump(), **options})
-            except ValidationError as exc:
-                key, problem = _first_problem(exc)
-                raise AgentConfigError(f"client option {key}: {problem}", field=key) from exc
-        self.settings = base
+        self.settings = (settings or (config.client if config is not None else ClientSettings())).with_options(options)
         url = node_url or (config.node.url if config is not None else None)
         if not url:
             raise AgentConfigError("give the node URL (node_url= or [node] url in the config)", field="node.url")
@@ -182,13 +119,10 @@ class ReachClient:
             raise AgentConfigError("give a bearer token (token= or [node] token* in the config)", field="node.token")
         if registration is None and config is not None:
             registration = config.agent
-        if registration is not None and not isinstance(registration, Registration):
-            try:
-                registration = Registration.model_validate(dict(registration))
-            except ValidationError as exc:
-                key, problem = _first_problem(exc)
-                raise AgentConfigError(f"registration {key}: {problem}", field=key) from exc
-        self.registration: Registration | None = registration
+        if registration is not None and card is not None:
+            raise AgentConfigError("give a registration or an A2A card, not both", field="card")
+        self.registration: Registration | None = registration_of(registration)
+        self.card = card
         self.load = load
         self.clock = clock
         self.sleep = sleep
@@ -223,7 +157,7 @@ class ReachClient:
         await self.aclose()
 
     async def start(self) -> None:
-        """Open the session; with a registration, register (with backoff) and start heartbeats."""
+        """Open the session; with a registration or card, register (with backoff) and start heartbeats."""
         if self.state is not ClientState.NEW:
             return
         self.state = ClientState.STARTING
@@ -236,7 +170,7 @@ class ReachClient:
                                       queue_limit=self.settings.report_queue_limit,
                                       flush_timeout_s=2 * self.settings.node_timeout_ms / 1000)
             self._reporter.start()
-            if self.registration is not None:
+            if self.registration is not None or self.card is not None:
                 await self.register()
         except BaseException:
             await self.aclose()
@@ -245,20 +179,19 @@ class ReachClient:
 
     async def register(self) -> RegisterResponse:
         """Register (retrying until the node answers) and make sure heartbeats run."""
-        if self.registration is None:
+        agent_id = self.agent_id
+        if agent_id is None:
             raise AgentConfigError("this client has no registration", field="agent")
-        registration = self.registration
-        if self._status is not None:
-            registration = registration.model_copy(update={"status": self._status})
+        api = self._require_api()
         max_wait = self.settings.register_max_wait_ms
         self.registered = await register_with_backoff(
-            self._require_api(), registration, self.retry_policy, rng=self.rng, sleep=self.sleep, clock=self.clock,
-            max_wait_s=None if max_wait is None else max_wait / 1000,
+            lambda: self._register_on(api, self._status), agent_id=agent_id, policy=self.retry_policy,
+            rng=self.rng, sleep=self.sleep, clock=self.clock, max_wait_s=None if max_wait is None else max_wait / 1000,
             stopping=lambda: self.state in (ClientState.CLOSING, ClientState.CLOSED))
         if self._heartbeater is None:
             interval_ms = self.settings.heartbeat_interval_ms or self.registered.heartbeat_interval_ms
             self._heartbeater = Heartbeater(
-                base_url=self.node_url, token=self.token, registration=self.registration,
+                base_url=self.node_url, token=self.token, agent_id=agent_id, reregister=self._register_on,
                 interval_s=interval_ms / 1000, node_timeout_s=min(self.settings.node_timeout_ms, interval_ms) / 1000,
                 policy=self.retry_policy, load=self.load, status=lambda: self._status, rng=self.rng)
             if self.settings.heartbeat_in_thread:
@@ -266,6 +199,25 @@ class ReachClient:
             else:
                 self._heartbeater.start_task()
         return self.registered
+
+    async def register_card(self, card: CardRegistration) -> RegisterResponse:
+        """Register an agent from its A2A card once: no heartbeats, no deregistration at close.
+
+        For a one-shot registration whose lease something else renews (or lets lapse); give
+        ``card=`` to the constructor instead to keep the agent registered while the client runs.
+        """
+        return await self._require_api().register_card(card)
+
+    async def _register_on(self, api: NodeApi, status: Status | None) -> RegisterResponse:
+        """One registration request through ``api`` (the heartbeat thread has its own)."""
+        if self.card is not None:
+            return await api.register_card(self.card)
+        if self.registration is None:
+            raise AgentConfigError("this client has no registration", field="agent")
+        registration = self.registration
+        if status is not None:
+            registration = registration.model_copy(update={"status": status})
+        return await api.register(registration)
 
     async def aclose(self) -> None:
         """Stop heartbeats, flush reports, deregister, close the session. Idempotent."""
@@ -277,14 +229,14 @@ class ReachClient:
                 await self._heartbeater.stop()
             if self._reporter is not None:
                 await self._reporter.aclose()
-            if self.registered is not None and self.registration is not None and self._api is not None:
+            agent_id = self.agent_id
+            if self.registered is not None and agent_id is not None and self._api is not None:
                 try:
-                    await self._api.deregister(self.registration.agent_id)
+                    await self._api.deregister(agent_id)
                 except UnknownAgent:
                     pass
                 except NodeError as exc:
-                    log.warning("could not deregister %s (its lease will lapse instead): %s",
-                                self.registration.agent_id, exc.message)
+                    log.warning("could not deregister %s (its lease will lapse instead): %s", agent_id, exc.message)
         finally:
             if self._session is not None:
                 await self._session.close()
@@ -294,7 +246,9 @@ class ReachClient:
 
     @property
     def agent_id(self) -> str | None:
-        return self.registration.agent_id if self.registration is not None else None
+        if self.registration is not None:
+            return self.registration.agent_id
+        return self.card.agent_id if self.card is not None else None
 
     @property
     def heartbeat_stats(self) -> HeartbeatStats | None:
@@ -365,12 +319,13 @@ class ReachClient:
                    idempotent: bool = False, trace_id: str | None = None, extensions: Mapping[str, Any] | None = None,
                    envelope: Envelope | None = None, timeout_ms: int | None = None,
                    connect_timeout_ms: int | None = None, read_timeout_ms: int | None = None) -> CallResult:
-        """Resolve and call an agent directly; see the module docstring for the retry rules.
+        """Resolve and call an agent directly; :mod:`node.client.delivery` has the retry rules.
 
         ``envelope`` sends a prepared envelope (e.g. ``incoming.child(...)``, which carries the
         trace and hop count); otherwise one is built from ``payload``/``operation``. Raises
         :class:`CallFailed` (``CallRejected``, ``CallTimeout``), :class:`NoAgentAvailable`,
-        :class:`NodeUnreachable`.
+        :class:`NodeUnreachable`, and before sending :class:`HopLimitExceeded` or
+        :class:`EnvelopeExpired`.
         """
         settings = self.settings
         overall_s = (timeout_ms or settings.request_timeout_ms) / 1000
@@ -390,64 +345,21 @@ class ReachClient:
             capability = envelope.operation if not target or pattern else None
         if conversation_id is None and isinstance(envelope.extensions.get("conversation_id"), str):
             conversation_id = envelope.extensions["conversation_id"]
-        if envelope.expired():
-            raise EnvelopeExpired(f"envelope {envelope.id} expired at {envelope.expire_at_ms} ms; send a new one",
-                                  field="expire_at_ms")
-        if envelope.hop_count >= settings.max_hops:
-            raise HopLimitExceeded(f"envelope {envelope.id} already made {envelope.hop_count} hops (the limit is "
-                                   f"{settings.max_hops}): a loop between agents, or a chain too long",
-                                   field="hop_count")
-        envelope = envelope.forwarded()  # a direct call is a hop too, so A→B→A loops end here as in the proxy
+        envelope = self._forwarded(envelope)
         idempotent = envelope.idempotent or idempotent
         request = self._route_request(capability=capability, agent_id=agent_id, pattern=pattern, version=version,
                                       labels=labels, conversation_id=conversation_id, scope=scope,
                                       preferred_region=preferred_region, exclude=None, trace_id=envelope.trace_id)
-        timeouts = aiohttp.ClientTimeout(sock_connect=(connect_timeout_ms or settings.connect_timeout_ms) / 1000,
-                                         sock_read=(read_timeout_ms or settings.read_timeout_ms) / 1000)
-        max_attempts = self.retry_policy.max_attempts if idempotent else 1
-        failover = Failover(request, resolve=self._resolve, breakers=self._target_breakers)
-        attempts: list[Attempt] = []
-        last_error: AttemptError | None = None
-        for attempt in range(max_attempts):
-            if attempt > 0:
-                delay = self.retry_policy.backoff_s(attempt - 1, self.rng)
-                if self.clock() + delay >= deadline:
-                    raise self._timeout(envelope, attempts, overall_s)
-                self.backoffs_s.append(delay)
-                await self.sleep(delay)
-            pick = await failover.next()
-            if pick is None:
-                break
-            remaining = deadline - self.clock()
-            if remaining <= 0:
-                raise self._timeout(envelope, attempts, overall_s)
-            started = time.perf_counter()
-            try:
-                status, body, response = await deliver(self._open_session(), pick.target, envelope, timeouts,
-                                                       remaining)
-            except AttemptError as failure:
-                latency_ms = (time.perf_counter() - started) * 1000
-                attempts.append(Attempt(pick.target.agent_id, pick.target.endpoint, failure.outcome, latency_ms,
-                                        failure.status, str(failure)))
-                self._after_attempt(pick, envelope, attempt, failure.outcome, latency_ms, failure.status,
-                                    str(failure))
-                if not failure.retryable:
-                    raise CallRejected(f"{pick.target.agent_id} rejected {envelope.operation or 'the call'}: "
-                                       f"{failure}", attempts=attempts, trace_id=envelope.trace_id,
-                                       response_status=failure.status or 0, body=failure.body) from None
-                last_error = failure
-                self._tickets.evict(pick.target.agent_id)
-                continue
-            latency_ms = (time.perf_counter() - started) * 1000
-            attempts.append(Attempt(pick.target.agent_id, pick.target.endpoint, Outcome.SUCCESS, latency_ms, status))
-            self._after_attempt(pick, envelope, attempt, Outcome.SUCCESS, latency_ms, status, None)
-            return CallResult(agent_id=pick.target.agent_id, region=pick.target.region,
-                              endpoint=pick.target.endpoint, status=status, body=body, envelope=response,
-                              trace_id=envelope.trace_id, request=envelope, attempts=attempts)
-        why = "; ".join(f"{a.agent_id}: {a.error}" for a in attempts) or "no agent to try"
-        retry_note = "" if idempotent else " (not retried: the operation is not marked idempotent)"
-        raise CallFailed(f"{envelope.operation or 'call'} failed after {len(attempts)} attempt(s){retry_note}: {why}",
-                         attempts=attempts, trace_id=envelope.trace_id) from last_error
+        limits = AttemptLimits(connect_timeout_s=(connect_timeout_ms or settings.connect_timeout_ms) / 1000,
+                               read_timeout_s=(read_timeout_ms or settings.read_timeout_ms) / 1000,
+                               max_response_bytes=settings.max_response_bytes, owner="this client's")
+        delivery = await deliver(
+            envelope, Failover(request, resolve=self._resolve, breakers=self._target_breakers),
+            session=self._open_session, limits=limits, deadline=deadline,
+            pacing=Pacing(self.retry_policy, self.rng, clock=self.clock, sleep=self._backoff),
+            max_attempts=self.retry_policy.max_attempts if idempotent else 1,
+            on_attempt=lambda tried: self._after_attempt(envelope, tried))
+        return self._call_result(envelope, delivery, idempotent=idempotent, overall_s=overall_s)
 
     async def send(self, envelope: Envelope, *, delivery: str = "sync", version: str | None = None,
                    scope: Scope | str | None = None) -> SendResult:
@@ -483,7 +395,7 @@ class ReachClient:
         try:
             return RouteRequest.model_validate(data)
         except ValidationError as exc:
-            key, problem = _first_problem(exc)
+            key, problem = first_problem(exc)
             raise ValidationFailed(f"route request {key}: {problem}", field=key or None) from exc
 
     async def _resolve(self, request: RouteRequest, *, fresh: bool = False) -> RouteTicket:
@@ -501,33 +413,78 @@ class ReachClient:
             raise ClientError("the client is closed", code="client_not_started")
         return self._session
 
-    def _after_attempt(self, pick: Pick, envelope: Envelope, attempt: int, outcome: Outcome, latency_ms: float,
-                       status: int | None, error: str | None) -> None:
-        self._target_breakers.record(pick.target.agent_id, outcome)
+    async def _backoff(self, seconds: float) -> None:
+        self.backoffs_s.append(seconds)
+        await self.sleep(seconds)
+
+    def _forwarded(self, envelope: Envelope) -> Envelope:
+        """The envelope as sent: refused like the proxy refuses it, then counted as a hop.
+
+        A direct call is a hop too, so A→B→A loops end at ``max_hops`` as they do in the proxy.
+        """
+        if envelope.expired():
+            raise EnvelopeExpired(f"envelope {envelope.id} expired at {envelope.expire_at_ms} ms; send a new one",
+                                  field="expire_at_ms")
+        if envelope.hop_count >= self.settings.max_hops:
+            raise HopLimitExceeded(f"envelope {envelope.id} already made {envelope.hop_count} hops (the limit is "
+                                   f"{self.settings.max_hops}): a loop between agents, or a chain too long",
+                                   field="hop_count")
+        return envelope.forwarded()
+
+    def _after_attempt(self, envelope: Envelope, tried: Tried) -> None:
+        """The outcome sink: this client's breaker, the tickets, and the node's reports and trace."""
+        target, ticket = tried.pick.target, tried.pick.ticket
+        self._target_breakers.record(target.agent_id, tried.outcome)
+        if tried.failure is not None:
+            self._tickets.evict(target.agent_id)
         reporter = self._reporter
         if reporter is None or not self.settings.report_outcomes:
             return
-        reporter.put(OutcomeReport(signature=pick.ticket.signature, agent_id=pick.target.agent_id, outcome=outcome,
-                                   latency_ms=round(latency_ms, 3)))
+        reporter.put(OutcomeReport(signature=ticket.signature, agent_id=target.agent_id, outcome=tried.outcome,
+                                   latency_ms=round(tried.latency_ms, 3)))
         if self.settings.record_traces:
+            error = _attempt_error(tried)
             reporter.put(RouteEvent(event=RouteEventKind.DELIVERY, at_ms=epoch_ms(), trace_id=envelope.trace_id,
-                                    mode="direct", caller=self.agent_id or pick.ticket.caller,
-                                    envelope_id=envelope.id, agent_id=pick.target.agent_id,
-                                    region=pick.target.region, endpoint=pick.target.endpoint, attempt=attempt,
-                                    result=outcome.value, status=status, latency_ms=round(latency_ms, 3),
-                                    detail=error[:1000] if error else None))
+                                    mode="direct", caller=self.agent_id or ticket.caller, envelope_id=envelope.id,
+                                    agent_id=target.agent_id, region=target.region, endpoint=target.endpoint,
+                                    attempt=tried.index, result=tried.outcome.value, status=tried.status,
+                                    latency_ms=round(tried.latency_ms, 3), detail=error[:1000] if error else None))
 
-    def _timeout(self, envelope: Envelope, attempts: list[Attempt], overall_s: float) -> CallTimeout:
-        return CallTimeout(f"{envelope.operation or 'call'} did not succeed within {overall_s:g}s "
-                           f"({len(attempts)} attempt(s))", attempts=attempts, trace_id=envelope.trace_id)
+    def _call_result(self, envelope: Envelope, delivery: Delivery, *, idempotent: bool,
+                     overall_s: float) -> CallResult:
+        """The result of a delivery, or the error that says why there is none."""
+        attempts = [Attempt(t.pick.target.agent_id, t.pick.target.endpoint, t.outcome, t.latency_ms, t.status,
+                            _attempt_error(t)) for t in delivery.tried]
+        what = envelope.operation or "call"
+        answered = delivery.answered
+        if answered is not None and answered.answer is not None:
+            target, answer = answered.pick.target, answered.answer
+            if delivery.end is End.REJECTED:
+                raise CallRejected(f"{target.agent_id} rejected {envelope.operation or 'the call'}: "
+                                   f"{_attempt_error(answered)}", attempts=attempts, trace_id=envelope.trace_id,
+                                   response_status=answer.status, body=answer.decoded())
+            body = answer.decoded()
+            return CallResult(agent_id=target.agent_id, region=target.region, endpoint=target.endpoint,
+                              status=answer.status, body=body,
+                              envelope=None if target.transport == PASSTHROUGH else as_envelope(body),
+                              trace_id=envelope.trace_id, request=envelope, attempts=attempts)
+        if delivery.end is End.TIMED_OUT:
+            raise CallTimeout(f"{what} did not succeed within {overall_s:g}s ({len(attempts)} attempt(s))",
+                              attempts=attempts, trace_id=envelope.trace_id)
+        why = "; ".join(f"{a.agent_id}: {a.error}" for a in attempts) or "no agent to try"
+        retry_note = "" if idempotent else " (not retried: the operation is not marked idempotent)"
+        raise CallFailed(f"{what} failed after {len(attempts)} attempt(s){retry_note}: {why}",
+                         attempts=attempts, trace_id=envelope.trace_id) \
+            from delivery.last_failure or delivery.decision_error
 
 
-def _first_problem(exc: ValidationError) -> tuple[str, str]:
-    """The dotted location and message of the first error pydantic found."""
-    first = exc.errors(include_url=False)[0]
-    return ".".join(str(part) for part in first["loc"]), first["msg"]
+def _attempt_error(tried: Tried) -> str | None:
+    """How an attempt's error reads in ``Attempt.error`` and the trace (None when it succeeded)."""
+    if tried.failure is not None:
+        return str(tried.failure)
+    if tried.answer is not None and tried.answer.rejected:
+        return f"HTTP {tried.status}: {str(tried.answer.decoded())[:200]}"
+    return None
 
 
-__all__ = ["Attempt", "CallFailed", "CallRejected", "CallResult", "CallTimeout", "ClientError", "ClientState",
-           "EnvelopeType", "HeartbeatStats", "NodeRejected", "NodeUnreachable", "ReachClient", "RetryPolicy",
-           "SendResult", "node_error"]
+__all__ = ["CallResult", "ClientState", "ReachClient"]

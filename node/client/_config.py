@@ -28,28 +28,33 @@ module does no network I/O.
 from __future__ import annotations
 
 import os
-import random
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .envelope import DEFAULT_MAX_HOPS, MAX_HOPS_CEILING
-from .errors import ValidationFailed
-from .models import Registration
+from ..envelope import DEFAULT_MAX_HOPS, MAX_HOPS_CEILING
+from ..errors import ValidationFailed
+from ..models import Registration
+from ._retry import (
+    DEFAULT_JITTER_RATIO,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_RETRY_INITIAL_BACKOFF_MS,
+    DEFAULT_RETRY_MAX_BACKOFF_MS,
+    DEFAULT_RETRY_MULTIPLIER,
+    RetryPolicy,
+)
 
 DEFAULT_CONNECT_TIMEOUT_MS = 3_000
 DEFAULT_READ_TIMEOUT_MS = 10_000
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 DEFAULT_NODE_TIMEOUT_MS = 5_000
-DEFAULT_RETRY_INITIAL_BACKOFF_MS = 500
-DEFAULT_RETRY_MAX_BACKOFF_MS = 8_000
-DEFAULT_RETRY_MULTIPLIER = 2.0
-DEFAULT_JITTER_RATIO = 0.2
-DEFAULT_MAX_ATTEMPTS = 3
+# A guard against an answer that would fill the caller's memory, not a limit on real results
+# (the proxy, which holds answers in the node, caps at 4 MiB).
+DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 DEFAULT_BREAKER_FAILURES = 5
 DEFAULT_BREAKER_WINDOW_MS = 30_000
 DEFAULT_BREAKER_COOLDOWN_MS = 10_000
@@ -67,38 +72,6 @@ class AgentConfigError(ValidationFailed):
     """The agent configuration (TOML file or keywords) is invalid; the message names the key."""
 
     code = "invalid_agent_config"
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """Exponential backoff with jitter: ``min(max, initial × multiplier^attempt) ± jitter``.
-
-    ``attempt`` counts retries from 0 (the wait before the first retry). With the defaults the
-    waits are 0.5 s, 1 s, 2 s, 4 s, 8 s, 8 s … each scaled by a uniform factor in [0.8, 1.2].
-    """
-
-    initial_backoff_s: float = DEFAULT_RETRY_INITIAL_BACKOFF_MS / 1000
-    multiplier: float = DEFAULT_RETRY_MULTIPLIER
-    max_backoff_s: float = DEFAULT_RETRY_MAX_BACKOFF_MS / 1000
-    jitter_ratio: float = DEFAULT_JITTER_RATIO
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-
-    def __post_init__(self) -> None:
-        if self.initial_backoff_s < 0 or self.max_backoff_s < self.initial_backoff_s:
-            raise ValueError("backoffs must satisfy 0 <= initial_backoff_s <= max_backoff_s")
-        if self.multiplier < 1.0 or not 0.0 <= self.jitter_ratio < 1.0 or self.max_attempts < 1:
-            raise ValueError("need multiplier >= 1, 0 <= jitter_ratio < 1 and max_attempts >= 1")
-
-    def base_backoff_s(self, attempt: int) -> float:
-        """The wait before retry number ``attempt`` (0-based), without jitter."""
-        if attempt < 0:
-            raise ValueError("attempt counts from 0")
-        # Cap the exponent so a long retry loop never overflows a float.
-        return min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** min(attempt, 64))
-
-    def backoff_s(self, attempt: int, rng: random.Random) -> float:
-        """The jittered wait; draws exactly one ``rng.random()``."""
-        return self.base_backoff_s(attempt) * (1.0 + self.jitter_ratio * (2.0 * rng.random() - 1.0))
 
 
 class _Settings(BaseModel):
@@ -137,6 +110,19 @@ class ClientSettings(_Settings):
     report_flush_interval_ms: int = Field(default=DEFAULT_REPORT_FLUSH_INTERVAL_MS, ge=1)
     report_queue_limit: int = Field(default=DEFAULT_REPORT_QUEUE_LIMIT, ge=1)
     record_traces: bool = Field(default=True, description="Send direct-call deliveries to the node's trace log.")
+    max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, ge=1,
+                                    description="A target's answer beyond this fails the attempt (and is retried "
+                                                "elsewhere if idempotent).")
+
+    def with_options(self, options: Mapping[str, Any]) -> ClientSettings:
+        """These settings with keyword ``options`` (field names) on top; raises AgentConfigError."""
+        if not options:
+            return self
+        try:
+            return ClientSettings.model_validate({**self.model_dump(), **options})
+        except ValidationError as exc:
+            key, problem = first_problem(exc)
+            raise AgentConfigError(f"client option {key}: {problem}", field=key) from exc
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(initial_backoff_s=self.retry_initial_backoff_ms / 1000, multiplier=self.retry_multiplier,
@@ -237,14 +223,31 @@ def _origin(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "", "", ""))
 
 
+def registration_of(registration: Registration | Mapping[str, Any] | None) -> Registration | None:
+    """``registration`` validated (a mapping is parsed); raises AgentConfigError naming the field."""
+    if registration is None or isinstance(registration, Registration):
+        return registration
+    try:
+        return Registration.model_validate(dict(registration))
+    except ValidationError as exc:
+        key, problem = first_problem(exc)
+        raise AgentConfigError(f"registration {key}: {problem}", field=key) from exc
+
+
+def first_problem(exc: ValidationError) -> tuple[str, str]:
+    """The dotted location and message of the first error pydantic found."""
+    first = exc.errors(include_url=False)[0]
+    return ".".join(str(part) for part in first["loc"]), first["msg"]
+
+
 def parse_agent_config(data: dict[str, Any], *, source: str | None = None) -> AgentConfig:
     """Validate a decoded config; raises :class:`AgentConfigError` naming the first bad key."""
     try:
         return AgentConfig.model_validate({**data, "source": source})
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        key = ".".join(str(part) for part in first["loc"])
-        message = f"unknown key {key!r}" if first["type"] == "extra_forbidden" else f"{key}: {first['msg']}"
+        key, problem = first_problem(exc)
+        unknown = exc.errors(include_url=False)[0]["type"] == "extra_forbidden"
+        message = f"unknown key {key!r}" if unknown else f"{key}: {problem}"
         where = f" in {source}" if source else ""
         raise AgentConfigError(f"{message}{where}", field=key) from exc
 
@@ -261,5 +264,5 @@ def load_agent_config(path: str | os.PathLike[str]) -> AgentConfig:
     return parse_agent_config(data, source=str(file))
 
 
-__all__ = ["AgentConfig", "AgentConfigError", "ClientSettings", "NodeSection", "RetryPolicy", "SidecarSettings",
-           "load_agent_config", "parse_agent_config"]
+__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "AgentConfig", "AgentConfigError", "ClientSettings", "NodeSection",
+           "SidecarSettings", "first_problem", "load_agent_config", "parse_agent_config", "registration_of"]

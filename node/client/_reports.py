@@ -6,10 +6,10 @@ import asyncio
 import contextlib
 import logging
 
-from ._client_http import NodeApi
-from .envelope import RouteEvent
-from .errors import NodeError
-from .models import OutcomeReport
+from ..envelope import RouteEvent
+from ..errors import NodeError
+from ..models import OutcomeReport
+from ._http import NodeApi
 
 log = logging.getLogger("node.client")  # the SDK logs under one name, whichever module it is in
 

@@ -1,0 +1,139 @@
+"""The agent SDK: register, stay alive, find others and call them — ``ReachClient``.
+
+::
+
+    from node.client import Load, ReachClient
+
+    async with ReachClient("http://127.0.0.1:7070", token=TOKEN, registration=registration,
+                           load=lambda: Load(inflight=server.inflight)) as reach:
+        result = await reach.call("translate.text", {"text": "退款说明", "target_lang": "en"},
+                                  idempotent=True)
+
+The SDK runs without the server: importing it loads no Redis client, no Prometheus, no
+``aiohttp.web`` and none of the node's server modules — only the shared models
+(:mod:`node.models`, :mod:`node.envelope`, :mod:`node.errors`, :mod:`node.a2a`) and the breaker
+logic of :mod:`node.outcomes`. The names an agent needs are exported here.
+
+What it guarantees:
+
+* **Registration** retries with backoff until the node answers (``register_max_wait_ms`` caps
+  it; ``0`` tries once); a rejection (bad token, forbidden transport, invalid field) raises at
+  once. An agent registers from a :class:`Registration` or from its A2A card
+  (``card=CardRegistration(...)``).
+* **Heartbeats** run on their own thread with their own event loop and HTTP session
+  (``heartbeat_in_thread=True``, the default): an agent handler that blocks the caller's event
+  loop — synchronous I/O, a CPU-bound step — does not stop them. The ``load`` callback is
+  called on that thread, so it must be thread-safe (reading counters is). A pure-Python busy
+  loop holding the GIL still lets the heartbeat thread run every ``sys.getswitchinterval()``
+  (5 ms); only a C extension that holds the GIL for longer than the lease can starve it.
+  ``unknown_agent`` (the lease lapsed) re-registers from the same thread.
+* **Close** stops heartbeats, flushes outcome reports and deregisters.
+* ``resolve()`` caches a ticket until it expires; a failure of its target evicts it.
+* ``call()`` delivers an :class:`Envelope` to the target with the attempt and failover the
+  node's proxy mode uses too (:mod:`node.client.delivery` writes the rules down): separate
+  connect, read and overall timeouts; only ``idempotent=True`` calls are retried, after the
+  wait of :class:`RetryPolicy`, on an alternate or a fresh decision — never an agent or an
+  address already tried; a breaker per target skips agents that keep failing; redirects are
+  never followed; answers beyond ``max_response_bytes`` fail the attempt. Every attempt's
+  outcome goes to ``/v1/reports`` in the background, batched.
+
+Errors (the node's tree, :mod:`node.errors`, plus)::
+
+    NodeError
+    └── ClientError               base of what only the SDK raises
+        ├── NodeUnreachable       503 the node did not answer (connection refused, timeout)
+        ├── NodeRejected          the node answered with an error this SDK has no class for
+        └── CallFailed            502 no attempt of call() succeeded; ``.attempts`` says why each failed
+            ├── CallRejected      the target answered 4xx (not retried: the request is wrong)
+            └── CallTimeout       504 the overall request timeout passed
+    ValidationFailed
+    └── AgentConfigError          422 the agent configuration (TOML or keywords) is invalid; names the key
+
+A node error with a known code is raised as its own class (``NoAgentAvailable``,
+``UnknownAgent``, ``Unauthorized``, :class:`HopLimitExceeded`, :class:`EnvelopeExpired` …) with
+the node's code, message, field and details. ``call()`` raises those last two itself before
+sending: a direct call is a hop, like a proxied one, so ``hop_count`` is incremented and an
+A→B→A loop stops at ``max_hops`` (5).
+
+The parts live in private modules: ``_reach_client`` (the facade), ``_config`` (the agent TOML
+file and :class:`ClientSettings`), ``_errors`` (the tree above), ``_http`` (the node's API),
+``_heartbeat``, ``_reports`` (batched outcome reports), ``_retry`` (backoff, the client's
+breakers), ``_tickets`` (the ticket cache); :mod:`node.client.delivery` (one attempt, one
+failover) is public because the node's proxy imports it.
+"""
+
+from ..a2a import CardRegistration
+from ..envelope import Envelope, EnvelopeExpired, EnvelopeType, HopLimitExceeded, Policy, Trace
+from ..errors import NoAgentAvailable, NodeError, Unauthorized, UnknownAgent, ValidationFailed
+from ..models import Capability, Load, Registration, RouteTicket, Status, TokenRole
+from ..outcomes import BreakerState
+from ._config import (
+    AgentConfig,
+    AgentConfigError,
+    ClientSettings,
+    NodeSection,
+    SidecarSettings,
+    load_agent_config,
+    parse_agent_config,
+)
+from ._errors import (
+    Attempt,
+    CallFailed,
+    CallRejected,
+    CallTimeout,
+    ClientError,
+    NodeRejected,
+    NodeUnreachable,
+    node_error,
+)
+from ._heartbeat import HeartbeatStats
+from ._http import SendResult
+from ._reach_client import CallResult, ClientState, ReachClient
+from ._retry import RetryPolicy
+
+__all__ = [
+    # the client
+    "ReachClient",
+    "ClientState",
+    "CallResult",
+    "Attempt",
+    "SendResult",
+    "HeartbeatStats",
+    "BreakerState",
+    # configuration
+    "AgentConfig",
+    "ClientSettings",
+    "SidecarSettings",
+    "NodeSection",
+    "RetryPolicy",
+    "load_agent_config",
+    "parse_agent_config",
+    # errors
+    "ClientError",
+    "NodeUnreachable",
+    "NodeRejected",
+    "CallFailed",
+    "CallRejected",
+    "CallTimeout",
+    "AgentConfigError",
+    "node_error",
+    "NodeError",
+    "ValidationFailed",
+    "NoAgentAvailable",
+    "UnknownAgent",
+    "Unauthorized",
+    "HopLimitExceeded",
+    "EnvelopeExpired",
+    # what agents send and register
+    "Envelope",
+    "EnvelopeType",
+    "Registration",
+    "CardRegistration",
+    "Capability",
+    "Load",
+    "Status",
+    "RouteTicket",
+    "Policy",
+    "Trace",
+    "TokenRole",
+]
