@@ -450,3 +450,25 @@ async def test_connect_read_and_overall_timeouts_are_separate(node: RunningNode)
         jammed.close()
         slow.release.set()
         await slow.aclose()
+
+
+async def test_an_a2a_card_registers_heartbeats_reregisters_and_deregisters(node: RunningNode) -> None:
+    from node.client import CardRegistration
+
+    from .test_discovery import CARD_V03
+
+    card = CardRegistration.model_validate({"agent_id": "finance.invoice.sdk", "card": CARD_V03,
+                                            "lease_ttl_ms": 1_500})
+    with pytest.raises(AgentConfigError):
+        ReachClient(node.url, token="t", card=card, registration=registration("finance.invoice.sdk"))
+    async with ReachClient(node.url, token=node.token("finance.invoice.sdk"), card=card) as client:
+        assert client.agent_id == "finance.invoice.sdk" and client.registered is not None
+        status, record = await node.call("GET", "/v1/agents/finance.invoice.sdk")
+        assert status == 200 and record["transport"] == "a2a+jsonrpc"
+        status, _ = await node.call("DELETE", "/v1/agents/finance.invoice.sdk")  # the lease vanishes
+        assert status == 200
+        await wait_for(lambda: client.heartbeat_stats.reregistered == 1, timeout_s=5, message="card re-registered")
+        status, _ = await node.call("GET", "/v1/agents/finance.invoice.sdk")
+        assert status == 200
+    status, _ = await node.call("GET", "/v1/agents/finance.invoice.sdk")
+    assert status == 404  # deregistered on close
