@@ -4,6 +4,10 @@ One middleware turns every error into ``{"error", "message", "field"}`` with the
 (never a 500 for bad input), authenticates the bearer token, and counts requests. Bodies are
 parsed straight into pydantic models, so a malformed body is a 400 and a wrong field a 422
 naming it.
+
+Handlers are module-level functions that read the node from the app (``request.app[NODE_KEY]``);
+:data:`ROUTES` lists them all, and :func:`build_app` assembles the app from the middleware, the
+routes, the node's extensions and proxy mode.
 """
 
 from __future__ import annotations
@@ -11,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 
 import orjson
 from aiohttp import web
-from pydantic import ValidationError
+from aiohttp.typedefs import Middleware
 
 from .a2a import CardRegistration, record_to_card
 from .envelope import RouteEvent, RouteEventKind
@@ -34,8 +39,9 @@ from .http import (
     error_response,
     json_response,
     parse_body,
+    parse_json,
+    query_flag,
     read_body,
-    validation_error,
 )
 from .models import (
     INT64_MAX,
@@ -60,20 +66,23 @@ from .security import may_see, require_peer
 from .server import NodeRunner, ServerLimits
 from .service import RegistryNode
 from .store import now_ms
+from .traces import TRACES_KEY
+
+__all__ = ["PUBLIC_PATHS", "ROUTES", "bound_port", "build_app", "guard", "serve"]
 
 log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json"})
 SSE_KEEPALIVE_S = 15.0
+MAX_QUERY_CHARS = 2_000  # the spec's maxLength of /v1/search's q, as sent
+WATCH_REPLAY_MAX = 10_000
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _caller(request: web.Request) -> TokenClaims:
-    return request[CALLER]
+# -- the middleware --------------------------------------------------------------------------
 
-
-def build_app(node: RegistryNode) -> web.Application:
-    """The aiohttp application of ``node`` (extensions add their routes here)."""
+def guard(node: RegistryNode) -> Middleware:
+    """Authentication, the per-caller rate limit, the JSON error shape and the request count."""
     limiter = RateLimiter(rate_per_s=node.config.rate_limit_rps, burst=node.config.rate_limit_burst)
 
     @web.middleware
@@ -110,221 +119,63 @@ def build_app(node: RegistryNode) -> web.Application:
         node.metrics.count(node.metrics.requests, route, str(response.status))
         return response
 
-    app = web.Application(middlewares=[middleware], client_max_size=node.config.max_body_bytes)
-    app[NODE_KEY] = node
-
-    async def end_watches(app: web.Application) -> None:
-        node.watch.end_all()
-
-    app.on_shutdown.append(end_watches)
-    routes = web.RouteTableDef()
-
-    @routes.post("/v1/agents")
-    async def register(request: web.Request) -> web.Response:
-        registration = await parse_body(request, Registration)
-        response, created = await node.register(registration, _caller(request))
-        return json_response(response, status=201 if created else 200)
-
-    @routes.put("/v1/agents/{agent_id}/heartbeat")
-    async def heartbeat(request: web.Request) -> web.Response:
-        body = await parse_body(request, Heartbeat, allow_empty=True)
-        return json_response(await node.heartbeat(request.match_info["agent_id"], body, _caller(request)))
-
-    @routes.delete("/v1/agents/{agent_id}")
-    async def deregister(request: web.Request) -> web.Response:
-        agent_id = request.match_info["agent_id"]
-        version = await node.deregister(agent_id, _caller(request))
-        return json_response({"agent_id": agent_id, "version": version, "deregistered": True})
-
-    @routes.get("/v1/agents/{agent_id}")
-    async def get_agent(request: web.Request) -> web.Response:
-        return json_response(node.get(request.match_info["agent_id"], _caller(request)))
-
-    @routes.get("/v1/agents/{agent_id}/agent-card.json")
-    async def agent_card(request: web.Request) -> web.Response:
-        return json_response(record_to_card(node.get(request.match_info["agent_id"], _caller(request))))
-
-    @routes.post("/v1/agent-cards")
-    async def register_card(request: web.Request) -> web.Response:
-        card_registration = await parse_body(request, CardRegistration)
-        response, created = await node.register_card(card_registration, _caller(request))
-        return json_response(response, status=201 if created else 200)
-
-    @routes.get("/v1/search")
-    async def search(request: web.Request) -> web.Response:
-        raw_query = request.query.get("q", "")
-        if len(raw_query) > 2_000:  # as sent, like the spec's maxLength
-            raise ValidationFailed("q is longer than 2000 characters", field="q")
-        query = raw_query.strip()
-        if not query:
-            raise ValidationFailed("q is required: what should the agent do?", field="q")
-        try:
-            k = int(request.query.get("k", DEFAULT_SEARCH_K))
-        except ValueError:
-            raise ValidationFailed("k must be an integer", field="k") from None
-        if not 1 <= k <= MAX_SEARCH_K:
-            raise ValidationFailed(f"k must be within 1..{MAX_SEARCH_K}", field="k")
-        scope = _scope(request, default=Scope.GLOBAL)
-        routable_only = _flag(request, "routable")
-        return json_response(await node.search(query, k=k, scope=scope, routable_only=routable_only,
-                                               caller=_caller(request)))
-
-    @routes.get("/v1/agents")
-    async def list_agents(request: web.Request) -> web.Response:
-        return json_response(_list_agents(node, request))
-
-    @routes.post("/v1/resolve")
-    async def resolve(request: web.Request) -> web.Response:
-        started = time.perf_counter()
-        route_request = await parse_body(request, RouteRequest)
-        caller = _caller(request)
-        try:
-            decision = await node.decide(route_request, caller)
-        except NodeError as exc:
-            node.metrics.count(node.metrics.resolves, "none", "none", "none")
-            if route_request.trace_id:
-                await _trace_decision(request, route_request.trace_id, caller, result=exc.code, detail=exc.message)
-            raise
-        node.metrics.resolve_seconds.observe(time.perf_counter() - started)
-        node.metrics.count(node.metrics.resolves, "ok", decision.match["kind"], decision.target.target["locality"])
-        if route_request.trace_id:
-            target = decision.target.target
-            await _trace_decision(request, route_request.trace_id, caller, result="ok", agent_id=target["agent_id"],
-                                  region=target["region"], endpoint=target["endpoint"],
-                                  detail=f"match {decision.match['kind']}; ticket {decision.ticket_id}")
-        return web.Response(body=decision.to_json(), content_type="application/json")
-
-    @routes.post("/v1/reports")
-    async def reports(request: web.Request) -> web.Response:
-        raw = await read_body(request)
-        if not raw:
-            raise BadRequest("a JSON body (OutcomeReport or OutcomeReports) is required", code="missing_body")
-        # One report or a batch: an object with a "reports" key is a batch. The bytes alone cannot
-        # tell (a signature may read "reports", a key may be spelled "\u0072eports").
-        try:
-            decoded = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            batched = b'"reports"' in raw  # pydantic names what is wrong with it below
-        else:
-            batched = isinstance(decoded, dict) and "reports" in decoded
-        try:
-            if batched:
-                batch = OutcomeReports.model_validate_json(raw, strict=True).reports
-            else:
-                batch = [OutcomeReport.model_validate_json(raw, strict=True)]
-        except ValidationError as exc:
-            raise validation_error(exc) from exc
-        caller = _caller(request)
-        for item in batch:
-            node.report(item, caller)
-        return json_response({"accepted": len(batch)})
-
-    @routes.get("/v1/watch")
-    async def watch(request: web.Request) -> web.StreamResponse:
-        return await _watch(node, request)
-
-    @routes.get("/v1/regions")
-    async def regions(request: web.Request) -> web.Response:
-        peers: list[object] = []
-        describe = getattr(node.router.remote, "describe", None)
-        if describe is not None:
-            peers = describe()
-        return json_response({
-            "region": node.region, "node_id": node.node_id, "version": node.cache.index.version,
-            "agents": len(node.cache.index), "leader": node.leadership.is_leader, "peers": peers,
-        })
-
-    @routes.get("/v1/federation/snapshot")
-    async def snapshot(request: web.Request) -> web.Response:
-        require_peer(_caller(request), "the federation snapshot")
-        return web.Response(body=await node.snapshot_json(), content_type="application/json")
-
-    @routes.get("/v1/admin/quarantine")
-    async def quarantine(request: web.Request) -> web.Response:
-        caller = _caller(request)
-        if caller.role is not TokenRole.ADMIN:
-            raise Forbidden("the quarantine list is for admins", code="admins_only")
-        items = node.store.quarantine.items()
-        return json_response({"region": node.region, "count": len(items), "total": node.store.quarantine.total,
-                              "items": [item.as_dict() for item in items]})
-
-    @routes.get("/v1/openapi.json")
-    async def openapi(request: web.Request) -> web.Response:
-        # The routes this app serves (attachments add theirs), so the spec documents no other.
-        served = frozenset((route.method.lower(), route.resource.canonical) for route in request.app.router.routes()
-                           if route.resource is not None and route.method != "HEAD")
-        return json_response(build_openapi(node.region, served=served,
-                                           max_hops=request.app[PROXY_KEY].settings.max_hops))
-
-    @routes.get("/healthz")
-    async def healthz(request: web.Request) -> web.Response:
-        return json_response({"status": "ok", "region": node.region, "node_id": node.node_id})
-
-    @routes.get("/readyz")
-    async def readyz(request: web.Request) -> web.Response:
-        if node.ready:
-            return json_response({"status": "ready", "region": node.region, "version": node.cache.index.version})
-        return json_response({"status": "unready", "region": node.region, "state": node.state.value,
-                              "store": node.cache.state.value}, status=503)
-
-    @routes.get("/metrics")
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(body=node.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
-
-    app.add_routes(routes)
-    for extension in node.extensions:
-        extension(app)
-    install_proxy_routes(app, node)
-    return app
+    return middleware
 
 
-async def _trace_decision(request: web.Request, trace_id: str, caller: TokenClaims, **fields: object) -> None:
-    """A direct-mode routing decision joins the caller's trace (only when it names one)."""
-    event = RouteEvent(event=RouteEventKind.DECISION, at_ms=now_ms(), trace_id=trace_id, mode="direct",
-                       caller=caller.sub, **fields)
-    await request.app[PROXY_KEY].traces.append([event])
+def _node(request: web.Request) -> RegistryNode:
+    return request.app[NODE_KEY]
 
 
-def _scope(request: web.Request, *, default: Scope) -> Scope:
-    value = request.query.get("scope", default.value)
-    if value == "all":  # ARCHITECTURE.md's name for it
-        return Scope.GLOBAL
-    try:
-        return Scope(value)
-    except ValueError:
-        raise ValidationFailed("scope must be local, local-first or global (or all)", field="scope") from None
+def _caller(request: web.Request) -> TokenClaims:
+    return request[CALLER]
 
 
-_TRUE = frozenset({"1", "true", "yes"})
-_FALSE = frozenset({"0", "false", "no"})
+# -- agents ----------------------------------------------------------------------------------
+
+async def register(request: web.Request) -> web.Response:
+    registration = await parse_body(request, Registration)
+    response, created = await _node(request).register(registration, _caller(request))
+    return json_response(response, status=201 if created else 200)
 
 
-def _flag(request: web.Request, name: str) -> bool:
-    """A boolean query parameter (absent: false); a value that is neither is a 422, not a silent false."""
-    value = request.query.get(name, "false").lower()
-    if value not in _TRUE and value not in _FALSE:
-        raise ValidationFailed(f"{name} must be true or false (or 1/0, yes/no)", field=name)
-    return value in _TRUE
+async def heartbeat(request: web.Request) -> web.Response:
+    body = await parse_body(request, Heartbeat, allow_empty=True)
+    return json_response(await _node(request).heartbeat(request.match_info["agent_id"], body, _caller(request)))
 
 
-def _list_agents(node: RegistryNode, request: web.Request) -> AgentList:
+async def deregister(request: web.Request) -> web.Response:
+    agent_id = request.match_info["agent_id"]
+    version = await _node(request).deregister(agent_id, _caller(request))
+    return json_response({"agent_id": agent_id, "version": version, "deregistered": True})
+
+
+async def get_agent(request: web.Request) -> web.Response:
+    return json_response(_node(request).get(request.match_info["agent_id"], _caller(request)))
+
+
+async def agent_card(request: web.Request) -> web.Response:
+    return json_response(record_to_card(_node(request).get(request.match_info["agent_id"], _caller(request))))
+
+
+async def register_card(request: web.Request) -> web.Response:
+    card_registration = await parse_body(request, CardRegistration)
+    response, created = await _node(request).register_card(card_registration, _caller(request))
+    return json_response(response, status=201 if created else 200)
+
+
+async def list_agents(request: web.Request) -> web.Response:
+    node = _node(request)
     query = request.query
     scope = _scope(request, default=Scope.LOCAL)
     capability = query.get("capability")
-    pattern = query.get("pattern")
-    regex = None
-    if pattern:
-        try:
-            regex = compile_pattern(pattern)
-        except ValueError as exc:
-            raise ValidationFailed(f"pattern: {exc}", field="pattern") from None
+    regex = _pattern(request)
     labels: dict[str, str] = {}
     for selector in query.getall("label", []):
         key, sep, value = selector.partition("=")
         if not sep or not key:
             raise ValidationFailed("label must be key=value", field="label")
         labels[key] = value
-    routable_only = _flag(request, "routable")
+    routable_only = query_flag(request, "routable")
     caller = _caller(request)
     indexes = [node.cache.index]
     if scope is not Scope.LOCAL and node.router.remote is not None:
@@ -343,40 +194,91 @@ def _list_agents(node: RegistryNode, request: web.Request) -> AgentList:
                 continue
             found.append(record)
     found.sort(key=lambda record: (record.region != node.region, record.region, record.agent_id))
-    return AgentList(agents=found, region=node.region, count=len(found))
+    return json_response(AgentList(agents=found, region=node.region, count=len(found)))
 
 
-async def _watch(node: RegistryNode, request: web.Request) -> web.StreamResponse:
-    """Server-sent events: ``event: change`` per ChangeEvent; ``since=N`` replays from the stream."""
-    capability = request.query.get("capability")
-    pattern = request.query.get("pattern")
+# -- discovery and routing -------------------------------------------------------------------
+
+async def search(request: web.Request) -> web.Response:
+    raw_query = request.query.get("q", "")
+    if len(raw_query) > MAX_QUERY_CHARS:  # as sent, like the spec's maxLength
+        raise ValidationFailed(f"q is longer than {MAX_QUERY_CHARS} characters", field="q")
+    query = raw_query.strip()
+    if not query:
+        raise ValidationFailed("q is required: what should the agent do?", field="q")
     try:
-        regex = compile_pattern(pattern) if pattern else None
-    except ValueError as exc:
-        raise ValidationFailed(f"pattern: {exc}", field="pattern") from None
-    try:
-        since = int(request.query["since"]) if "since" in request.query else None
+        k = int(request.query.get("k", DEFAULT_SEARCH_K))
     except ValueError:
-        raise ValidationFailed("since must be a region version (an integer)", field="since") from None
-    if since is not None and not 0 <= since <= INT64_MAX:
-        raise ValidationFailed("since must be a region version (0 or more, within 64 bits)", field="since")
+        raise ValidationFailed("k must be an integer", field="k") from None
+    if not 1 <= k <= MAX_SEARCH_K:
+        raise ValidationFailed(f"k must be within 1..{MAX_SEARCH_K}", field="k")
+    scope = _scope(request, default=Scope.GLOBAL)
+    routable_only = query_flag(request, "routable")
+    return json_response(await _node(request).search(query, k=k, scope=scope, routable_only=routable_only,
+                                                     caller=_caller(request)))
+
+
+async def resolve(request: web.Request) -> web.Response:
+    started = time.perf_counter()
+    node = _node(request)
+    route_request = await parse_body(request, RouteRequest)
     caller = _caller(request)
+    try:
+        decision = await node.decide(route_request, caller)
+    except NodeError as exc:
+        node.metrics.count(node.metrics.resolves, "none", "none", "none")
+        if route_request.trace_id:
+            await _trace_decision(request, route_request.trace_id, caller, result=exc.code, detail=exc.message)
+        raise
+    node.metrics.resolve_seconds.observe(time.perf_counter() - started)
+    node.metrics.count(node.metrics.resolves, "ok", decision.match["kind"], decision.target.target["locality"])
+    if route_request.trace_id:
+        target = decision.target.target
+        await _trace_decision(request, route_request.trace_id, caller, result="ok", agent_id=target["agent_id"],
+                              region=target["region"], endpoint=target["endpoint"],
+                              detail=f"match {decision.match['kind']}; ticket {decision.ticket_id}")
+    return web.Response(body=decision.to_json(), content_type="application/json")
 
-    def accept(event: ChangeEvent) -> bool:
-        if regex is not None and not regex.match(event.agent_id):
-            return False
-        if not may_see(caller, event.agent_id, event.audience):
-            return False
-        if capability and event.record is not None:
-            return any(c.name == capability for c in event.record.capabilities)
-        return True
 
+async def _trace_decision(request: web.Request, trace_id: str, caller: TokenClaims, **fields: object) -> None:
+    """A direct-mode routing decision joins the caller's trace (only when it names one)."""
+    event = RouteEvent(event=RouteEventKind.DECISION, at_ms=now_ms(), trace_id=trace_id, mode="direct",
+                       caller=caller.sub, **fields)
+    await request.app[TRACES_KEY].append([event])
+
+
+async def reports(request: web.Request) -> web.Response:
+    raw = await read_body(request)
+    if not raw:
+        raise BadRequest("a JSON body (OutcomeReport or OutcomeReports) is required", code="missing_body")
+    # One report or a batch: an object with a "reports" key is a batch. The bytes alone cannot
+    # tell (a signature may read "reports", a key may be spelled "\u0072eports").
+    try:
+        decoded = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        batched = b'"reports"' in raw  # pydantic names what is wrong with it below
+    else:
+        batched = isinstance(decoded, dict) and "reports" in decoded
+    batch = parse_json(raw, OutcomeReports).reports if batched else [parse_json(raw, OutcomeReport)]
+    node, caller = _node(request), _caller(request)
+    for item in batch:
+        node.report(item, caller)
+    return json_response({"accepted": len(batch)})
+
+
+# -- the change feed -------------------------------------------------------------------------
+
+async def watch(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: ``event: change`` per ChangeEvent; ``since=N`` replays from the stream."""
+    node = _node(request)
+    accept = _watch_filter(request)
+    since = _since(request)
     subscription = node.watch.subscribe(accept)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
     try:
         # The replay is read before the stream opens, so a Redis outage is a clean 503, not a cut stream.
-        replay = await node.store.read_changes(after_version=since, count=10_000) if since is not None else []
+        replay = await node.store.read_changes(after_version=since, count=WATCH_REPLAY_MAX) if since is not None else []
         await response.prepare(request)
         await response.write(_sse("hello", {"region": node.region, "version": node.cache.index.version}))
         last = 0
@@ -395,7 +297,7 @@ async def _watch(node: RegistryNode, request: web.Request) -> web.StreamResponse
                     await response.write(_sse("overflow", {"message": "watcher fell behind; reconnect with since="}))
                 break
             if event.region == node.region and event.version <= last:
-                continue
+                continue  # already sent by the replay
             await response.write(_sse("change", event.model_dump(mode="json"), event_id=event.version))
     except ConnectionResetError:
         pass  # the watcher went away
@@ -406,9 +308,154 @@ async def _watch(node: RegistryNode, request: web.Request) -> web.StreamResponse
     return response
 
 
+def _since(request: web.Request) -> int | None:
+    try:
+        since = int(request.query["since"]) if "since" in request.query else None
+    except ValueError:
+        raise ValidationFailed("since must be a region version (an integer)", field="since") from None
+    if since is not None and not 0 <= since <= INT64_MAX:
+        raise ValidationFailed("since must be a region version (0 or more, within 64 bits)", field="since")
+    return since
+
+
+def _watch_filter(request: web.Request) -> Callable[[ChangeEvent], bool]:
+    """The events this watcher asked for (capability, pattern) and may see (their audience)."""
+    capability = request.query.get("capability")
+    regex = _pattern(request)
+    caller = _caller(request)
+
+    def accept(event: ChangeEvent) -> bool:
+        if regex is not None and not regex.match(event.agent_id):
+            return False
+        if not may_see(caller, event.agent_id, event.audience):
+            return False
+        if capability and event.record is not None:
+            return any(c.name == capability for c in event.record.capabilities)
+        return True
+
+    return accept
+
+
 def _sse(event: str, data: object, *, event_id: int | None = None) -> bytes:
     head = f"id: {event_id}\n" if event_id is not None else ""
     return f"{head}event: {event}\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
+
+
+# -- the region, federation and admin --------------------------------------------------------
+
+async def regions(request: web.Request) -> web.Response:
+    node = _node(request)
+    remote = node.router.remote
+    peers = list(remote.describe()) if remote is not None else []
+    return json_response({
+        "region": node.region, "node_id": node.node_id, "version": node.cache.index.version,
+        "agents": len(node.cache.index), "leader": node.leadership.is_leader, "peers": peers,
+    })
+
+
+async def snapshot(request: web.Request) -> web.Response:
+    require_peer(_caller(request), "the federation snapshot")
+    return web.Response(body=await _node(request).snapshot_json(), content_type="application/json")
+
+
+async def quarantine(request: web.Request) -> web.Response:
+    if _caller(request).role is not TokenRole.ADMIN:
+        raise Forbidden("the quarantine list is for admins", code="admins_only")
+    node = _node(request)
+    items = node.store.quarantine.items()
+    return json_response({"region": node.region, "count": len(items), "total": node.store.quarantine.total,
+                          "items": [item.as_dict() for item in items]})
+
+
+# -- the service (public paths) --------------------------------------------------------------
+
+async def openapi(request: web.Request) -> web.Response:
+    # The routes this app serves (attachments add theirs), so the spec documents no other.
+    served = frozenset((route.method.lower(), route.resource.canonical) for route in request.app.router.routes()
+                       if route.resource is not None and route.method != "HEAD")
+    return json_response(build_openapi(_node(request).region, served=served,
+                                       max_hops=request.app[PROXY_KEY].settings.max_hops))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    node = _node(request)
+    return json_response({"status": "ok", "region": node.region, "node_id": node.node_id})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    node = _node(request)
+    if node.ready:
+        return json_response({"status": "ready", "region": node.region, "version": node.cache.index.version})
+    return json_response({"status": "unready", "region": node.region, "state": node.state.value,
+                          "store": node.cache.state.value}, status=503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=_node(request).metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+# -- query parameters ------------------------------------------------------------------------
+
+def _scope(request: web.Request, *, default: Scope) -> Scope:
+    value = request.query.get("scope", default.value)
+    if value == "all":  # ARCHITECTURE.md's name for it
+        return Scope.GLOBAL
+    try:
+        return Scope(value)
+    except ValueError:
+        raise ValidationFailed("scope must be local, local-first or global (or all)", field="scope") from None
+
+
+def _pattern(request: web.Request) -> re.Pattern[str] | None:
+    """The ``pattern`` query parameter (an agent_id glob such as ``lang.*.*``), compiled."""
+    pattern = request.query.get("pattern")
+    if not pattern:
+        return None
+    try:
+        return compile_pattern(pattern)
+    except ValueError as exc:
+        raise ValidationFailed(f"pattern: {exc}", field="pattern") from None
+
+
+# -- assembly --------------------------------------------------------------------------------
+
+ROUTES: tuple[web.RouteDef, ...] = (
+    web.post("/v1/agents", register),
+    web.put("/v1/agents/{agent_id}/heartbeat", heartbeat),
+    web.delete("/v1/agents/{agent_id}", deregister),
+    web.get("/v1/agents/{agent_id}", get_agent),
+    web.get("/v1/agents/{agent_id}/agent-card.json", agent_card),
+    web.post("/v1/agent-cards", register_card),
+    web.get("/v1/search", search),
+    web.get("/v1/agents", list_agents),
+    web.post("/v1/resolve", resolve),
+    web.post("/v1/reports", reports),
+    web.get("/v1/watch", watch),
+    web.get("/v1/regions", regions),
+    web.get("/v1/federation/snapshot", snapshot),
+    web.get("/v1/admin/quarantine", quarantine),
+    web.get("/v1/openapi.json", openapi),
+    web.get("/healthz", healthz),
+    web.get("/readyz", readyz),
+    web.get("/metrics", metrics),
+)
+"""Every route of the v1 API, in registration order (proxy mode and extensions add theirs)."""
+
+
+async def _end_watches(app: web.Application) -> None:
+    app[NODE_KEY].watch.end_all()
+
+
+def build_app(node: RegistryNode) -> web.Application:
+    """The aiohttp application of ``node`` (extensions add their routes here)."""
+    app = web.Application(middlewares=[guard(node)], client_max_size=node.config.max_body_bytes)
+    app[NODE_KEY] = node
+    app.on_shutdown.append(_end_watches)
+    app.add_routes(ROUTES)
+    for extension in node.extensions:
+        extension(app)
+    install_proxy_routes(app, node)
+    return app
 
 
 async def serve(node: RegistryNode, *, host: str | None = None, port: int | None = None) -> web.AppRunner:

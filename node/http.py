@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import TypeVar
 
 import orjson
@@ -56,22 +57,59 @@ async def parse_body(request: web.Request, model: type[Model], *, allow_empty: b
             raw = b"{}"
         else:
             raise BadRequest(f"a JSON body ({model.__name__}) is required", code="missing_body")
+    return parse_json(raw, model)
+
+
+def parse_json(raw: bytes, model: type[Model]) -> Model:
+    """``raw`` as ``model`` in strict mode (see :func:`parse_body`); raises 400 or 422."""
     try:
         return model.model_validate_json(raw, strict=True)
     except ValidationError as exc:
         raise validation_error(exc) from exc
 
 
-def validation_error(exc: ValidationError) -> NodeError:
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """What pydantic found wrong first: where (dotted, None for the whole value), what, which kind."""
+
+    field: str | None
+    message: str
+    kind: str  # pydantic's error type: "json_invalid", "extra_forbidden", "missing", ...
+
+
+def first_problem(exc: ValidationError) -> Problem:
+    """The first error of ``exc``, the one a one-line message names."""
     first = exc.errors(include_url=False)[0]
-    if first["type"] == "json_invalid":
-        return BadRequest(f"the body is not valid JSON: {first['msg']}", code="invalid_json")
-    field = ".".join(str(part) for part in first["loc"]) or None
-    message = first["msg"]
-    if first["type"] == "extra_forbidden":
-        message = f"unknown field {field!r}"
-    elif field:
-        message = f"{field}: {message}"
-    problems = [{"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]}
-                for e in exc.errors(include_url=False)[:20]]
-    return ValidationFailed(message, field=field, details={"problems": problems} if len(problems) > 1 else None)
+    return Problem(field=_dotted(first["loc"]) or None, message=first["msg"], kind=first["type"])
+
+
+def validation_error(exc: ValidationError) -> NodeError:
+    """A pydantic failure as the node's error: 400 for bytes that are not JSON, else a 422 naming
+    the first bad field (and listing up to 20 problems when there are several)."""
+    first = first_problem(exc)
+    if first.kind == "json_invalid":
+        return BadRequest(f"the body is not valid JSON: {first.message}", code="invalid_json")
+    message = first.message
+    if first.kind == "extra_forbidden":
+        message = f"unknown field {first.field!r}"
+    elif first.field:
+        message = f"{first.field}: {message}"
+    problems = [{"field": _dotted(e["loc"]), "message": e["msg"]} for e in exc.errors(include_url=False)[:20]]
+    return ValidationFailed(message, field=first.field,
+                            details={"problems": problems} if len(problems) > 1 else None)
+
+
+def _dotted(location: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in location)
+
+
+_TRUE = frozenset({"1", "true", "yes"})
+_FALSE = frozenset({"0", "false", "no"})
+
+
+def query_flag(request: web.Request, name: str) -> bool:
+    """A boolean query parameter (absent: false); a value that is neither is a 422, not a silent false."""
+    value = request.query.get(name, "false").lower()
+    if value not in _TRUE and value not in _FALSE:
+        raise ValidationFailed(f"{name} must be true or false (or 1/0, yes/no)", field=name)
+    return value in _TRUE
