@@ -187,7 +187,7 @@ class Router:
         sources = [local]
         for peer in self.remote.peers():
             source, stale = self._peer_sources.get(peer.region), peer.stale
-            if source is None or source.index is not peer.index or source.stale is not stale:
+            if source is None or source.index is not peer.index or source.stale != stale:
                 source = self._peer_sources[peer.region] = Source(region=peer.region, index=peer.index,
                                                                   locality=Locality.REMOTE, stale=stale)
             sources.append(source)

@@ -219,6 +219,9 @@ def test_a_stale_peer_serves_only_when_nothing_fresher_can() -> None:
     region.index.remove("lang.translate.h1")
     decision = router.decide_exact(RouteRequest(capability=CAPABILITY), ADMIN)
     assert decision.target.agent_id == "lang.translate.w1" and decision.target.target["stale"] is True
+    stale.stale = False  # heard from again: the same peer is a fresh level now
+    decision = router.decide_exact(RouteRequest(capability=CAPABILITY), ADMIN)
+    assert decision.target.agent_id == "lang.translate.w1" and decision.target.target["stale"] is False
     assert stages(router, capability=CAPABILITY, scope="local") == {
         "local": "no agent has capability 'translate.text'", "remote": "scope=local"}
 
