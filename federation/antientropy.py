@@ -30,7 +30,7 @@ import aiohttp
 import orjson
 from pydantic import ValidationError
 
-from node.errors import StoreUnavailable
+from node.errors import StoreUnavailable, first_problem
 from node.models import AgentRecord, Snapshot
 from node.store import now_ms
 
@@ -171,7 +171,7 @@ class AntiEntropy:
             except ValidationError as exc:
                 agent_id = item.get("agent_id") if isinstance(item, dict) else None
                 self.replica_store.quarantine.add(
-                    "snapshot", f"{peer} snapshot agents[{position}]", exc.errors(include_url=False)[0]["msg"],
+                    "snapshot", f"{peer} snapshot agents[{position}]", first_problem(exc).message,
                     agent_id=agent_id if isinstance(agent_id, str) else None)
         return Snapshot.model_validate({**data, "agents": agents})
 
@@ -193,7 +193,7 @@ class AntiEntropy:
                 problems.append(f"{url}: {exc!r}")
                 continue
             except (ValidationError, orjson.JSONDecodeError) as exc:
-                detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+                detail = first_problem(exc).message if isinstance(exc, ValidationError) else str(exc)
                 problems.append(f"{url}: the snapshot does not parse ({detail})")
                 continue
             if snapshot.region != peer:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pydantic import Field, ValidationError, model_validator
 
+from node.errors import first_problem
 from node.models import ChangeEvent, Region, Strict
 
 from .errors import InvalidMessage
@@ -67,6 +68,5 @@ class FederationMessage(Strict):
         try:
             return cls.model_validate_json(value)
         except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            where = ".".join(str(part) for part in first["loc"]) or "(message)"
-            raise InvalidMessage(f"{where}: {first['msg']}") from exc
+            first = first_problem(exc)
+            raise InvalidMessage(f"{first.field or '(message)'}: {first.message}") from exc

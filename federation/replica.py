@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from node.cache import AgentIndex
+from node.errors import first_problem
 from node.follower import FollowerState, StreamFollower
 from node.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
 from node.store import now_ms
@@ -290,7 +291,7 @@ class PeerCatalog(StreamFollower[FeedEntry]):
                 await self.reload([peer.region])
         except ValidationError as exc:
             self.store.quarantine.add("replica", f"{self.store.key_feed}@{entry.seq}",
-                                      exc.errors(include_url=False)[0]["msg"], agent_id=entry.agent_id)
+                                      first_problem(exc).message, agent_id=entry.agent_id)
         peer.seen_version = max(peer.seen_version, entry.seen)
         peer.index.version = peer.seen_version
         peer.hear(entry.at_ms)

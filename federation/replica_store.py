@@ -37,6 +37,7 @@ from typing import TypeVar
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 
+from node.errors import first_problem
 from node.models import AgentRecord, Snapshot
 from node.quarantine import Quarantine
 from node.store import RedisErrors
@@ -337,15 +338,14 @@ class ReplicaStore:
                 records.append(AgentRecord.model_validate_json(raw))
             except ValidationError as exc:
                 # Skipped, not fatal: the peer's next beacon disagrees and anti-entropy re-syncs it.
-                self.quarantine.add("replica", f"{base}/{agent_id}", exc.errors(include_url=False)[0]["msg"],
+                self.quarantine.add("replica", f"{base}/{agent_id}", first_problem(exc).message,
                                     agent_id=agent_id)
         beacon = None
         if raw_state.get("beacon"):
             try:
                 beacon = RegionBeacon.model_validate_json(raw_state["beacon"])
             except ValidationError as exc:
-                self.quarantine.add("replica", f"{self._peer_keys(peer)[2]}/beacon",
-                                    exc.errors(include_url=False)[0]["msg"])
+                self.quarantine.add("replica", f"{self._peer_keys(peer)[2]}/beacon", first_problem(exc).message)
         return PeerState(
             region=peer, records=records, versions={agent_id: int(v) for agent_id, v in raw_versions.items()},
             floor=int(raw_state.get("floor", 0)), seen=int(raw_state.get("seen", 0)),

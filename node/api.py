@@ -24,6 +24,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from .a2a import CardRegistration, record_to_card
+from .clock import now_ms
 from .envelope import RouteEvent, RouteEventKind
 from .errors import (
     BadRequest,
@@ -65,7 +66,6 @@ from .search import DEFAULT_SEARCH_K, MAX_SEARCH_K
 from .security import may_see, require_peer
 from .server import NodeRunner, ServerLimits
 from .service import RegistryNode
-from .store import now_ms
 from .traces import TRACES_KEY
 
 __all__ = ["PUBLIC_PATHS", "ROUTES", "bound_port", "build_app", "guard", "serve"]

@@ -22,10 +22,11 @@ import logging
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
+from .clock import now_ms
 from .errors import StoreUnavailable
 from .follower import FollowerState, StreamFollower
 from .models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
-from .store import RegionStore, now_ms
+from .store import RegionStore
 
 log = logging.getLogger(__name__)
 

@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import enum
 import os
-import time
 from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .clock import now_ms as epoch_ms  # its name here: methods below take a now_ms parameter
 from .errors import NodeError, ValidationFailed
 from .models import (
     MULTI_LINE_PATTERN,
@@ -64,10 +64,6 @@ def new_message_id() -> str:
 def new_trace_id() -> str:
     """A random 128-bit trace id (32 hex digits)."""
     return os.urandom(16).hex()
-
-
-def epoch_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class HopLimitExceeded(ValidationFailed):

@@ -19,9 +19,20 @@ Hierarchy::
     ├── TooManyConnections        503 (node.server) the node's connection cap is reached
     ├── StoreUnavailable          503 Redis cannot be reached
     └── SearchUnavailable         503 no search is attached to this node
+
+:func:`first_problem` reads what pydantic found wrong first, for every layer that turns a
+``ValidationError`` into a one-line message of its own (HTTP bodies, stored records, Kafka
+events, config files). This module does no I/O.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 class NodeError(Exception):
@@ -133,3 +144,34 @@ class SearchUnavailable(NodeError):
 
     status = 503
     code = "search_unavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One error pydantic found: where (dotted, None for the whole value), what, which kind."""
+
+    field: str | None
+    message: str
+    kind: str  # pydantic's error type: "json_invalid", "extra_forbidden", "missing", ...
+    location: tuple[int | str, ...]  # undotted, for callers that map it to their own names (node.a2a)
+
+    def line(self) -> str:
+        """``field: message``, or the message alone when it is about the whole value."""
+        return f"{self.field}: {self.message}" if self.field else self.message
+
+
+def problems(exc: ValidationError, *, limit: int | None = None) -> list[Problem]:
+    """The errors of ``exc`` in pydantic's order (at most ``limit``)."""
+    found = exc.errors(include_url=False)
+    return [_problem(error) for error in (found if limit is None else found[:limit])]
+
+
+def first_problem(exc: ValidationError) -> Problem:
+    """The first error of ``exc``, the one a one-line message names."""
+    return _problem(exc.errors(include_url=False)[0])
+
+
+def _problem(error: Mapping[str, Any]) -> Problem:
+    location = tuple(error["loc"])
+    return Problem(field=".".join(str(part) for part in location) or None, message=error["msg"],
+                   kind=error["type"], location=location)

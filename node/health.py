@@ -23,10 +23,11 @@ from dataclasses import dataclass
 import aiohttp
 
 from .cache import RegionCache
+from .clock import now_ms
 from .egress import DEFAULT_EGRESS_POLICY, EgressDenied, EgressPolicy, egress_denial, egress_session
 from .errors import NodeError
 from .models import AgentRecord, ChangeEvent, ChangeKind, Probe
-from .store import RegionStore, now_ms
+from .store import RegionStore
 from .tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)

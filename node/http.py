@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import TypeVar
 
 import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from .errors import BadRequest, NodeError, PayloadTooLarge, RequestTimeout, ValidationFailed
+from .errors import (
+    BadRequest,
+    NodeError,
+    PayloadTooLarge,
+    RequestTimeout,
+    ValidationFailed,
+    first_problem,
+    problems,
+)
 from .models import TokenClaims
 from .service import RegistryNode
 
@@ -68,21 +75,6 @@ def parse_json(raw: bytes, model: type[Model]) -> Model:
         raise validation_error(exc) from exc
 
 
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """What pydantic found wrong first: where (dotted, None for the whole value), what, which kind."""
-
-    field: str | None
-    message: str
-    kind: str  # pydantic's error type: "json_invalid", "extra_forbidden", "missing", ...
-
-
-def first_problem(exc: ValidationError) -> Problem:
-    """The first error of ``exc``, the one a one-line message names."""
-    first = exc.errors(include_url=False)[0]
-    return Problem(field=_dotted(first["loc"]) or None, message=first["msg"], kind=first["type"])
-
-
 def validation_error(exc: ValidationError) -> NodeError:
     """A pydantic failure as the node's error: 400 for bytes that are not JSON, else a 422 naming
     the first bad field (and listing up to 20 problems when there are several)."""
@@ -94,13 +86,8 @@ def validation_error(exc: ValidationError) -> NodeError:
         message = f"unknown field {first.field!r}"
     elif first.field:
         message = f"{first.field}: {message}"
-    problems = [{"field": _dotted(e["loc"]), "message": e["msg"]} for e in exc.errors(include_url=False)[:20]]
-    return ValidationFailed(message, field=first.field,
-                            details={"problems": problems} if len(problems) > 1 else None)
-
-
-def _dotted(location: tuple[int | str, ...]) -> str:
-    return ".".join(str(part) for part in location)
+    listed = [{"field": problem.field or "", "message": problem.message} for problem in problems(exc, limit=20)]
+    return ValidationFailed(message, field=first.field, details={"problems": listed} if len(listed) > 1 else None)
 
 
 _TRUE = frozenset({"1", "true", "yes"})

@@ -50,6 +50,7 @@ from .client.delivery import (
     Tried,
     deliver,
 )
+from .clock import now_ms
 from .config import ProxySettings
 from .egress import EgressDenied, EgressPolicy, egress_denial, egress_session
 from .envelope import (
@@ -68,7 +69,6 @@ from .http import CALLER, json_response, parse_body, validation_error
 from .models import Outcome, OutcomeReport, RouteRequest, RouteTarget, RouteTicket, TokenClaims
 from .once import Answer, DeliveryInProgress, OnceCache
 from .service import RegistryNode
-from .store import now_ms
 from .traces import TraceLog, install_trace_routes
 
 log = logging.getLogger(__name__)

@@ -42,13 +42,13 @@ from .candidates import (
     WeightFactor,
     caller_allowed,
 )
+from .clock import now_ms
 from .errors import NoAgentAvailable
 from .fallback import MATCHES_ASKED, Matcher, SemanticMatch, choose, semantic_levels
 from .models import AgentRecord, Locality, MatchKind, RouteRequest, RouteTicket, Scope, TokenClaims
 from .outcomes import OutcomeTracker
 from .remote import PeerView, RemoteCatalog
 from .security import Signer
-from .store import now_ms
 
 __all__ = [
     "ALL_WEIGHT_FACTORS", "DEFAULT_OVERPROVISIONING_FACTOR", "DEFAULT_TICKET_TTL_MS", "Candidate", "Decision",

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from .a2a import CardRegistration, card_field, card_to_registration
 from .cache import CacheState, RegionCache
+from .clock import now_ms
 from .config import NodeConfig
 from .errors import (
     Forbidden,
@@ -25,6 +26,7 @@ from .errors import (
     Unauthorized,
     UnknownAgent,
     ValidationFailed,
+    first_problem,
 )
 from .health import Prober
 from .leader import Leadership, new_node_id
@@ -50,7 +52,7 @@ from .outcomes import OutcomeTracker
 from .router import Decision, Router
 from .search import Searcher
 from .security import Signer, authorize_agent, may_see
-from .store import RegionStore, now_ms, stored_version
+from .store import RegionStore, stored_version
 from .sweeper import Sweeper
 from .watch import WatchHub
 
@@ -277,9 +279,9 @@ class RegistryNode:
         try:
             registration = card_to_registration(request)
         except ValidationError as exc:  # the registration the card describes breaks a limit
-            first = exc.errors(include_url=False)[0]
-            field = card_field(first["loc"])
-            raise ValidationFailed(f"{field}: {first['msg']}", field=field) from None
+            first = first_problem(exc)
+            field = card_field(first.location)
+            raise ValidationFailed(f"{field}: {first.message}", field=field) from None
         except ValueError as exc:
             message = str(exc)
             field, _, detail = message.partition(": ")

@@ -9,9 +9,10 @@ the layout works on Redis Cluster)::
     {prefix}:{region}:changes   STREAM one entry per change, id "<version>-0", capped
     {prefix}:{region}:leader    STRING node id of the replica holding the singleton duties
 
-Every mutation is ONE Lua script: bump the version, write the record, move the lease and append
-the change entry, so a change is in Redis and in the stream or nowhere (transactional outbox).
-A heartbeat that changes nothing but the lease only moves the lease. Only Redis 6.2 commands.
+Every mutation is ONE Lua script (``node.store_scripts``): bump the version, write the record,
+move the lease and append the change entry, so a change is in Redis and in the stream or
+nowhere (transactional outbox). A heartbeat that changes nothing but the lease only moves the
+lease. Only Redis 6.2 commands.
 
 Lease expiry in the records is not rewritten by heartbeats: the ``leases`` sorted set is the
 truth, and readers merge it into the records they load.
@@ -24,7 +25,6 @@ whose record does not parse reads as that agent's deletion, reason ``quarantined
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -37,9 +37,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .errors import Conflict, StoreUnavailable, UnknownAgent
+from .clock import now_ms
+from .errors import Conflict, StoreUnavailable, UnknownAgent, first_problem
 from .models import AGENT_ID_RE, AgentRecord, ChangeEvent, ChangeKind, DeleteReason
 from .quarantine import RECORD, Quarantine
+from .store_scripts import ACQUIRE, DELETE, REGISTER, RELEASE, UPDATE
 
 DEFAULT_KEY_PREFIX = "ar"
 DEFAULT_CHANGE_STREAM_MAXLEN = 100_000
@@ -47,91 +49,6 @@ _CAS_ATTEMPTS = 8
 _LEASE_BATCH = 1_000
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_POOL_TIMEOUT_S = 5.0
-
-# KEYS: agents, leases, version, changes. ARGV: agent_id, body (record JSON without version),
-# lease expiry ms, now ms, stream maxlen. Returns {version, 1 if the agent was not stored}.
-_REGISTER = """
-local v = redis.call('INCR', KEYS[3])
-local rec = '{"version":' .. v .. ',' .. string.sub(ARGV[2], 2)
-local created = redis.call('HSET', KEYS[1], ARGV[1], rec)
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], v .. '-0',
-           'kind', 'upsert', 'agent_id', ARGV[1], 'at', ARGV[4], 'record', rec)
-return {v, created}
-"""
-
-# KEYS: agents, leases, version, changes. ARGV: agent_id, expected version ('' = lease only),
-# body, new lease expiry ms ('' = keep), now ms, stream maxlen, require a live lease ('1'/'0').
-# Returns {0} unknown, {1, version} lease moved, {2, version} changed, {-1, current} conflict.
-_UPDATE = """
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if not cur then return {0} end
-if ARGV[7] == '1' then
-  local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
-  if (not score) or tonumber(score) <= tonumber(ARGV[5]) then return {0} end
-end
-local cv = tonumber(string.match(cur, '^{"version":(%d+),'))
-if ARGV[2] == '' then
-  if ARGV[4] ~= '' then redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1]) end
-  return {1, cv}
-end
-if cv ~= tonumber(ARGV[2]) then return {-1, cur} end
-local v = redis.call('INCR', KEYS[3])
-local rec = '{"version":' .. v .. ',' .. string.sub(ARGV[3], 2)
-redis.call('HSET', KEYS[1], ARGV[1], rec)
-if ARGV[4] ~= '' then redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1]) end
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], v .. '-0',
-           'kind', 'status', 'agent_id', ARGV[1], 'at', ARGV[5], 'record', rec)
-return {2, v}
-"""
-
-# KEYS: agents, leases, version, changes. ARGV: now ms, stream maxlen, reason, only-if-expired
-# ('1'/'0'), agent ids... Returns a flat list {agent_id, version, ...} of the removed ones.
-# The tombstone keeps the record's allowed_callers (its JSON array: caller patterns hold no
-# brackets), so watchers who could not see the agent do not see it go either.
-_DELETE = """
-local out = {}
-for i = 5, #ARGV do
-  local id = ARGV[i]
-  local ok = true
-  if ARGV[4] == '1' then
-    local score = redis.call('ZSCORE', KEYS[2], id)
-    ok = (score ~= false) and tonumber(score) <= tonumber(ARGV[1])
-  end
-  local rec = ok and redis.call('HGET', KEYS[1], id)
-  if rec then
-    local acl = string.match(rec, '"allowed_callers":(%b[])') or '[]'
-    redis.call('HDEL', KEYS[1], id)
-    redis.call('ZREM', KEYS[2], id)
-    local v = redis.call('INCR', KEYS[3])
-    redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], v .. '-0',
-               'kind', 'delete', 'agent_id', id, 'at', ARGV[1], 'reason', ARGV[3], 'acl', acl)
-    out[#out + 1] = id
-    out[#out + 1] = v
-  end
-end
-return out
-"""
-
-# KEYS: leader. ARGV: node id, ttl ms. Returns 1 when this node holds (or now took) the lease.
-_ACQUIRE = """
-local cur = redis.call('GET', KEYS[1])
-if cur == false then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-if cur == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"""
-
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
 
 # register/update splice the version first into every record they write: '{"version":N,...'.
 _STORED_VERSION = re.compile(r'^\{"version":(\d+),')
@@ -141,10 +58,6 @@ def stored_version(raw: str) -> int | None:
     """The version of a record as this store wrote it, read off its JSON without parsing it."""
     match = _STORED_VERSION.match(raw)
     return int(match.group(1)) if match else None
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(slots=True)
@@ -189,11 +102,11 @@ class RegionStore:
         self.key_base = base
         self.change_stream_maxlen = change_stream_maxlen
         self._mutation_keys = [self.key_agents, self.key_leases, self.key_version, self.key_changes]
-        self._register = redis.register_script(_REGISTER)
-        self._update = redis.register_script(_UPDATE)
-        self._delete = redis.register_script(_DELETE)
-        self._acquire = redis.register_script(_ACQUIRE)
-        self._release = redis.register_script(_RELEASE)
+        self._register = redis.register_script(REGISTER)
+        self._update = redis.register_script(UPDATE)
+        self._delete = redis.register_script(DELETE)
+        self._acquire = redis.register_script(ACQUIRE)
+        self._release = redis.register_script(RELEASE)
 
     @classmethod
     def from_url(cls, url: str, *, region: str, **options: object) -> RegionStore:
@@ -502,10 +415,9 @@ class RegionStore:
 
 
 def _first_problem(exc: Exception) -> str:
+    """What the quarantine says of a stored value that does not parse."""
     if isinstance(exc, ValidationError):
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(part) for part in first["loc"])
-        return f"{where}: {first['msg']}" if where else first["msg"]
+        return first_problem(exc).line()
     if isinstance(exc, KeyError):
         return f"missing field {exc}"
     return str(exc)

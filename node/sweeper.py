@@ -13,8 +13,9 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from .clock import now_ms
 from .errors import StoreUnavailable
-from .store import RegionStore, now_ms
+from .store import RegionStore
 
 log = logging.getLogger(__name__)
 

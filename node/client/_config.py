@@ -37,7 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..envelope import DEFAULT_MAX_HOPS, MAX_HOPS_CEILING
-from ..errors import ValidationFailed
+from ..errors import ValidationFailed, first_problem
 from ..models import Registration
 from ._retry import (
     DEFAULT_JITTER_RATIO,
@@ -121,8 +121,9 @@ class ClientSettings(_Settings):
         try:
             return ClientSettings.model_validate({**self.model_dump(), **options})
         except ValidationError as exc:
-            key, problem = first_problem(exc)
-            raise AgentConfigError(f"client option {key}: {problem}", field=key) from exc
+            first = first_problem(exc)
+            key = first.field or ""
+            raise AgentConfigError(f"client option {key}: {first.message}", field=key) from exc
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(initial_backoff_s=self.retry_initial_backoff_ms / 1000, multiplier=self.retry_multiplier,
@@ -230,14 +231,9 @@ def registration_of(registration: Registration | Mapping[str, Any] | None) -> Re
     try:
         return Registration.model_validate(dict(registration))
     except ValidationError as exc:
-        key, problem = first_problem(exc)
-        raise AgentConfigError(f"registration {key}: {problem}", field=key) from exc
-
-
-def first_problem(exc: ValidationError) -> tuple[str, str]:
-    """The dotted location and message of the first error pydantic found."""
-    first = exc.errors(include_url=False)[0]
-    return ".".join(str(part) for part in first["loc"]), first["msg"]
+        first = first_problem(exc)
+        key = first.field or ""
+        raise AgentConfigError(f"registration {key}: {first.message}", field=key) from exc
 
 
 def parse_agent_config(data: dict[str, Any], *, source: str | None = None) -> AgentConfig:
@@ -245,9 +241,9 @@ def parse_agent_config(data: dict[str, Any], *, source: str | None = None) -> Ag
     try:
         return AgentConfig.model_validate({**data, "source": source})
     except ValidationError as exc:
-        key, problem = first_problem(exc)
-        unknown = exc.errors(include_url=False)[0]["type"] == "extra_forbidden"
-        message = f"unknown key {key!r}" if unknown else f"{key}: {problem}"
+        first = first_problem(exc)
+        key = first.field or ""
+        message = f"unknown key {key!r}" if first.kind == "extra_forbidden" else f"{key}: {first.message}"
         where = f" in {source}" if source else ""
         raise AgentConfigError(f"{message}{where}", field=key) from exc
 
@@ -265,4 +261,4 @@ def load_agent_config(path: str | os.PathLike[str]) -> AgentConfig:
 
 
 __all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "AgentConfig", "AgentConfigError", "ClientSettings", "NodeSection",
-           "SidecarSettings", "first_problem", "load_agent_config", "parse_agent_config", "registration_of"]
+           "SidecarSettings", "load_agent_config", "parse_agent_config", "registration_of"]

@@ -33,7 +33,7 @@ from ..envelope import (
     Trace,
     epoch_ms,
 )
-from ..errors import NodeError, UnknownAgent, ValidationFailed
+from ..errors import NodeError, UnknownAgent, ValidationFailed, first_problem
 from ..models import (
     OutcomeReport,
     RegisterResponse,
@@ -44,7 +44,7 @@ from ..models import (
     Status,
 )
 from ..outcomes import BreakerState, OutcomeTracker
-from ._config import AgentConfig, AgentConfigError, ClientSettings, first_problem, load_agent_config, registration_of
+from ._config import AgentConfig, AgentConfigError, ClientSettings, load_agent_config, registration_of
 from ._errors import Attempt, CallFailed, CallRejected, CallTimeout, ClientError
 from ._heartbeat import Heartbeater, HeartbeatStats, LoadCallback
 from ._http import NodeApi, SendResult, as_envelope
@@ -395,8 +395,8 @@ class ReachClient:
         try:
             return RouteRequest.model_validate(data)
         except ValidationError as exc:
-            key, problem = first_problem(exc)
-            raise ValidationFailed(f"route request {key}: {problem}", field=key or None) from exc
+            first = first_problem(exc)
+            raise ValidationFailed(f"route request {first.field or ''}: {first.message}", field=first.field) from exc
 
     async def _resolve(self, request: RouteRequest, *, fresh: bool = False) -> RouteTicket:
         if not fresh and not request.exclude:
