@@ -1,0 +1,99 @@
+"""Boundary models of a regional node: registrations, records, routing, change events, errors.
+
+Every model that crosses a boundary (HTTP body, Redis value, Kafka event) is a pydantic v2
+model with ``extra="forbid"``, so an unknown or mistyped field is a 4xx naming the field.
+Whatever a route accepts must read back from Redis, the change stream, Kafka and JSON
+encoders, so the models admit only what every one of them can carry: finite floats, integers
+within int64, text without control characters (descriptions may hold tabs and line breaks),
+URLs without whitespace. HTTP bodies are parsed in strict mode (``"5000"`` is not an integer,
+``true`` is not a weight: see ``node.http.parse_body``). No module of this package does I/O.
+
+One concept per module, every name importable from here (``from node.models import X``)::
+
+    fields     identifier patterns, bounded text and numbers, URLs, free-form JSON, Strict
+    versions   capability versions and version constraints
+    records    registrations, heartbeats and the records a region stores, lists, snapshots
+    changes    one change of a region (ChangeEvent)
+    routing    route requests, route tickets, outcome reports
+    search     natural-language search answers
+    tokens     token claims and roles, the JSON error body
+"""
+
+from __future__ import annotations
+
+from .changes import ChangeEvent, ChangeKind, DeleteReason
+from .fields import (
+    AGENT_ID_PATTERN,
+    AGENT_ID_RE,
+    AGENT_PATTERN_RE,
+    CAPABILITY_NAME_PATTERN,
+    INT64_MAX,
+    LABEL_KEY_PATTERN,
+    MAX_JSON_DEPTH,
+    MULTI_LINE_PATTERN,
+    REGION_PATTERN,
+    SINGLE_LINE_PATTERN,
+    TRACE_ID_PATTERN,
+    TRANSPORT_PATTERN,
+    AgentId,
+    Count,
+    EndpointName,
+    JsonValue,
+    LongText,
+    Millis,
+    Region,
+    ShortText,
+    Strict,
+    check_json_value,
+    compile_pattern,
+)
+from .records import (
+    DEFAULT_FAILURE_THRESHOLD,
+    DEFAULT_LEASE_TTL_MS,
+    DEFAULT_PROBE_INTERVAL_MS,
+    DEFAULT_PROBE_TIMEOUT_MS,
+    DEFAULT_SUCCESS_THRESHOLD,
+    DEFAULT_WEIGHT,
+    MAX_LEASE_TTL_MS,
+    MIN_LEASE_TTL_MS,
+    ROUTABLE_STATUSES,
+    AgentList,
+    AgentRecord,
+    Capability,
+    Heartbeat,
+    HeartbeatResponse,
+    Load,
+    Probe,
+    RegisterResponse,
+    Registration,
+    Snapshot,
+    Status,
+)
+from .routing import (
+    Locality,
+    Match,
+    MatchKind,
+    Outcome,
+    OutcomeReport,
+    OutcomeReports,
+    RouteRequest,
+    RouteTarget,
+    RouteTicket,
+    Scope,
+)
+from .search import SearchHit, SearchResponse
+from .tokens import ErrorBody, TokenClaims, TokenRole
+from .versions import VersionConstraint, parse_version, version_constraint
+
+__all__ = [
+    "AGENT_ID_PATTERN", "AGENT_ID_RE", "AGENT_PATTERN_RE", "AgentId", "AgentList", "AgentRecord",
+    "CAPABILITY_NAME_PATTERN", "Capability", "ChangeEvent", "ChangeKind", "Count", "DEFAULT_FAILURE_THRESHOLD",
+    "DEFAULT_LEASE_TTL_MS", "DEFAULT_PROBE_INTERVAL_MS", "DEFAULT_PROBE_TIMEOUT_MS", "DEFAULT_SUCCESS_THRESHOLD",
+    "DEFAULT_WEIGHT", "DeleteReason", "EndpointName", "ErrorBody", "Heartbeat", "HeartbeatResponse", "INT64_MAX",
+    "JsonValue", "LABEL_KEY_PATTERN", "Load", "Locality", "LongText", "MAX_JSON_DEPTH", "MAX_LEASE_TTL_MS",
+    "MIN_LEASE_TTL_MS", "MULTI_LINE_PATTERN", "Match", "MatchKind", "Millis", "Outcome", "OutcomeReport",
+    "OutcomeReports", "Probe", "REGION_PATTERN", "ROUTABLE_STATUSES", "Region", "RegisterResponse", "Registration",
+    "RouteRequest", "RouteTarget", "RouteTicket", "SINGLE_LINE_PATTERN", "Scope", "SearchHit", "SearchResponse",
+    "ShortText", "Snapshot", "Status", "Strict", "TRACE_ID_PATTERN", "TRANSPORT_PATTERN", "TokenClaims", "TokenRole",
+    "VersionConstraint", "check_json_value", "compile_pattern", "parse_version", "version_constraint",
+]

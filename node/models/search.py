@@ -1,0 +1,32 @@
+"""The answer of a natural-language search (``GET /v1/search``). This module does no I/O."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .fields import AgentId, Region, Strict
+from .routing import Locality, Scope
+
+
+class SearchHit(Strict):
+    """One agent found by a natural-language search, with why it matched."""
+
+    agent_id: AgentId
+    region: Region
+    locality: Locality
+    capability: str | None = Field(description="The capability that matched; null when the description did.")
+    score: float = Field(description="The final (fused) score used for ranking and thresholds.")
+    vector_score: float | None = Field(description="Cosine similarity; null in lexical mode.")
+    lexical_score: float
+    routable: bool
+    display_name: str = ""
+
+
+class SearchResponse(Strict):
+    query: str
+    mode: Literal["hybrid", "lexical"]
+    scope: Scope
+    hits: list[SearchHit]
+    took_ms: float
