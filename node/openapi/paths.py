@@ -1,0 +1,213 @@
+"""The document's ``paths``: every route the node can serve, each operation with exactly the
+statuses it can answer. ``build_openapi`` leaves out what a node does not serve.
+"""
+
+from __future__ import annotations
+
+from ..models import INT64_MAX, Scope
+from ..search import DEFAULT_SEARCH_K, MAX_SEARCH_K
+from .operations import (
+    AGENT_ID,
+    CAPABILITY,
+    PATTERN,
+    ROUTABLE,
+    TRACE_ID,
+    json_answer,
+    operation,
+    query,
+    ref,
+    scope_query,
+)
+from .patterns import CONSTRAINT_DESCRIPTION, CONSTRAINT_PATTERN, Schema
+
+Paths = dict[str, dict[str, Schema]]
+
+
+def paths() -> Paths:
+    """Every route, in the document's order."""
+    return {**_agents(), **_routing(), **_feeds(), **_proxy(), **_service()}
+
+
+def _agents() -> Paths:
+    """Registration, heartbeats, lookups and A2A cards."""
+    agent_lookup = (404,)
+    return {
+        "/v1/agents": {
+            "post": operation(
+                "Register an agent (idempotent upsert)",
+                {"200": json_answer("RegisterResponse", "Registered again: the record was replaced"),
+                 "201": json_answer("RegisterResponse", "Registered for the first time in this region")},
+                body="Registration", errors=(403, 503),
+                notes={403: "The token may not act for this agent_id (agent tokens act for their own only)",
+                       422: "A field is invalid (field names it); also: two capabilities with the same name and "
+                            "major version, a transport the region does not allow, an address the egress policy "
+                            "refuses (egress_denied)"}),
+            "get": operation("List agents", {"200": json_answer("AgentList", "The agents the caller may see")},
+                             errors=(422,), parameters=[
+                                 CAPABILITY, PATTERN,
+                                 query("label", {"type": "array", "items": {"type": "string",
+                                                                            "pattern": "^[^=]+=[\\s\\S]*$"}},
+                                       "key=value; repeat it for several labels", style="form", explode=True),
+                                 scope_query(Scope.LOCAL), ROUTABLE]),
+        },
+        "/v1/agents/{agent_id}": {
+            "get": operation("One agent (local or remote)", {"200": json_answer("AgentRecord", "The record")},
+                             errors=agent_lookup, parameters=[AGENT_ID],
+                             notes={404: "No such agent here or in a peer region (or the caller may not see it)"}),
+            "delete": operation("Deregister",
+                                {"200": json_answer("Deregistered", "Deregistered; a tombstone was written")},
+                                errors=(403, 404, 503), parameters=[AGENT_ID],
+                                notes={404: "The agent is not registered in this region"}),
+        },
+        "/v1/agents/{agent_id}/heartbeat": {
+            "put": operation("Renew the lease; report status and load",
+                             {"200": json_answer("HeartbeatResponse", "The lease was renewed")},
+                             body="Heartbeat", body_required=False, errors=(403, 404, 409, 503),
+                             parameters=[AGENT_ID],
+                             notes={404: "The agent has no lease in this region: register again"}),
+        },
+        "/v1/agents/{agent_id}/agent-card.json": {
+            "get": operation("The agent as an A2A Agent Card (v1.0)",
+                             {"200": json_answer("ExportedAgentCard", "The card")}, errors=agent_lookup,
+                             parameters=[AGENT_ID]),
+        },
+        "/v1/agent-cards": {
+            "post": operation(
+                "Register an agent from an A2A Agent Card (v1.0 or v0.3)",
+                {"200": json_answer("RegisterResponse", "Registered again"),
+                 "201": json_answer("RegisterResponse", "Registered for the first time in this region")},
+                body="CardRegistration", errors=(403, 503),
+                notes={422: "A field is invalid (field names it); also: two skills whose ids give the same "
+                            "capability name, an address the egress policy refuses (egress_denied)"}),
+        },
+    }
+
+
+def _routing() -> Paths:
+    """Route tickets, outcome reports, search, and the vectors a peer's index fetches."""
+    return {
+        "/v1/resolve": {
+            "post": operation("Route ticket",
+                              {"200": json_answer("RouteTicket", "Call target; fail over to alternates")},
+                              body="RouteRequest", errors=(404,),
+                              notes={404: "No agent available (details.stages says why per stage)"}),
+        },
+        "/v1/reports": {
+            "post": operation("Report call outcomes (one report or a batch)",
+                              {"200": json_answer("Accepted", "The reports were recorded")}, body="Reports",
+                              errors=(403,),
+                              notes={403: "The signature is not a ticket of this cluster, names another agent or "
+                                          "caller, or is too old"}),
+        },
+        "/v1/search": {
+            "get": operation(
+                "Natural-language search over local and remote agents",
+                {"200": json_answer("SearchResponse", "Hits, best first")}, errors=(422, 503), parameters=[
+                    query("q", {"type": "string", "minLength": 1, "maxLength": 2_000, "pattern": "[^\\s\\x1c-\\x1f]"},
+                          "What the agent should do (not only whitespace)", required=True),
+                    query("k", {"type": "integer", "minimum": 1, "maximum": MAX_SEARCH_K,
+                                "default": DEFAULT_SEARCH_K}, "How many agents"),
+                    scope_query(Scope.GLOBAL), ROUTABLE],
+                notes={503: "No search is attached to this node"}),
+        },
+        "/v1/semantic/vectors": {
+            "post": operation("Cached capability-text vectors by key, for a peer region's index",
+                              {"200": json_answer("VectorResponse", "The vectors this region holds")},
+                              body="VectorRequest", errors=(403,),
+                              notes={403: "Peer and admin tokens only"}),
+        },
+    }
+
+
+def _feeds() -> Paths:
+    """The change feed, the region and its peers, the quarantine."""
+    return {
+        "/v1/watch": {
+            "get": operation(
+                "Server-sent change events",
+                {"200": {"description": "An event stream: hello, then one change per event (id: the region "
+                                        "version), ': keep-alive' comments while idle; overflow ends a watcher "
+                                        "that fell behind",
+                         "content": {"text/event-stream": {"itemSchema": ref("WatchEvent")}}}},
+                errors=(422,), parameters=[
+                    query("since", {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
+                          "Replay the changes after this region version first"),
+                    CAPABILITY, PATTERN]),
+        },
+        "/v1/regions": {"get": operation("Topology, peer freshness, counts", {"200": json_answer("Regions", "OK")})},
+        "/v1/federation/snapshot": {
+            "get": operation("Live local records + watermark", {"200": json_answer("Snapshot", "The snapshot")},
+                             errors=(403, 503), notes={403: "Peer and admin tokens only"}),
+        },
+        "/v1/federation/status": {
+            "get": operation("Federation: this region's watermark and digest, publisher, consumer, anti-entropy, "
+                             "peers", {"200": json_answer("FederationStatus", "OK")}, errors=(503,)),
+        },
+        "/v1/admin/quarantine": {
+            "get": operation("Stored records and events that do not parse, skipped by every reader",
+                             {"200": json_answer("QuarantineList", "OK")}, errors=(403,),
+                             notes={403: "Admin tokens only"}),
+        },
+    }
+
+
+def _proxy() -> Paths:
+    """Proxy mode, the trace log and the region's policy."""
+    return {
+        "/v1/send": {
+            "post": operation(
+                "Proxy mode: route and deliver an envelope (hop limit, expiry, once per id)",
+                {"200": {"description": "The target's answer, as it is (status, content type, body)",
+                         "content": {"*/*": {"schema": {}}}},
+                 "202": {"description": "delivery=callback: accepted, the result goes to the caller's registered "
+                                        "callback_endpoint; or (sync) a target's own 202, as it is",
+                         "content": {"application/json": {"schema": ref("SendAccepted")}, "*/*": {"schema": {}}}},
+                 "2XX": {"description": "The target's answer, as it is", "content": {"*/*": {"schema": {}}}},
+                 "4XX": {"description": "The target's own 4xx answer, as it is", "content": {"*/*": {"schema": {}}}}},
+                body="SendEnvelope", errors=(404, 409, 410, 429, 502, 503),
+                parameters=[
+                    query("delivery", {"type": "string", "enum": ["sync", "callback"], "default": "sync"},
+                          "sync: answer with the target's answer; callback: answer 202 and send the result to the "
+                          "caller's registered callback_endpoint"),
+                    query("version", {"type": "string", "maxLength": 100, "pattern": CONSTRAINT_PATTERN},
+                          "Capability version constraint: " + CONSTRAINT_DESCRIPTION),
+                    scope_query(Scope.LOCAL_FIRST, all_alias=False)],
+                passthrough=True,
+                notes={404: "No agent available",
+                       409: "This envelope id is being delivered, or its answer was too large to keep",
+                       422: "A field is invalid, hop_count reached the limit, or delivery=callback without a "
+                            "registered callback_endpoint",
+                       429: "Rate limited, or too many callback deliveries in flight"}),
+        },
+        "/v1/traces/{trace_id}": {
+            "get": operation("Route decisions, deliveries and outcomes of one trace",
+                             {"200": json_answer("Trace", "The events the caller took part in, oldest first")},
+                             errors=(404, 422, 503), parameters=[TRACE_ID],
+                             notes={404: "No events of this trace that the caller took part in (traces expire)"}),
+        },
+        "/v1/traces": {
+            "post": operation("Record the caller's own direct-call route events",
+                              {"200": json_answer("Accepted", "The events were recorded")}, body="RouteEvents",
+                              errors=(403,), notes={403: "An event names another caller"}),
+        },
+        "/v1/policy": {
+            "get": operation("The region's policy for agents and the caller's token claims",
+                             {"200": json_answer("Policy", "OK")}),
+        },
+    }
+
+
+def _service() -> Paths:
+    """The public routes: this document, liveness, readiness, metrics."""
+    return {
+        "/v1/openapi.json": {"get": operation("This document", {"200": json_answer(None, "The OpenAPI document")},
+                                              public=True)},
+        "/healthz": {"get": operation("Process liveness", {"200": json_answer("Health", "Alive")}, public=True)},
+        "/readyz": {"get": operation("Readiness (cache loaded, Redis reachable)",
+                                     {"200": json_answer("Ready", "Ready"),
+                                      "503": json_answer("Unready", "Draining, starting, or Redis unreachable")},
+                                     public=True)},
+        "/metrics": {"get": operation("Prometheus metrics", {"200": {
+            "description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}},
+            public=True)},
+    }

@@ -1,0 +1,135 @@
+"""Shapes of the answers the handlers write as dictionaries, for the document to describe.
+
+The fuzz test (``tests/test_fuzz.py``) fails when a handler and its shape here drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Shape(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Deregistered(Shape):
+    """``DELETE /v1/agents/{agent_id}``: the tombstone's region version."""
+
+    agent_id: str
+    version: int
+    deregistered: Literal[True]
+
+
+class Accepted(Shape):
+    """How many reports or route events were taken."""
+
+    accepted: int = Field(ge=0)
+
+
+class Regions(Shape):
+    """``GET /v1/regions``: this node and, with federation, its view of every peer."""
+
+    region: str
+    node_id: str
+    version: int
+    agents: int
+    leader: bool
+    peers: list[dict[str, Any]] = Field(description="Freshness, lag and counts per peer region (federation only).")
+
+
+class QuarantinedItem(Shape):
+    """One stored value that did not parse (``node.quarantine``)."""
+
+    source: str
+    key: str
+    error: str
+    agent_id: str | None
+    first_seen_ms: int
+    last_seen_ms: int
+    seen: int
+
+
+class QuarantineList(Shape):
+    region: str
+    count: int
+    total: int
+    items: list[QuarantinedItem]
+
+
+class VectorRequest(Shape):
+    """``POST /v1/semantic/vectors``: the cache keys a peer wants (``topology.discovery``)."""
+
+    keys: list[Annotated[str, Field(max_length=200)]] = Field(max_length=1_000)
+
+
+class VectorResponse(Shape):
+    vectors: dict[str, str] = Field(description="Cache key → base64 of little-endian float32 values.")
+
+
+class FederationStatus(BaseModel):
+    """``GET /v1/federation/status`` (its parts are federation's own counters)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    region: str
+    topic: str
+    watermark: int
+    live_count: int
+    digest: str
+    publisher: dict[str, Any]
+    consumer: dict[str, Any]
+    anti_entropy: dict[str, Any]
+    peers: list[dict[str, Any]]
+
+
+class ExportedInterface(Shape):
+    url: str
+    protocolBinding: str
+    protocolVersion: str
+
+
+class ExportedSkill(Shape):
+    id: str
+    name: str
+    description: str
+    tags: list[str]
+    examples: list[str]
+
+
+class ExportedProvider(Shape):
+    organization: str
+
+
+class ExportedAgentCard(Shape):
+    """The v1.0 A2A Agent Card ``GET /v1/agents/{agent_id}/agent-card.json`` writes."""
+
+    name: str
+    description: str
+    version: str
+    supportedInterfaces: list[ExportedInterface] = Field(min_length=1)
+    capabilities: dict[str, Any]
+    defaultInputModes: list[str]
+    defaultOutputModes: list[str]
+    skills: list[ExportedSkill] = Field(description="Empty for an agent without capabilities.")
+    provider: ExportedProvider | None = None
+
+
+class Health(Shape):
+    status: Literal["ok"]
+    region: str
+    node_id: str
+
+
+class Ready(Shape):
+    status: Literal["ready"]
+    region: str
+    version: int
+
+
+class Unready(Shape):
+    status: Literal["unready"]
+    region: str
+    state: str
+    store: str

@@ -1,0 +1,41 @@
+"""The server-sent events of ``GET /v1/watch`` as the document describes them (``WatchEvent``,
+the stream's ``itemSchema``): ``hello`` first, then one ``change`` (a
+:class:`~node.models.ChangeEvent`) per event, ``overflow`` when a watcher fell behind. The
+stream itself is written by ``node.watch_stream``.
+"""
+
+from __future__ import annotations
+
+from .patterns import Schema
+from .shapes import Shape
+
+
+class WatchHello(Shape):
+    """The first event of every watch: the region and the version the node is at."""
+
+    region: str
+    version: int
+
+
+class WatchOverflow(Shape):
+    """The last event of a watcher that fell behind; reconnect with ``since=``."""
+
+    message: str
+
+
+def watch_event_schema() -> Schema:
+    """One event of the stream: its ``event`` name, its ``id`` (changes only) and its JSON ``data``."""
+    return {"description": "One server-sent event of /v1/watch.", "oneOf": [
+        _sse_event("hello", "WatchHello"),
+        {**_sse_event("change", "ChangeEvent"), "required": ["event", "data", "id"]},
+        _sse_event("overflow", "WatchOverflow"),
+    ]}
+
+
+def _sse_event(kind: str, model: str) -> Schema:
+    return {"type": "object", "required": ["event", "data"], "properties": {
+        "event": {"const": kind},
+        "id": {"type": "string", "pattern": "^[0-9]+$", "description": "The region version of the last change."},
+        "data": {"type": "string", "contentMediaType": "application/json",
+                 "contentSchema": {"$ref": f"#/components/schemas/{model}"}},
+    }}
