@@ -32,16 +32,16 @@ bench: bench-resolve bench-federation bench-semantic bench-routing
 # wrk drives the resolve benchmark from a separate process; it comes from Debian's packages.
 bench-resolve: install
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
-	$(BIN)/python bench/resolve.py
+	$(BIN)/python -m bench.resolve
 
 bench-federation: install
-	$(BIN)/python bench/federation.py
+	$(BIN)/python -m bench.federation
 
 bench-semantic: install
-	$(BIN)/python bench/semantic.py
+	$(BIN)/python -m bench.semantic
 
 bench-routing: install
-	$(BIN)/python bench/routing.py
+	$(BIN)/python -m bench.routing
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -21,7 +21,7 @@ broker, one node PROCESS per region on free ports — exactly what ``agent-reach
 Everything (three nodes, three redis-servers, the broker and this load generator) shares the
 machine; ``--rates``, ``--seconds`` and ``--rounds`` change the runs. Prints only numbers.
 
-Run: ``.venv/bin/python bench/federation.py``
+Run from the repository root: ``make bench-federation`` or ``.venv/bin/python -m bench.federation``
 """
 
 from __future__ import annotations
@@ -29,21 +29,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
 from collections.abc import Awaitable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import aiohttp
+import redis.asyncio as aioredis
 
-import aiohttp  # noqa: E402
-import redis.asyncio as aioredis  # noqa: E402
-
-from topology.launcher import LocalCluster  # noqa: E402
-from topology.topology import load_topology  # noqa: E402
+from topology import load_topology
+from topology.launcher import LocalCluster
 
 SECRET = b"bench-federation-secret-0123456789"
 SOURCE, OBSERVER = "us-east", "eu-west"

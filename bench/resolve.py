@@ -8,7 +8,7 @@ how much of the machine's HTTP capacity the router keeps. The node runs with --n
 measures routing, and indexing 10k agents' descriptions in the background would compete for the
 same two cores (bench/semantic.py measures search).
 
-Run: `make bench-resolve` (installs wrk if absent) or `.venv/bin/python bench/resolve.py`.
+Run from the repository root: `make bench-resolve` (installs wrk if absent) or `.venv/bin/python -m bench.resolve`.
 """
 
 from __future__ import annotations
@@ -28,13 +28,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from node.models import AgentRecord, Capability, TokenRole  # noqa: E402
-from node.security import Signer  # noqa: E402
-from node.store import RegionStore, now_ms  # noqa: E402
-from topology.embedded import EmbeddedRedis  # noqa: E402
+from node.models import AgentRecord, Capability, TokenRole
+from node.security import Signer
+from node.store import RegionStore, now_ms
+from topology.embedded import EmbeddedRedis
 
 SECRET = "bench-secret-0123456789abcdef"
 CAPABILITIES = 100

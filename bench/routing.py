@@ -34,7 +34,8 @@ deadline (more than 1 % of requests failed), the success rate breaks the tie.
 Every policy sees the same arrivals, job sizes and failure draws (common random numbers), so
 differences come from routing, not from luck of the draw.
 
-Run: `.venv/bin/python bench/routing.py` (`--help` for duration, seeds, pairs).
+Run from the repository root: `make bench-routing` or `.venv/bin/python -m bench.routing` (`--help`
+for duration, seeds, pairs).
 """
 
 from __future__ import annotations
@@ -48,11 +49,6 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from node.cache import AgentIndex
 from node.errors import NoAgentAvailable

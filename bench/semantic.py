@@ -1,8 +1,9 @@
 """Semantic search benchmark: relevance on the eval set, indexing throughput, query latency.
 
-Run with the project's virtualenv from the repository root::
+Run with the project's virtualenv from the repository root (as a module, so that ``import
+semantic`` finds the package, not this file)::
 
-    .venv/bin/python bench/semantic.py [--queries 400] [--sizes 1000,10000]
+    .venv/bin/python -m bench.semantic [--queries 400] [--sizes 1000,10000]
 
 Prints numbers only (no pass/fail). Query latency includes encoding the query (the vector
 cache is bypassed for queries, so every query pays a forward pass) and is split into
@@ -20,13 +21,6 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-
-# This file is itself called semantic.py: drop its folder from the import path so that
-# `import semantic` finds the package at the repository root, not this script.
-_HERE = Path(__file__).resolve().parent
-_ROOT = _HERE.parent
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _HERE]
-sys.path.insert(0, str(_ROOT))
 
 import numpy as np
 
@@ -46,6 +40,7 @@ from semantic.evaluation import (
     load_eval_set,
 )
 
+_ROOT = Path(__file__).resolve().parent.parent
 EVAL_PATH = _ROOT / "tests" / "data" / "semantic_eval.json"
 DEFAULT_SIZES = (1_000, 10_000)
 DEFAULT_QUERIES = 400

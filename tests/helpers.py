@@ -23,9 +23,8 @@ from federation.events import FederationMessage
 from node.api import bound_port, serve
 from node.models import TokenRole
 from node.service import RegistryNode
-from topology.compose import attach_federation
-from topology.discovery import attach_discovery
-from topology.topology import Topology
+from topology import Topology
+from topology.composition import attach_discovery, attach_federation
 
 
 async def wait_for(condition: Callable[[], Any | Awaitable[Any]], *, timeout_s: float = 10.0,
@@ -238,7 +237,7 @@ class Pair:
         config = self.topology.node_config(name, port=port)
         node = RegistryNode(config, secret=self.secret)
         federation = attach_federation(node, self.topology, secret=self.secret)
-        if self.discovery:  # as topology.compose.build_node does, keeping the federation at hand
+        if self.discovery:  # as topology.build_node does, keeping the federation at hand
             attach_discovery(node, semantic_enabled=False)
         await node.start()
         runner = await serve(node)

@@ -19,8 +19,7 @@ import pytest
 
 from node.redact import CredentialFilter, mask_credentials, mask_url
 from node.security import SecretError, load_secret
-from topology.datadir import DataDirLock
-from topology.embedded import redis_server_executable
+from topology.embedded import DataDirLock, redis_server_executable
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""The demo agents (examples/) and ``agent-reach up --demo``: a local and a cross-region call."""
+"""The demo agents (topology/demo/) and ``agent-reach up --demo``: a local and a cross-region call."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from examples.host import AgentHost
 from node.client import ReachClient
 from node.envelope import Envelope
 from node.models import Capability
+from topology.demo import AgentHost
 
 from .helpers import RunningNode, alive, descendants
 

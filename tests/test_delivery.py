@@ -24,7 +24,7 @@ from node.models import TokenRole
 from node.proxy import PROXY_KEY
 from node.service import RegistryNode
 from node.traces import TRACES_KEY
-from topology.topology import Topology
+from topology import Topology
 
 from .conftest import TEST_SECRET
 from .helpers import RunningNode, registration, start_node

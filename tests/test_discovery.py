@@ -22,9 +22,8 @@ import pytest
 import pytest_asyncio
 
 from node.config import NodeConfig
-from topology.compose import build_node
+from topology import Topology, build_node
 from topology.launcher import LocalCluster
-from topology.topology import Topology
 
 from .conftest import TEST_SECRET
 from .helpers import RunningNode, registration, start_node, wait_for
@@ -223,9 +222,8 @@ async def test_lexical_mode_without_torch(tmp_path: Path, redis_url: str) -> Non
         import asyncio, sys
         sys.modules["torch"] = None
         sys.modules["sentence_transformers"] = None
-        sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
         from node.config import NodeConfig
-        from topology.compose import build_node
+        from topology import build_node
         from tests.helpers import start_node, registration
 
         async def main():
@@ -246,8 +244,9 @@ async def test_lexical_mode_without_torch(tmp_path: Path, redis_url: str) -> Non
                 await node.aclose()
         asyncio.run(main())
     """)
+    # From the repository root, where ``tests`` is importable (``python -c`` puts the working directory first).
     out = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", script], capture_output=True, text=True,
-                                  timeout=120)
+                                  timeout=120, cwd=Path(__file__).resolve().parent.parent)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.split("\n")
     assert lines[0] == "200 lexical ocr.receipt.lex", out.stdout

@@ -22,7 +22,7 @@ from node.config import NodeConfig, ProxySettings
 from node.egress import EgressConnector, EgressDenied, EgressPolicy, egress_denial, egress_session
 from node.models import Registration
 from node.service import RegistryNode
-from topology.topology import TopologyError, load_topology
+from topology import TopologyError, load_topology
 
 from .conftest import TEST_SECRET, NodeFactory
 from .helpers import RunningNode, registration, start_node, wait_for

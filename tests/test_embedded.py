@@ -16,8 +16,8 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from topology.datadir import DataDirError
 from topology.embedded import (
+    DataDirError,
     EmbeddedKafka,
     EmbeddedRedis,
     EmbeddedServiceError,

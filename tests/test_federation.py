@@ -22,8 +22,8 @@ import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaProducer
 
+from topology import Topology
 from topology.launcher import LocalCluster
-from topology.topology import Topology
 
 from .helpers import registration, topic_messages, wait_for
 

@@ -27,10 +27,7 @@ from federation import (
 )
 from node.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Snapshot
 from node.store import RegionStore, now_ms
-from topology import cli
-from topology.compose import build_node
-from topology.embedded import EmbeddedKafka
-from topology.topology import Topology, TopologyError, load_topology
+from topology import EmbeddedKafka, Topology, TopologyError, build_node, cli, load_topology
 
 from .conftest import TEST_SECRET
 from .helpers import Pair, registration, topic_messages, wait_for

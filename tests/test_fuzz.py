@@ -53,7 +53,7 @@ from node.openapi import (
     stored_url_pattern,
     url_pattern,
 )
-from topology.compose import build_node
+from topology import build_node
 
 from .conftest import TEST_SECRET
 from .helpers import AgentServer, RunningNode, Watcher, registration, start_node, wait_for

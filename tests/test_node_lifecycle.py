@@ -19,7 +19,7 @@ import pytest
 
 from node.models import TokenRole
 from node.security import Signer
-from topology.datadir import DataDirLock
+from topology.embedded import DataDirLock
 
 from .helpers import registration, wait_for
 

@@ -12,7 +12,7 @@ from aiohttp import web
 from node.client import load_agent_config
 from node.models import TokenRole
 from node.security import Signer
-from topology.preflight import run_preflight
+from topology.cli.preflight import run_preflight
 
 from .helpers import AgentServer, RunningNode, wait_for
 

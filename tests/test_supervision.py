@@ -17,10 +17,9 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
+from topology import Topology
 from topology.embedded import EmbeddedState
-from topology.launcher import LocalCluster
-from topology.supervisor import RestartPolicy
-from topology.topology import Topology
+from topology.launcher import LocalCluster, RestartPolicy
 
 from .helpers import registration, wait_for
 
@@ -259,7 +258,7 @@ async def test_node_that_keeps_crashing_at_start_is_retried_with_backoff() -> No
 
 
 async def test_a_cluster_data_dir_keeps_registrations_across_runs_and_admits_one_cluster(tmp_path: Path) -> None:
-    from topology.datadir import DataDirError
+    from topology.embedded import DataDirError
 
     topology = Topology.model_validate({
         "name": "data-dir-test", "node": {"semantic_enabled": False},

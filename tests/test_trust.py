@@ -24,8 +24,7 @@ from node.errors import Unauthorized
 from node.models import AgentRecord, TokenRole
 from node.security import Signer
 from node.store import RegionStore, now_ms
-from topology.compose import build_node
-from topology.embedded import EmbeddedKafka
+from topology import EmbeddedKafka, build_node
 
 from .conftest import TEST_SECRET
 from .helpers import Pair, RunningNode, Watcher, registration, start_node, wait_for

@@ -180,7 +180,7 @@ async def test_ctrl_c_at_any_moment_stops_everything_within_5_s(tmp_path: Path, 
         if moment == "nodes starting":
             await run.until(lambda: run.has_child(" node --topology "), "a node process")
         elif moment == "demo starting":
-            await run.until(lambda: run.has_child("examples."), "a demo agent process")
+            await run.until(lambda: run.has_child("topology.demo."), "a demo agent process")
         elif moment == "running":
             await run.until(lambda: "Ctrl-C stops everything" in run.output, "'Ctrl-C stops everything'")
         children = len(run.tree)

@@ -17,19 +17,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import sys
 from pathlib import Path
-from typing import Any
 
 from node.errors import NodeError
 from node.security import SecretError, load_secret
 
+from ..demo import Demo, DemoError, start_demo
+from ..embedded import default_up_data_dir
+from ..launcher import LauncherError, LocalCluster
+from ..spec import DEFAULT_TOPOLOGY_FILE, Topology, TopologyError, load_topology
 from . import console
-from .datadir import default_up_data_dir
-from .launcher import LauncherError, LocalCluster
 from .options import add_secret_options, add_storage_options
 from .signals import Interrupted, StopSignals
-from .topology import DEFAULT_TOPOLOGY_FILE, Topology, TopologyError, load_topology
 
 __all__ = ["UP_DEMO_STOP_TIMEOUT_S", "UP_NODE_DRAIN_TIMEOUT_MS", "UP_NODE_STOP_TIMEOUT_S", "UP_SERVICE_STOP_TIMEOUT_S",
            "add_parser"]
@@ -55,7 +54,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_storage_options(parser, data_dir_help="keep the embedded Redis data here, one subdirectory per region "
                                               "(default: ~/.agent-reach/up/<topology name>)")
     add_secret_options(parser)
-    parser.add_argument("--demo", action="store_true", help="also start the demo agents (examples/) in different "
+    parser.add_argument("--demo", action="store_true", help="also start the demo agents (topology.demo) in different "
                                                             "regions and show a local and a cross-region call")
     parser.set_defaults(func=_run)
 
@@ -87,7 +86,7 @@ async def _main(args: argparse.Namespace, topology: Topology, *, secret: bytes, 
                                node_stop_timeout_s=UP_NODE_STOP_TIMEOUT_S,
                                node_drain_timeout_ms=UP_NODE_DRAIN_TIMEOUT_MS,
                                service_stop_timeout_s=UP_SERVICE_STOP_TIMEOUT_S)
-        demo: Any = None
+        demo: Demo | None = None
         try:
             try:
                 await signals.run(cluster.start())
@@ -126,18 +125,11 @@ async def _main(args: argparse.Namespace, topology: Topology, *, secret: bytes, 
             console.say("agent-reach up: stopped")
 
 
-async def _start_demo(cluster: LocalCluster) -> Any:  # -> examples.demo.Demo
-    """The demo agents of ``examples/`` (shipped with the source, not as a package), one region each.
+async def _start_demo(cluster: LocalCluster) -> Demo:
+    """The demo agents of :mod:`topology.demo`, one region each.
 
     Raises LauncherError when the demo cannot start or its calls fail.
     """
-    root = str(Path(__file__).resolve().parent.parent)
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    try:
-        from examples.demo import DemoError, start_demo
-    except ImportError as exc:
-        raise LauncherError(f"--demo needs the examples/ directory of the source checkout: {exc}") from exc
     try:
         return await start_demo({name: cluster.url(name) for name in cluster.nodes}, cluster.admin_token(),
                                 stop_timeout_s=UP_DEMO_STOP_TIMEOUT_S)

@@ -11,7 +11,7 @@ gives a working node that survives its own restart.
 Stopping (the first SIGINT/SIGTERM): readiness turns 503 at once (``node.begin_drain()``) while
 requests are still served, for ``--drain-grace-ms`` (load balancers notice and stop sending);
 then the listener closes and requests in flight (a slow upload too) get up to
-``--drain-timeout-ms`` to finish (``topology.drain``), and are cancelled after that; then
+``--drain-timeout-ms`` to finish (:mod:`topology.cli.drain`), and are cancelled after that; then
 federation, the node and the embedded Redis stop, and the process exits 0. A second signal
 skips what is left of the grace. A signal during start-up cancels the start.
 """
@@ -41,16 +41,22 @@ from node.redact import mask_url
 from node.security import SecretError, Signer, load_secret
 from node.service import RegistryNode
 
+from ..composition import build_node
+from ..embedded import (
+    DataDirError,
+    DataDirLock,
+    EmbeddedRedis,
+    EmbeddedServiceError,
+    default_node_data_dir,
+    prepare_data_dir,
+)
+from ..launcher import ServiceChild, Supervisor
+from ..spec import Topology, TopologyError, load_topology
 from . import console
-from .compose import build_node
-from .datadir import DataDirError, DataDirLock, default_node_data_dir, prepare_data_dir
 from .drain import Drain
-from .embedded import EmbeddedServiceError
 from .options import add_secret_options, add_storage_options
 from .runtime import run
 from .signals import Interrupted, StopSignals
-from .supervisor import ServiceChild, Supervisor
-from .topology import Topology, TopologyError, load_topology
 
 __all__ = ["DEFAULT_DRAIN_GRACE_MS", "DEFAULT_DRAIN_TIMEOUT_MS", "add_parser"]
 
@@ -249,8 +255,6 @@ def _describe_listen_error(host: str, port: int, exc: OSError) -> str:
 
 async def _start_embedded_redis(region: str, plan: _Plan, stack: contextlib.AsyncExitStack) -> tuple[str, str]:
     """An embedded, supervised redis-server in the data dir; returns its URL and a ``data=`` note."""
-    from .embedded import EmbeddedRedis
-
     if plan.data_dir is not None:
         data_dir = prepare_data_dir(plan.data_dir)
         note = f" data={data_dir}"

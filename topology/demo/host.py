@@ -8,7 +8,7 @@ What an agent written this way gets:
 * ``GET /healthz`` and ``GET /readyz`` (the latter with the current load);
 * registration, heartbeats carrying ``inflight`` (on their own thread), and deregistration on exit.
 
-``main()`` is the command line every example shares: ``--node URL`` plus the token in
+``main()`` is the command line every demo agent shares: ``--node URL`` plus the token in
 ``$AGENT_REACH_TOKEN``; it prints ``READY <agent_id> <url>`` once registered and runs until
 SIGINT/SIGTERM.
 """
@@ -126,7 +126,7 @@ def bound_port(runner: web.AppRunner) -> int:
 
 def main(argv: Sequence[str] | None, *, agent_id: str, display_name: str, description: str,
          capabilities: list[Capability], handler: Handler) -> int:
-    """The command line of a demo agent (``python -m examples.<name> --node URL``)."""
+    """The command line of a demo agent (``python -m topology.demo.<name> --node URL``)."""
     parser = argparse.ArgumentParser(description=f"{display_name}: {description}")
     parser.add_argument("--node", required=True, help="the region's node URL, e.g. http://127.0.0.1:7101")
     parser.add_argument("--agent-id", default=agent_id, help=f"default {agent_id}")

@@ -2,8 +2,8 @@
 
 ``node`` runs alone; with a topology that names other regions, :func:`build_node` attaches the
 federation (``federation.Federation``: replica of the peers, Kafka publisher and consumer,
-anti-entropy), and always semantic discovery (``topology.discovery``: ``/v1/search`` and the
-router's semantic fallback), through the node's own hooks.
+anti-entropy), and always semantic discovery (:mod:`topology.composition.discovery`:
+``/v1/search`` and the router's semantic fallback), through the node's own hooks.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from federation import Federation
 from node.config import NodeConfig
 from node.service import RegistryNode
 
+from ..spec import Topology
 from .discovery import attach_discovery
-from .topology import Topology
+
+__all__ = ["attach_federation", "build_node"]
 
 
 def build_node(config: NodeConfig, *, secret: bytes, topology: Topology | None = None,

@@ -7,8 +7,8 @@ process registered with its region's node. Then, as a caller in the first region
 through federation), and tries a plain-language request that only semantic discovery can route.
 Each step prints one line. ``await demo.aclose()`` stops the agents, which deregister.
 
-Standalone: ``python -m examples.demo --region us-east=http://127.0.0.1:7101 --region
-us-west=http://127.0.0.1:7102`` with an admin token in ``$AGENT_REACH_TOKEN``.
+Standalone: ``python -m topology.demo --region us-east=http://127.0.0.1:7101 --region
+us-west=http://127.0.0.1:7102`` (:func:`main`) with an admin token in ``$AGENT_REACH_TOKEN``.
 """
 
 from __future__ import annotations
@@ -22,12 +22,17 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from node.client import NodeError, ReachClient
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-AGENT_MODULES = ("examples.translator", "examples.ocr", "examples.image_search")
+__all__ = ["DEFAULT_FEDERATION_TIMEOUT_S", "DEFAULT_START_TIMEOUT_S", "STOP_TIMEOUT_S", "Demo", "DemoAgent",
+           "DemoError", "main", "start_demo"]
+
+# Each runs as ``python -m <module>``: installed with the package, so from any working directory.
+TRANSLATOR_MODULE = "topology.demo.translator"
+OCR_MODULE = "topology.demo.ocr"
+IMAGE_SEARCH_MODULE = "topology.demo.image_search"
+AGENT_MODULES = (TRANSLATOR_MODULE, OCR_MODULE, IMAGE_SEARCH_MODULE)
 DEFAULT_START_TIMEOUT_S = 30.0
 DEFAULT_FEDERATION_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -111,7 +116,7 @@ async def start_demo(region_urls: dict[str, str], admin_token: str, *, say: Call
 
 async def _spawn(module: str, region: str, node_url: str, token: str) -> DemoAgent:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", module, "--node", node_url, cwd=REPO_ROOT,
+        sys.executable, "-m", module, "--node", node_url,
         env={**os.environ, "AGENT_REACH_TOKEN": token}, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         start_new_session=True)  # the terminal's Ctrl-C reaches the launcher, which stops us in order
@@ -155,7 +160,7 @@ async def _calls(demo: Demo, region: str, node_url: str, token: str, emit: Calla
         emit(f"demo: local call from {region}: translate.text -> {local.agent_id} in region {local.region} "
              f"({ticket.locality.value}): {local.payload}")
 
-        remote_agent = next((a for a in demo.agents if a.module == "examples.ocr"), None)
+        remote_agent = next((a for a in demo.agents if a.module == OCR_MODULE), None)
         if remote_agent is None or remote_agent.region == region:
             emit("demo: cross-region call skipped: the topology has one region")
             return
@@ -224,6 +229,3 @@ def main(argv: list[str] | None = None) -> int:
     asyncio.run(run())
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,7 @@
 
 For every region without a ``redis_url`` an embedded ``redis-server`` is started, and an
 embedded Kafka-compatible broker when the topology names no ``kafka.bootstrap_servers``
-(``topology.embedded``). The topology, with those URLs filled in, is written to a run directory
+(:mod:`topology.embedded`). The topology, with those URLs filled in, is written to a run directory
 and each region's node runs as its own process, ``agent-reach node --topology RESOLVED --region
 NAME``, exactly as it would in production. Nodes get the cluster secret through their
 environment, run in their own session (a terminal's Ctrl-C reaches only the launcher, which
@@ -10,9 +10,9 @@ stops them in order: nodes first, then the broker and Redis) and are asked by th
 if the launcher dies without cleaning up (Linux ``PR_SET_PDEATHSIG``).
 
 Supervision: a node, redis-server or broker that dies on its own is restarted on the same port
-with exponential backoff (``topology.supervisor``), while everything else keeps serving. A
-deliberate stop (:meth:`LocalCluster.stop_node`, a service's ``stop()``, :meth:`aclose`) is not
-undone.
+with exponential backoff (:mod:`topology.launcher.supervisor`), while everything else keeps
+serving. A deliberate stop (:meth:`LocalCluster.stop_node`, a service's ``stop()``,
+:meth:`aclose`) is not undone.
 
 Persistence: each embedded Redis keeps an append-only file, under ``data_dir/<region>/redis``
 when a ``data_dir`` is given (kept across runs; locked against a second cluster), else in a
@@ -50,11 +50,18 @@ from node.models import TokenRole
 from node.redact import mask_url
 from node.security import SECRET_ENV, Signer
 
-from ._process import ChildExit, die_with_parent_preexec
-from .datadir import DataDirLock, prepare_data_dir
-from .embedded import DEFAULT_STOP_TIMEOUT_S, EmbeddedKafka, EmbeddedRedis, EmbeddedServiceError
+from ..embedded import (
+    DEFAULT_STOP_TIMEOUT_S,
+    DataDirLock,
+    EmbeddedKafka,
+    EmbeddedRedis,
+    EmbeddedServiceError,
+    prepare_data_dir,
+)
+from ..errors import LauncherError
+from ..process import ChildExit, die_with_parent_preexec
+from ..spec import Topology
 from .supervisor import RestartPolicy, ServiceChild, Supervisor
-from .topology import Topology, TopologyError
 
 __all__ = [
     "DEFAULT_NODE_DRAIN_TIMEOUT_MS",
@@ -75,10 +82,6 @@ DEFAULT_NODE_STOP_TIMEOUT_S = 10.0
 DEFAULT_NODE_DRAIN_TIMEOUT_MS = 2_000
 _POLL_INTERVAL_S = 0.05
 _LOG_TAIL_LINES = 30
-
-
-class LauncherError(TopologyError):
-    """A node or an embedded service of a local cluster could not be started."""
 
 
 class ClusterState(enum.Enum):
@@ -126,7 +129,7 @@ class LocalCluster:
     ``service_stop_timeout_s`` (the same for the embedded servers).
 
     ``start()`` raises :class:`LauncherError` when a node or service does not start (a busy
-    port included) and :class:`~topology.datadir.DataDirError` when the data dir is unusable or
+    port included) and :class:`~topology.errors.DataDirError` when the data dir is unusable or
     in use; the caller then calls :meth:`aclose` (``async with`` does).
     """
 

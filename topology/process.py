@@ -1,4 +1,8 @@
-"""Small helpers for the child processes of the command line: how one ended, dying with us."""
+"""Child processes of ``agent-reach`` (embedded servers, a cluster's nodes): how one ended, dying with us.
+
+Shared by :mod:`topology.embedded` (the servers it spawns) and :mod:`topology.launcher` (node
+processes and their supervision).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+
+__all__ = ["ChildExit", "die_with_parent_preexec"]
 
 
 @dataclass(frozen=True, slots=True)

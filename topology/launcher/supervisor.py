@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ._process import ChildExit
-from .embedded import EmbeddedKafka, EmbeddedRedis, EmbeddedState
-from .topology import TopologyError
+from ..embedded import EmbeddedKafka, EmbeddedRedis, EmbeddedState
+from ..errors import TopologyError
+from ..process import ChildExit
 
 __all__ = [
     "DEFAULT_INITIAL_BACKOFF_S",

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from .topology import TopologyError
+from ..errors import DataDirError
 
 __all__ = [
     "AGENT_REACH_HOME",
@@ -43,10 +43,6 @@ __all__ = [
 AGENT_REACH_HOME = Path("~/.agent-reach")
 LOCK_FILE_NAME = "agent-reach.lock"
 _UNSAFE_PATH_CHARACTERS = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-class DataDirError(TopologyError):
-    """A data directory cannot be created or written, or another process is using it."""
 
 
 def default_node_data_dir(region: str) -> Path:

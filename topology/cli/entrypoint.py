@@ -1,4 +1,4 @@
-"""The ``agent-reach`` command line: every subcommand lives in its own module."""
+"""The ``agent-reach`` entry point: the parser of every subcommand (each in its own module) and :func:`main`."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ from collections.abc import Sequence
 
 from node.redact import CredentialFilter
 
-from . import preflight, register, run_node, sidecar, tokens, up
+from . import node as node_command
+from . import preflight, register, sidecar, tokens, up
+
+__all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 # Each module adds its subparser and sets ``func`` (taking the parsed args, returning an exit code).
-COMMAND_MODULES = [run_node, tokens, up, register, preflight, sidecar]
+COMMAND_MODULES = [node_command, tokens, up, register, preflight, sidecar]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +39,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before a command installed its own handling
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,41 @@
+"""A whole topology on this machine (:class:`LocalCluster`, what ``agent-reach up`` runs) and the
+supervision that restarts a child — a node process, an embedded Redis or broker — that dies on its own.
+"""
+
+from ..errors import LauncherError
+from .cluster import (
+    DEFAULT_NODE_DRAIN_TIMEOUT_MS,
+    DEFAULT_NODE_START_TIMEOUT_S,
+    DEFAULT_NODE_STOP_TIMEOUT_S,
+    ClusterState,
+    LocalCluster,
+    NodeProcess,
+)
+from .supervisor import (
+    DEFAULT_INITIAL_BACKOFF_S,
+    DEFAULT_MAX_BACKOFF_S,
+    DEFAULT_STABLE_AFTER_S,
+    Child,
+    RestartPolicy,
+    ServiceChild,
+    Supervisor,
+    keep_alive,
+)
+
+__all__ = [
+    "DEFAULT_INITIAL_BACKOFF_S",
+    "DEFAULT_MAX_BACKOFF_S",
+    "DEFAULT_NODE_DRAIN_TIMEOUT_MS",
+    "DEFAULT_NODE_START_TIMEOUT_S",
+    "DEFAULT_NODE_STOP_TIMEOUT_S",
+    "DEFAULT_STABLE_AFTER_S",
+    "Child",
+    "ClusterState",
+    "LauncherError",
+    "LocalCluster",
+    "NodeProcess",
+    "RestartPolicy",
+    "ServiceChild",
+    "Supervisor",
+    "keep_alive",
+]
