@@ -6,16 +6,15 @@ parsed straight into pydantic models, so a malformed body is a 400 and a wrong f
 naming it.
 
 Handlers are module-level functions that read the node from the app (``request.app[NODE_KEY]``);
-:data:`ROUTES` lists them all, and :func:`build_app` assembles the app from the middleware, the
-routes, the node's extensions and proxy mode.
+:data:`ROUTES` lists them all (the ``/v1/watch`` stream is :mod:`node.watch_stream`'s), and
+:func:`build_app` assembles the app from the middleware, the routes, the node's extensions and
+proxy mode.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 
@@ -42,13 +41,12 @@ from .http import (
     parse_body,
     parse_json,
     query_flag,
+    query_pattern,
     read_body,
 )
 from .models import (
-    INT64_MAX,
     AgentList,
     AgentRecord,
-    ChangeEvent,
     Heartbeat,
     OutcomeReport,
     OutcomeReports,
@@ -57,25 +55,23 @@ from .models import (
     Scope,
     TokenClaims,
     TokenRole,
-    compile_pattern,
 )
 from .openapi import build_openapi
 from .proxy import PROXY_KEY, install_proxy_routes
 from .ratelimit import RateLimiter
 from .search import DEFAULT_SEARCH_K, MAX_SEARCH_K
-from .security import may_see, require_peer
+from .security import require_peer
 from .server import NodeRunner, ServerLimits
 from .service import RegistryNode
 from .traces import TRACES_KEY
+from .watch_stream import end_watches, watch
 
 __all__ = ["PUBLIC_PATHS", "ROUTES", "bound_port", "build_app", "guard", "serve"]
 
 log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json"})
-SSE_KEEPALIVE_S = 15.0
 MAX_QUERY_CHARS = 2_000  # the spec's maxLength of /v1/search's q, as sent
-WATCH_REPLAY_MAX = 10_000
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -168,7 +164,7 @@ async def list_agents(request: web.Request) -> web.Response:
     query = request.query
     scope = _scope(request, default=Scope.LOCAL)
     capability = query.get("capability")
-    regex = _pattern(request)
+    regex = query_pattern(request)
     labels: dict[str, str] = {}
     for selector in query.getall("label", []):
         key, sep, value = selector.partition("=")
@@ -266,81 +262,6 @@ async def reports(request: web.Request) -> web.Response:
     return json_response({"accepted": len(batch)})
 
 
-# -- the change feed -------------------------------------------------------------------------
-
-async def watch(request: web.Request) -> web.StreamResponse:
-    """Server-sent events: ``event: change`` per ChangeEvent; ``since=N`` replays from the stream."""
-    node = _node(request)
-    accept = _watch_filter(request)
-    since = _since(request)
-    subscription = node.watch.subscribe(accept)
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no"})
-    try:
-        # The replay is read before the stream opens, so a Redis outage is a clean 503, not a cut stream.
-        replay = await node.store.read_changes(after_version=since, count=WATCH_REPLAY_MAX) if since is not None else []
-        await response.prepare(request)
-        await response.write(_sse("hello", {"region": node.region, "version": node.cache.index.version}))
-        last = 0
-        for event in replay:
-            if accept(event):
-                await response.write(_sse("change", event.model_dump(mode="json"), event_id=event.version))
-            last = event.version
-        while True:
-            try:
-                event = await asyncio.wait_for(subscription.queue.get(), timeout=SSE_KEEPALIVE_S)
-            except TimeoutError:
-                await response.write(b": keep-alive\n\n")
-                continue
-            if event is None:
-                if subscription.end_reason == "overflow":
-                    await response.write(_sse("overflow", {"message": "watcher fell behind; reconnect with since="}))
-                break
-            if event.region == node.region and event.version <= last:
-                continue  # already sent by the replay
-            await response.write(_sse("change", event.model_dump(mode="json"), event_id=event.version))
-    except ConnectionResetError:
-        pass  # the watcher went away
-    finally:
-        subscription.close()
-    with contextlib.suppress(ConnectionResetError):
-        await response.write_eof()
-    return response
-
-
-def _since(request: web.Request) -> int | None:
-    try:
-        since = int(request.query["since"]) if "since" in request.query else None
-    except ValueError:
-        raise ValidationFailed("since must be a region version (an integer)", field="since") from None
-    if since is not None and not 0 <= since <= INT64_MAX:
-        raise ValidationFailed("since must be a region version (0 or more, within 64 bits)", field="since")
-    return since
-
-
-def _watch_filter(request: web.Request) -> Callable[[ChangeEvent], bool]:
-    """The events this watcher asked for (capability, pattern) and may see (their audience)."""
-    capability = request.query.get("capability")
-    regex = _pattern(request)
-    caller = _caller(request)
-
-    def accept(event: ChangeEvent) -> bool:
-        if regex is not None and not regex.match(event.agent_id):
-            return False
-        if not may_see(caller, event.agent_id, event.audience):
-            return False
-        if capability and event.record is not None:
-            return any(c.name == capability for c in event.record.capabilities)
-        return True
-
-    return accept
-
-
-def _sse(event: str, data: object, *, event_id: int | None = None) -> bytes:
-    head = f"id: {event_id}\n" if event_id is not None else ""
-    return f"{head}event: {event}\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
-
-
 # -- the region, federation and admin --------------------------------------------------------
 
 async def regions(request: web.Request) -> web.Response:
@@ -406,17 +327,6 @@ def _scope(request: web.Request, *, default: Scope) -> Scope:
         raise ValidationFailed("scope must be local, local-first or global (or all)", field="scope") from None
 
 
-def _pattern(request: web.Request) -> re.Pattern[str] | None:
-    """The ``pattern`` query parameter (an agent_id glob such as ``lang.*.*``), compiled."""
-    pattern = request.query.get("pattern")
-    if not pattern:
-        return None
-    try:
-        return compile_pattern(pattern)
-    except ValueError as exc:
-        raise ValidationFailed(f"pattern: {exc}", field="pattern") from None
-
-
 # -- assembly --------------------------------------------------------------------------------
 
 ROUTES: tuple[web.RouteDef, ...] = (
@@ -442,15 +352,11 @@ ROUTES: tuple[web.RouteDef, ...] = (
 """Every route of the v1 API, in registration order (proxy mode and extensions add theirs)."""
 
 
-async def _end_watches(app: web.Application) -> None:
-    app[NODE_KEY].watch.end_all()
-
-
 def build_app(node: RegistryNode) -> web.Application:
     """The aiohttp application of ``node`` (extensions add their routes here)."""
     app = web.Application(middlewares=[guard(node)], client_max_size=node.config.max_body_bytes)
     app[NODE_KEY] = node
-    app.on_shutdown.append(_end_watches)
+    app.on_shutdown.append(end_watches)
     app.add_routes(ROUTES)
     for extension in node.extensions:
         extension(app)

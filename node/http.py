@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import TypeVar
 
 import orjson
@@ -18,7 +19,7 @@ from .errors import (
     first_problem,
     problems,
 )
-from .models import TokenClaims
+from .models import TokenClaims, compile_pattern
 from .service import RegistryNode
 
 NODE_KEY = web.AppKey("node", RegistryNode)
@@ -100,3 +101,15 @@ def query_flag(request: web.Request, name: str) -> bool:
     if value not in _TRUE and value not in _FALSE:
         raise ValidationFailed(f"{name} must be true or false (or 1/0, yes/no)", field=name)
     return value in _TRUE
+
+
+def query_pattern(request: web.Request) -> re.Pattern[str] | None:
+    """The ``pattern`` query parameter (an agent_id glob such as ``lang.*.*``), compiled; empty or
+    absent: None; a malformed one is a 422."""
+    pattern = request.query.get("pattern")
+    if not pattern:
+        return None
+    try:
+        return compile_pattern(pattern)
+    except ValueError as exc:
+        raise ValidationFailed(f"pattern: {exc}", field="pattern") from None

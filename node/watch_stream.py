@@ -1,0 +1,108 @@
+"""``GET /v1/watch``: one watcher's server-sent event stream, fed by the node's
+:class:`~node.watch.WatchHub`.
+
+The stream opens with ``hello`` (the region and its version), replays the change stream after
+``since=`` when asked, then sends each change the watcher asked for (capability, pattern) and
+may see (the record's audience), with ``: keep-alive`` comments while idle. A watcher that falls
+behind gets ``overflow`` and the end of the stream; so does every watcher when the app shuts
+down (:func:`end_watches`). The events are documented in ``node.openapi.watch_events``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import orjson
+from aiohttp import web
+
+from .errors import ValidationFailed
+from .http import CALLER, NODE_KEY, query_pattern
+from .models import INT64_MAX, ChangeEvent
+from .security import may_see
+
+SSE_KEEPALIVE_S = 15.0
+WATCH_REPLAY_MAX = 10_000
+
+
+async def watch(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/watch``: ``hello``, then ``event: change`` per ChangeEvent the caller may see;
+    ``since=N`` replays the stream after version N first (a Redis outage then is a 503)."""
+    node = request.app[NODE_KEY]
+    accept = _watch_filter(request)
+    since = _since(request)
+    subscription = node.watch.subscribe(accept)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})
+    try:
+        # The replay is read before the stream opens, so a Redis outage is a clean 503, not a cut stream.
+        replay = await node.store.read_changes(after_version=since, count=WATCH_REPLAY_MAX) if since is not None else []
+        await response.prepare(request)
+        await response.write(_sse("hello", {"region": node.region, "version": node.cache.index.version}))
+        last = 0
+        for event in replay:
+            if accept(event):
+                await response.write(_sse("change", event.model_dump(mode="json"), event_id=event.version))
+            last = event.version
+        while True:
+            try:
+                event = await asyncio.wait_for(subscription.queue.get(), timeout=SSE_KEEPALIVE_S)
+            except TimeoutError:
+                await response.write(b": keep-alive\n\n")
+                continue
+            if event is None:
+                if subscription.end_reason == "overflow":
+                    await response.write(_sse("overflow", {"message": "watcher fell behind; reconnect with since="}))
+                break
+            if event.region == node.region and event.version <= last:
+                continue  # already sent by the replay
+            await response.write(_sse("change", event.model_dump(mode="json"), event_id=event.version))
+    except ConnectionResetError:
+        pass  # the watcher went away
+    finally:
+        subscription.close()
+    with contextlib.suppress(ConnectionResetError):
+        await response.write_eof()
+    return response
+
+
+def _since(request: web.Request) -> int | None:
+    try:
+        since = int(request.query["since"]) if "since" in request.query else None
+    except ValueError:
+        raise ValidationFailed("since must be a region version (an integer)", field="since") from None
+    if since is not None and not 0 <= since <= INT64_MAX:
+        raise ValidationFailed("since must be a region version (0 or more, within 64 bits)", field="since")
+    return since
+
+
+def _watch_filter(request: web.Request) -> Callable[[ChangeEvent], bool]:
+    """The events this watcher asked for (capability, pattern) and may see (their audience)."""
+    capability = request.query.get("capability")
+    regex = query_pattern(request)
+    caller = request[CALLER]
+
+    def accept(event: ChangeEvent) -> bool:
+        if regex is not None and not regex.match(event.agent_id):
+            return False
+        if not may_see(caller, event.agent_id, event.audience):
+            return False
+        if capability and event.record is not None:
+            return any(c.name == capability for c in event.record.capabilities)
+        return True
+
+    return accept
+
+
+def _sse(event: str, data: object, *, event_id: int | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
+
+
+async def end_watches(app: web.Application) -> None:
+    """``on_shutdown``: end every watcher's stream (reason ``closing``) before the server closes."""
+    app[NODE_KEY].watch.end_all()
+
+
+__all__ = ["SSE_KEEPALIVE_S", "WATCH_REPLAY_MAX", "end_watches", "watch"]
