@@ -1,4 +1,5 @@
-# Agent-Reach: `make up` runs the local three-region cluster, `make test` runs the tests.
+# Agent-Reach: `make up` runs the local three-region cluster, `make test` runs the tests
+# (`make test-unit`: the unit tests alone, in seconds).
 # Every target installs what it needs into a local virtualenv first.
 
 PYTHON  ?= python3
@@ -8,7 +9,7 @@ STAMP   := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install up test bench bench-resolve bench-federation bench-semantic bench-routing clean
+.PHONY: install up test test-unit bench bench-resolve bench-federation bench-semantic bench-routing clean
 
 install: $(STAMP)
 
@@ -26,6 +27,10 @@ up: install
 
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The unit tests alone (no server, socket, subprocess or model): a few seconds.
+test-unit: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m unit
 
 bench: bench-resolve bench-federation bench-semantic bench-routing
 

@@ -1,4 +1,8 @@
-"""Fixtures: a real redis-server for the whole session, nodes on it per test (unique regions)."""
+"""Fixtures: a real redis-server for the whole session, nodes on it per test (unique regions).
+
+Every test is ``unit`` (marked so: no server, socket, subprocess or model; ``make test-unit``) or
+``integration`` (set here on every other test; ``pytest -m integration``).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,14 @@ from .helpers import RunningNode, start_node
 
 TEST_SECRET = b"test-secret-0123456789abcdef"
 _regions = itertools.count()
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: it must see the marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that is not a ``unit`` test as an ``integration`` test."""
+    for item in items:
+        if item.get_closest_marker("unit") is None:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")

@@ -46,6 +46,7 @@ def assert_one_line_error(out: subprocess.CompletedProcess, *fragments: str) -> 
 
 # -- masking -----------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_mask_url_hides_only_the_password() -> None:
     assert mask_url("redis://app:hunter2@10.0.0.5:6379/0") == "redis://app:***@10.0.0.5:6379/0"
     assert mask_url("redis://:hunter2@10.0.0.5:6379/0") == "redis://:***@10.0.0.5:6379/0"
@@ -58,6 +59,7 @@ def test_mask_url_hides_only_the_password() -> None:
     assert mask_credentials(two) == "a redis://a:***@h1/0 and kafka+sasl://b:***@h2:9092 end"
 
 
+@pytest.mark.unit
 def test_credential_filter_masks_messages_arguments_and_tracebacks() -> None:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
@@ -160,6 +162,7 @@ def test_the_default_secret_file_is_created_once_with_mode_0600(tmp_path: Path) 
     assert default.read_text() == content
 
 
+@pytest.mark.unit
 def test_load_secret_errors_are_typed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AGENT_REACH_SECRET", raising=False)
     monkeypatch.delenv("AGENT_REACH_SECRET_FILE", raising=False)

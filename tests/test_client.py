@@ -51,6 +51,7 @@ def expected_backoff(attempt: int, draw: float, *, initial: float = 0.5, multipl
     return min(maximum, initial * multiplier ** attempt) * (1 + jitter * (2 * draw - 1))
 
 
+@pytest.mark.unit
 def test_backoff_follows_the_formula_with_injected_rng() -> None:
     policy = RetryPolicy()  # the defaults: 500 ms, ×2, 8 s, ±20 %, 3 attempts
     assert (policy.initial_backoff_s, policy.multiplier, policy.max_backoff_s, policy.jitter_ratio,

@@ -168,6 +168,7 @@ TABLE: list[tuple[str, str | None, str | None]] = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("url", "public_only", "loopback_ok"), TABLE, ids=[row[0] for row in TABLE])
 def test_the_policy_table(url: str, public_only: str | None, loopback_ok: str | None) -> None:
     for policy, expected in ((PUBLIC_ONLY, public_only), (LOOPBACK_OK, loopback_ok)):
@@ -182,6 +183,7 @@ def test_the_policy_table(url: str, public_only: str | None, loopback_ok: str | 
         assert denied.details == {"address": denied.address, "rule": expected}
 
 
+@pytest.mark.unit
 def test_messages_name_the_address_and_the_rule() -> None:
     with pytest.raises(EgressDenied) as caught:
         LOOPBACK_OK.check_url("http://169.254.169.254/")
@@ -199,6 +201,7 @@ def test_messages_name_the_address_and_the_rule() -> None:
     assert "secret" not in caught.value.message and "secret" not in caught.value.address
 
 
+@pytest.mark.unit
 def test_allow_ranges_and_the_deny_list() -> None:
     NARROW.check_ip("10.1.2.3")
     NARROW.check_ip("127.0.0.1")
@@ -219,6 +222,7 @@ def test_allow_ranges_and_the_deny_list() -> None:
         EgressPolicy(allow=["private"], deny=["private"]).check_url("http://10.0.0.5/")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("settings", "says"), [
     ({"allow": ["lo"]}, "neither a group"),
     ({"allow": ["10.0.0.1/8"]}, "did you mean 10.0.0.0/8"),
@@ -233,6 +237,7 @@ def test_a_bad_policy_is_refused_when_built(settings: dict[str, Any], says: str)
     assert says in str(caught.value)
 
 
+@pytest.mark.unit
 def test_check_registration_names_the_field() -> None:
     def build(**extra: Any) -> Registration:
         return Registration.model_validate(registration("egress.reg.p1", endpoint="http://127.0.0.1:9000", **extra))
@@ -262,6 +267,7 @@ def test_check_registration_names_the_field() -> None:
         assert denied.message.startswith(f"{field}: ")
 
 
+@pytest.mark.unit
 def test_topology_maps_the_region_policy_to_node_config(tmp_path: Path) -> None:
     packaged = load_topology()
     for region in packaged.regions:

@@ -151,6 +151,7 @@ async def test_lifecycle_rules() -> None:
         await server.start()
 
 
+@pytest.mark.unit
 def test_config_is_keyword_only_and_validated() -> None:
     with pytest.raises(TypeError):
         EmbeddedRedis(6379)  # type: ignore[misc]

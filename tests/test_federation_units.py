@@ -37,6 +37,7 @@ pytestmark = pytest.mark.timeout(120)
 
 # -- topology ---------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_packaged_local_topology_has_three_regions_in_preference_order() -> None:
     topology = load_topology()
     assert [region.name for region in topology.regions] == ["us-east", "us-west", "eu-west"]
@@ -60,6 +61,7 @@ node_urls = ["http://127.0.0.1:7202"]
 """
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("text", "field", "hint"), [
     (BASE.format(extra_a='colour = "red"'), "regions[0].colour", "unknown key"),
     (BASE.format(extra_a='prefer = ["c"]'), "regions[0].prefer[0]", "unknown region 'c'"),
@@ -84,6 +86,7 @@ def test_topology_errors_name_the_file_and_the_field(tmp_path: Path, text: str, 
     assert hint in message, message
 
 
+@pytest.mark.unit
 def test_topology_without_kafka_or_redis_says_how_to_get_them(tmp_path: Path) -> None:
     file = tmp_path / "t.toml"
     file.write_text(BASE.format(extra_a=""))
@@ -106,6 +109,7 @@ def test_node_command_without_kafka_says_how_to_get_one(tmp_path: Path, redis_ur
     assert "names no kafka.bootstrap_servers" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_node_command_rejects_a_bad_topology_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     file = tmp_path / "bad.toml"
     file.write_text(BASE.format(extra_a='prefer = ["a"]'))

@@ -474,6 +474,7 @@ async def test_watch_events_conform_to_the_served_spec(fuzz_node: RunningNode) -
             check(wrong)
 
 
+@pytest.mark.unit
 def test_the_spec_is_an_openapi_3_2_document() -> None:
     # schemathesis carries the OpenAPI meta-schemas (an internal module: the dev extra pins 4.x).
     from schemathesis.specs.openapi.definitions import OPENAPI_32_VALIDATOR

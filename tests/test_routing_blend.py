@@ -9,6 +9,8 @@ that stops working — or works backwards — fails here. A quality assertion, n
 
 from __future__ import annotations
 
+import pytest
+
 import node.router as router_module
 from bench.routing import (
     BLEND,
@@ -47,6 +49,7 @@ def test_blend_beats_uniform_each_factor_alone_and_the_blend_without_load() -> N
     ) + f" — blend: p99 {blend.p99_ms:.0f} ms, {blend.success_rate:.2%} succeeded"
 
 
+@pytest.mark.unit
 def test_the_simulation_is_deterministic() -> None:
     config = SimConfig(duration_ms=10_000, seed=TEST_SEED)
     traffic = arrivals(config)

@@ -154,6 +154,7 @@ def _capability(owner_id: str, name: str, description: str, tags: tuple[str, ...
 # -- relevance on the eval set ---------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_eval_set_is_big_and_well_formed(eval_set: EvalSet) -> None:
     assert len(eval_set.agents) >= 40
     assert len(eval_set.answerable) >= 100
@@ -312,6 +313,7 @@ async def test_last_call_wins_when_upsert_is_overtaken(embedder: Embedder) -> No
 # -- lexical-only mode ------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 async def test_lexical_mode_when_disabled(eval_set: EvalSet) -> None:
     async with SemanticSearch(semantic_enabled=False) as facade:
         assert facade.embedder is None
@@ -432,6 +434,7 @@ async def test_vector_cache_avoids_reencoding(embedder: Embedder, eval_set: Eval
     assert embedder.stats.texts_encoded == encoded_before
 
 
+@pytest.mark.unit
 async def test_memory_cache_is_lru_bounded() -> None:
     cache = MemoryVectorCache(max_entries=2)
     await cache.set_many({"a": np.ones(3, dtype=np.float32), "b": np.zeros(3, dtype=np.float32)})
@@ -507,6 +510,7 @@ def _unit(rng: np.random.Generator, count: int, dimension: int) -> np.ndarray:
     return matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
 
 
+@pytest.mark.unit
 def test_vector_index_matches_brute_force_through_mutations() -> None:
     rng = np.random.default_rng(7)
     index = VectorIndex(dimension=16, initial_capacity=4)  # small: forces growth
@@ -530,6 +534,7 @@ def test_vector_index_matches_brute_force_through_mutations() -> None:
     assert len(index) == len(truth)
 
 
+@pytest.mark.unit
 def test_vector_index_filter_and_validation() -> None:
     rng = np.random.default_rng(3)
     vectors = _unit(rng, 50, 8)
@@ -553,6 +558,7 @@ def test_vector_index_filter_and_validation() -> None:
 # -- lexical index --------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_tokenizer_splits_names_and_folds_forms() -> None:
     assert tokenize("translate.text") == tokenize("Translating texts")
     assert tokenize("image:search") == ["imag", "search"]
@@ -580,6 +586,7 @@ def _reference_bm25(documents: dict[str, str], query: str, k1: float, b: float) 
     return scores
 
 
+@pytest.mark.unit
 def test_bm25_incremental_equals_reference() -> None:
     rng = random.Random(11)
     words = ["translate", "text", "image", "search", "receipt", "scan", "weather", "forecast", "rain", "sql", "query", "fraud", "payment", "card"]
@@ -603,6 +610,7 @@ def test_bm25_incremental_equals_reference() -> None:
             assert got[doc_id] == pytest.approx(score, rel=1e-4)
 
 
+@pytest.mark.unit
 def test_bm25_coverage_is_absolute() -> None:
     index = LexicalIndex()
     index.upsert("ocr", "ocr:receipt Read shop receipts into JSON")
