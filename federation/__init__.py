@@ -1,6 +1,6 @@
 """Cross-region replication over Kafka: change events, publisher, consumer, replica, anti-entropy.
 
-Imports only ``node`` (models, store, cache, follower, security); ``topology.compose`` attaches a
+Imports only ``node`` (models, store, cache, follower, security); ``topology.composition`` attaches a
 :class:`Federation` to a node. Where state lives: the replica of the peers, the consumer
 offsets and the publisher position are all in the consuming region's own Redis (see
 ``federation.replica_store``).

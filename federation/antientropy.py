@@ -30,9 +30,9 @@ import aiohttp
 import orjson
 from pydantic import ValidationError
 
+from node.clock import now_ms
 from node.errors import StoreUnavailable, first_problem
 from node.models import AgentRecord, Snapshot
-from node.store import now_ms
 
 from .config import FederationConfig
 from .errors import SnapshotUnavailable

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
+from node.clock import now_ms
 from node.errors import StoreUnavailable
-from node.store import now_ms
 
 from .antientropy import AntiEntropy
 from .config import FederationConfig

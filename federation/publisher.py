@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from node.clock import now_ms
 from node.errors import StoreUnavailable
 from node.models import ChangeEvent
-from node.store import RegionStore, now_ms
+from node.store import RegionStore
 
 from .config import FederationConfig
 from .digest import DigestTracker, read_region_state

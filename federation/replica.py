@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from node.cache import AgentIndex
+from node.clock import now_ms
 from node.errors import first_problem
 from node.follower import FollowerState, StreamFollower
 from node.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
-from node.store import now_ms
 
 from .digest import digest_hex, entry_hash
 from .events import RegionBeacon

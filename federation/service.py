@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from node.clock import now_ms
 from node.models import TokenRole
 from node.security import Signer
-from node.store import RegionStore, now_ms
+from node.store import RegionStore
 
 from .antientropy import AntiEntropy
 from .config import FederationConfig

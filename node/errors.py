@@ -159,6 +159,11 @@ class Problem:
         """``field: message``, or the message alone when it is about the whole value."""
         return f"{self.field}: {self.message}" if self.field else self.message
 
+    @property
+    def text(self) -> str:
+        """The message without pydantic's "Value error, " prefix (what a validator raised)."""
+        return self.message.removeprefix("Value error, ")
+
 
 def problems(exc: ValidationError, *, limit: int | None = None) -> list[Problem]:
     """The errors of ``exc`` in pydantic's order (at most ``limit``)."""

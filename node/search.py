@@ -1,6 +1,6 @@
 """Natural-language search as the node sees it: a protocol the composition root fills.
 
-The node never imports the ``semantic`` package; ``topology.discovery`` implements
+The node never imports the ``semantic`` package; ``topology.composition.discovery`` implements
 :class:`Searcher` (and the router's ``Matcher``) on top of it and attaches it.
 """
 

@@ -51,6 +51,7 @@ from federation.config import (
 )
 from node.config import NodeConfig
 from node.egress import EgressPolicy
+from node.errors import first_problem
 from node.models import REGION_PATTERN, TRANSPORT_PATTERN
 
 from .errors import TopologyError
@@ -188,12 +189,12 @@ class Topology(_Model):
         try:
             self.node_config(region.name, redis_url=region.redis_url or _PLACEHOLDER_REDIS_URL)
         except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            field = ".".join(str(part) for part in first["loc"])
+            first = first_problem(exc)
+            field = first.field or ""
             where = f"regions[{i}].node.{field}" if field in region.node else f"node.{field}"
-            if first["type"] == "extra_forbidden":
+            if first.kind == "extra_forbidden":
                 raise ValueError(f"{where}: unknown node setting") from None
-            raise ValueError(f"{where}: {first['msg']}") from None
+            raise ValueError(f"{where}: {first.message}") from None
 
     # -- lookups -----------------------------------------------------------------------------
 
@@ -273,9 +274,8 @@ def load_topology(path: str | Path | None = None) -> Topology:
 
 
 def _describe(exc: ValidationError) -> str:
-    first = exc.errors(include_url=False)[0]
-    field = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"]).lstrip(".")
-    message = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
+    first = first_problem(exc)
+    field = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first.location).lstrip(".")
+    if first.kind == "extra_forbidden":
         return f"{field}: unknown key"
-    return f"{field}: {message}" if field else message
+    return f"{field}: {first.text}" if field else first.text

@@ -59,7 +59,7 @@ class QuarantineList(Shape):
 
 
 class VectorRequest(Shape):
-    """``POST /v1/semantic/vectors``: the cache keys a peer wants (``topology.discovery``)."""
+    """``POST /v1/semantic/vectors``: the cache keys a peer wants (``topology.composition.discovery``)."""
 
     keys: list[Annotated[str, Field(max_length=200)]] = Field(max_length=1_000)
 

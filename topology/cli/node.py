@@ -35,7 +35,7 @@ from pydantic import ValidationError
 from node.api import bound_port, serve
 from node.config import DEFAULT_PORT, NodeConfig
 from node.egress import EgressPolicy
-from node.errors import NodeError
+from node.errors import NodeError, first_problem
 from node.models import TokenRole
 from node.redact import mask_url
 from node.security import SecretError, Signer, load_secret
@@ -134,9 +134,8 @@ def _run(args: argparse.Namespace) -> int:
         console.error(str(exc))
         return 2
     except ValidationError as exc:  # a setting the node's config refuses (e.g. the region's name)
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(part) for part in first["loc"])
-        console.error(f"invalid node setting {where}: {first['msg']}")
+        first = first_problem(exc)
+        console.error(f"invalid node setting {first.field}: {first.message}")
         return 2
     except NodeError as exc:  # e.g. Redis unreachable at start: say so, without a traceback
         console.error(exc.message)
@@ -157,8 +156,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     try:
         EgressPolicy(allow=tuple(args.egress_allow))
     except ValidationError as exc:
-        raise ValueError(f"--egress-allow: {exc.errors(include_url=False)[0]['msg'].removeprefix('Value error, ')}"
-                         ) from None
+        raise ValueError(f"--egress-allow: {first_problem(exc).text}") from None
     secret, source = load_secret(secret_file=args.secret_file, create=args.create_secret)
     data_dir = None
     if redis_url is None and not args.ephemeral:

@@ -20,6 +20,7 @@ import orjson
 from pydantic import ValidationError
 
 from node.client import CardRegistration, NodeError, NodeUnreachable, ReachClient
+from node.errors import first_problem
 
 from .runtime import run
 
@@ -74,12 +75,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _invalid(exc: ValidationError, card_file: str) -> str:
-    first = exc.errors(include_url=False)[0]
-    location = [str(part) for part in first["loc"]]
-    option = _OPTION_OF_FIELD.get(location[0]) if location else None
+    first = first_problem(exc)
+    option = _OPTION_OF_FIELD.get(str(first.location[0])) if first.location else None
     if option is not None:
-        return f"{option}: {first['msg']}"
-    return f"the card in {card_file} is invalid ({'.'.join(location)}): {first['msg']}"
+        return f"{option}: {first.message}"
+    return f"the card in {card_file} is invalid ({first.field or ''}): {first.message}"
 
 
 async def _register(node: str, token: str, card: CardRegistration, *, keep_alive: bool) -> int:
