@@ -227,21 +227,25 @@ class RegionStore:
             return None
         return self._parse_record(agent_id, raw, lease_expires_at_ms=int(lease or 0))
 
-    async def snapshot(self) -> SnapshotData:
-        """All records and the version they are consistent with (one MULTI/EXEC)."""
+    async def _read_region(self) -> tuple[int, dict[str, str], dict[str, int]]:
+        """The region version, every stored record (raw) and every lease, in one MULTI/EXEC."""
         async with self._translate():
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.get(self.key_version)
                 pipe.hgetall(self.key_agents)
                 pipe.zrange(self.key_leases, 0, -1, withscores=True)
                 version, raw_records, leases = await pipe.execute()
-        lease_of = {agent_id: int(score) for agent_id, score in leases}
+        return int(version or 0), raw_records, {agent_id: int(score) for agent_id, score in leases}
+
+    async def snapshot(self) -> SnapshotData:
+        """All records and the version they are consistent with (one MULTI/EXEC)."""
+        version, raw_records, lease_of = await self._read_region()
         records = []
         for agent_id, raw in raw_records.items():
             record = self._parse_record(agent_id, raw, lease_expires_at_ms=lease_of.get(agent_id, 0))
             if record is not None:
                 records.append(record)
-        return SnapshotData(version=int(version or 0), records=records)
+        return SnapshotData(version=version, records=records)
 
     async def snapshot_versions(self) -> StoredVersions:
         """Every agent's version and lease and the region version they are consistent with (one
@@ -252,13 +256,7 @@ class RegionStore:
         served to no peer); a record these scripts did not write is parsed, and quarantined and
         left out if it does not parse.
         """
-        async with self._translate():
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.get(self.key_version)
-                pipe.hgetall(self.key_agents)
-                pipe.zrange(self.key_leases, 0, -1, withscores=True)
-                version, raw_records, leases = await pipe.execute()
-        lease_of = {agent_id: int(score) for agent_id, score in leases}
+        version, raw_records, lease_of = await self._read_region()
         agents: dict[str, tuple[int, int]] = {}
         for agent_id, raw in raw_records.items():
             if self.quarantine.holds_agent(agent_id):
@@ -270,7 +268,7 @@ class RegionStore:
                     continue
                 record_version = record.version
             agents[agent_id] = (record_version, lease_of.get(agent_id, 0))
-        return StoredVersions(version=int(version or 0), agents=agents)
+        return StoredVersions(version=version, agents=agents)
 
     async def live_records_json(self, *, now_ms: int) -> tuple[int, list[tuple[str, str]]]:
         """The version and ``(agent_id, stored JSON)`` of every agent whose lease has not passed.
