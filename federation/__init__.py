@@ -1,6 +1,6 @@
 """Cross-region replication over Kafka: change events, publisher, consumer, replica, anti-entropy.
 
-Imports only ``node`` (models, store, cache, follower, security); ``topology.composition`` attaches a
+Imports only ``node`` (models, store, cache, follower, security, credentials); ``topology.composition`` attaches a
 :class:`Federation` to a node. Where state lives: the replica of the peers, the consumer
 offsets and the publisher position are all in the consuming region's own Redis (see
 ``federation.replica_store``).
@@ -19,6 +19,7 @@ from .consumer import Consumer, ConsumerState, ConsumerStats
 from .digest import DigestTracker, RegionState, entry_hash, read_region_state, region_digest
 from .errors import BrokerUnavailable, FederationError, InvalidMessage, SnapshotUnavailable
 from .events import FederationMessage, RegionBeacon
+from .keys import PeerKeys
 from .publisher import Publisher, PublisherState, PublisherStats
 from .replica import CatalogState, PeerCatalog, PeerReplica
 from .replica_store import ReplicaStore
@@ -29,6 +30,7 @@ __all__ = [
     "FederationConfig",
     "PeerConfig",
     "PeerCatalog",
+    "PeerKeys",
     "PeerReplica",
     "CatalogState",
     "ReplicaStore",

@@ -22,6 +22,7 @@ DEFAULT_SNAPSHOT_TIMEOUT_MS = 5_000
 DEFAULT_ANTI_ENTROPY_MIN_INTERVAL_MS = 1_000
 DEFAULT_FEED_MAXLEN = 100_000
 DEFAULT_FEED_BLOCK_MS = 1_000
+DEFAULT_KEY_REFRESH_INTERVAL_MS = 60_000
 TOPIC_PREFIX_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
 
 
@@ -57,6 +58,9 @@ class FederationConfig(BaseModel):
     anti_entropy_min_interval_ms: int = Field(default=DEFAULT_ANTI_ENTROPY_MIN_INTERVAL_MS, ge=0)
     feed_maxlen: int = Field(default=DEFAULT_FEED_MAXLEN, ge=100)
     feed_block_ms: int = Field(default=DEFAULT_FEED_BLOCK_MS, ge=1)
+    key_refresh_interval_ms: int = Field(default=DEFAULT_KEY_REFRESH_INTERVAL_MS, ge=100,
+                                         description="How often the peers' public signing keys are fetched again "
+                                                     "(an unknown kid is fetched at once).")
 
     @model_validator(mode="after")
     def _check(self) -> FederationConfig:

@@ -9,8 +9,11 @@ anti-entropy, and attaches them through the node's hooks only::
 * ``node.router.remote`` ← the catalog (routing and ``find`` see the peers, nearest first);
 * ``node.leadership`` duties ← publisher and consumer (one of each per region, on the leader);
 * ``node.watch`` ← every applied remote change (``/v1/watch`` streams them);
-* ``node.extensions`` ← the catalog's lifecycle (an aiohttp cleanup context: loaded from
-  Redis before the server accepts requests, closed with it) and ``GET /v1/federation/status``.
+* ``node.keys.peers`` ← the peers' public signing keys (:class:`PeerKeys`), so route credentials
+  issued in a peer region verify against this node's ``/.well-known/jwks.json``;
+* ``node.extensions`` ← the lifecycle of the catalog and the peer keys (an aiohttp cleanup
+  context: loaded before the server accepts requests, closed with it) and
+  ``GET /v1/federation/status``.
 
 The duties wait for the catalog to load, so a node that never serves HTTP never consumes.
 """
@@ -32,6 +35,7 @@ from .antientropy import AntiEntropy
 from .config import FederationConfig
 from .consumer import Consumer
 from .digest import read_region_state
+from .keys import PeerKeys
 from .publisher import Publisher
 from .replica import PeerCatalog
 from .replica_store import ReplicaStore
@@ -62,12 +66,14 @@ class Federation:
         self.publisher = Publisher(config, store=store, replica_store=self.replica_store)
         self.consumer = Consumer(config, catalog=self.catalog, replica_store=self.replica_store,
                                  anti_entropy=self.anti_entropy)
+        self.peer_keys = PeerKeys(config)
 
     def attach(self, node: RegistryNode) -> None:
         """Wire into ``node`` (not yet started); see the module docstring."""
         if node.region != self.config.region:
             raise ValueError(f"federation of region {self.config.region} cannot attach to a node of {node.region}")
         node.router.remote = self.catalog
+        node.keys.peers = self.peer_keys
         self.catalog.subscribe(node.watch.publish)
         node.leadership.add_duty("federation-publisher", self.publisher.run)
         node.leadership.add_duty("federation-consumer", self.consumer.run)
@@ -75,8 +81,10 @@ class Federation:
 
     async def start(self) -> None:
         await self.catalog.start()
+        await self.peer_keys.start()
 
     async def aclose(self) -> None:
+        await self.peer_keys.aclose()
         await self.catalog.aclose()
 
     async def __aenter__(self) -> Federation:
@@ -112,6 +120,8 @@ class Federation:
                              "last_error": anti_entropy.last_error,
                              "last_duration_ms": anti_entropy.last_duration_ms},
             "peers": self.catalog.describe(),
+            "peer_keys": {"known": sorted(key.kid for key in self.peer_keys.keys()),
+                          "fetches": self.peer_keys.fetches, "failures": self.peer_keys.failures},
         }
 
     def _install(self, app: web.Application) -> None:

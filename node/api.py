@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 
@@ -24,6 +25,7 @@ from aiohttp.typedefs import Middleware
 
 from .a2a import CardRegistration, record_to_card
 from .clock import now_ms
+from .credentials import JWKS_PATH
 from .envelope import RouteEvent, RouteEventKind
 from .errors import (
     BadRequest,
@@ -45,9 +47,12 @@ from .http import (
     read_body,
 )
 from .models import (
+    KEY_ID_PATTERN,
     AgentList,
     AgentRecord,
+    CredentialRequest,
     Heartbeat,
+    KeySet,
     OutcomeReport,
     OutcomeReports,
     Registration,
@@ -70,8 +75,9 @@ __all__ = ["PUBLIC_PATHS", "ROUTES", "bound_port", "build_app", "guard", "serve"
 
 log = logging.getLogger(__name__)
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json", JWKS_PATH})
 MAX_QUERY_CHARS = 2_000  # the spec's maxLength of /v1/search's q, as sent
+_KEY_ID_RE = re.compile(KEY_ID_PATTERN)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -162,7 +168,7 @@ async def register_card(request: web.Request) -> web.Response:
 async def list_agents(request: web.Request) -> web.Response:
     node = _node(request)
     query = request.query
-    scope = _scope(request, default=Scope.LOCAL)
+    scope = _scope(request, default=Scope.LOCAL_FIRST)
     capability = query.get("capability")
     regex = query_pattern(request)
     labels: dict[str, str] = {}
@@ -262,6 +268,33 @@ async def reports(request: web.Request) -> web.Response:
     return json_response({"accepted": len(batch)})
 
 
+async def credentials(request: web.Request) -> web.Response:
+    """The route credential of one of a ticket's alternates (the target's came with the ticket)."""
+    body = await parse_body(request, CredentialRequest)
+    return json_response(_node(request).issue_credential(body, _caller(request)))
+
+
+async def jwks(request: web.Request) -> web.Response:
+    """The public keys route credentials valid in this region are signed with (a JWK Set; public)."""
+    kid = request.query.get("kid")
+    if kid is not None and not _KEY_ID_RE.match(kid):
+        raise ValidationFailed("kid must be a key id, <region>.<thumbprint>", field="kid")
+    keys = await _node(request).keys.key_set(kid=kid)
+    response = json_response(KeySet(keys=keys))
+    # Verifiers cache the set; a new kid makes them fetch it again, so a short max-age is enough.
+    response.headers["Cache-Control"] = "public, max-age=60"
+    return response
+
+
+async def rotate_keys(request: web.Request) -> web.Response:
+    """Sign with a new key from now on (admin); the old one verifies until its credentials expired."""
+    if _caller(request).role is not TokenRole.ADMIN:
+        raise Forbidden("rotating the signing key is for admins", code="admins_only")
+    keys = _node(request).keys
+    key = await keys.rotate()
+    return json_response({"region": keys.region, "kid": key.kid, "rotations": keys.rotations})
+
+
 # -- the region, federation and admin --------------------------------------------------------
 
 async def regions(request: web.Request) -> web.Response:
@@ -340,10 +373,13 @@ ROUTES: tuple[web.RouteDef, ...] = (
     web.get("/v1/agents", list_agents),
     web.post("/v1/resolve", resolve),
     web.post("/v1/reports", reports),
+    web.post("/v1/credentials", credentials),
     web.get("/v1/watch", watch),
     web.get("/v1/regions", regions),
     web.get("/v1/federation/snapshot", snapshot),
     web.get("/v1/admin/quarantine", quarantine),
+    web.post("/v1/admin/keys/rotate", rotate_keys),
+    web.get(JWKS_PATH, jwks),
     web.get("/v1/openapi.json", openapi),
     web.get("/healthz", healthz),
     web.get("/readyz", readyz),

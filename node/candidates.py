@@ -125,8 +125,10 @@ class Table:
     min_lease_ms: int
     valid_until_ms: int
     # The table as a priority level, for requests with nothing to filter out (no ACL in the
-    # table, nothing excluded): it shares the table's lists, and every such request shares it.
+    # table, nothing excluded, not the caller's own record): it shares the table's lists, and
+    # every such request shares it.
     level: Level
+    agent_ids: set[str] = field(default_factory=set)  # of the candidates: is the caller among them?
 
 
 @dataclass(slots=True, kw_only=True)
@@ -291,6 +293,7 @@ class CandidateTables:
             if horizon is not None:
                 table.min_lease_ms = min(table.min_lease_ms, record.lease_expires_at_ms)
             running += weight
+            table.agent_ids.add(record.agent_id)
             table.cumulative.append(running)
             table.candidates.append(Candidate(
                 record=record, weight=weight, target=route_target(record, source),

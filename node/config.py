@@ -10,6 +10,7 @@ from .cache import (
     DEFAULT_PRESERVE_MIN_AGENTS,
 )
 from .client import RetryPolicy
+from .credentials import DEFAULT_KEY_PUBLISH_INTERVAL_MS, DEFAULT_SIGNING_KEY_MAX_AGE_MS
 from .egress import EgressPolicy
 from .envelope import DEFAULT_MAX_HOPS, MAX_HOPS_CEILING
 from .health import DEFAULT_MAX_CONCURRENT_PROBES
@@ -104,14 +105,26 @@ class NodeConfig(BaseModel):
     lease_sync_interval_ms: int = Field(default=DEFAULT_LEASE_SYNC_INTERVAL_MS, ge=10)
     preserve_fraction: float = Field(default=DEFAULT_PRESERVE_FRACTION, gt=0, le=1)
     max_concurrent_probes: int = Field(default=DEFAULT_MAX_CONCURRENT_PROBES, ge=1)
-    ticket_ttl_ms: int = Field(default=DEFAULT_TICKET_TTL_MS, ge=100)
+    ticket_ttl_ms: int = Field(default=DEFAULT_TICKET_TTL_MS, ge=100,
+                               description="A route ticket and its route credentials expire this long after issue.")
+    # Route credentials (node.credentials): the key this node signs them with.
+    signing_key_file: str | None = Field(
+        default=None, description="Ed25519 PEM file to sign route credentials with (created, mode 0600, when "
+                                  "missing; rewritten on rotation); None = a key generated in memory at start.")
+    key_publish_interval_ms: int = Field(default=DEFAULT_KEY_PUBLISH_INTERVAL_MS, ge=100,
+                                         description="How often the node renews its public key's lease in Redis.")
+    signing_key_max_age_ms: int = Field(default=DEFAULT_SIGNING_KEY_MAX_AGE_MS, ge=1_000,
+                                        description="The node rotates its signing key once it is this old.")
     report_grace_ms: int = Field(default=DEFAULT_REPORT_GRACE_MS, ge=0)
     overprovisioning_factor: float = Field(default=DEFAULT_OVERPROVISIONING_FACTOR, ge=1.0)
     semantic_threshold: float | None = Field(
         default=None, ge=-1.0, le=1.0,
         description="Score a semantic fallback match needs; None = the matcher's suggestion for its mode.")
     semantic_enabled: bool = Field(default=True, description="False: search and fallback are lexical only.")
-    semantic_model: str | None = Field(default=None, description="Model name or path; None = packaged MiniLM.")
+    semantic_model: str | None = Field(
+        default=None, min_length=1,
+        description="A local model directory, an installed model package or a locally cached model name; "
+                    "None = the packaged all-MiniLM-L6-v2 (English only). A topology's [semantic] model.")
     breaker_failures: int = Field(default=DEFAULT_BREAKER_FAILURES, ge=1)
     breaker_window_ms: int = Field(default=DEFAULT_BREAKER_WINDOW_MS, ge=1)
     breaker_cooldown_ms: int = Field(default=DEFAULT_BREAKER_COOLDOWN_MS, ge=1)

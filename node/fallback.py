@@ -4,7 +4,8 @@ attached :class:`Matcher` reads the request's capability as natural language.
 Matches are ranked, not drawn: the best-scoring routable agent is the target (a fresher region
 before a stale one), the next best are the alternates. A match counts only above the
 matcher's calibrated threshold (or the node's ``semantic_threshold``), so "close enough" never
-means "anything at all". The router owns the await and the reasons; this module turns scored
+means "anything at all". Never the caller itself, never an agent registered with
+``semantic_fallback: false``. The router owns the await and the reasons; this module turns scored
 hits into candidates and a choice.
 """
 
@@ -66,7 +67,8 @@ def semantic_levels(hits: Sequence[SemanticMatch], sources: Sequence[Source], *,
         horizon = source.lease_horizon_ms if source.locality is Locality.LOCAL else None
         for hit in by_region.get(source.region, []):
             record = source.index.get(hit.agent_id)
-            if record is None or record.agent_id in excluded or not caller_allowed(record, caller):
+            if (record is None or record.agent_id in excluded or record.agent_id == caller.sub
+                    or not record.semantic_fallback or not caller_allowed(record, caller)):
                 continue
             if tables.unroutable(record, now_ms=now_ms, lease_horizon_ms=horizon):
                 continue

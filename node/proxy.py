@@ -12,8 +12,9 @@ optional ``version`` and ``scope``):
 3. **Route and deliver** with the SDK's attempt and failover (:mod:`node.client.delivery`, where
    the rules are written down): the router picks the target (``target_agent`` as agent_id or
    pattern, else ``operation`` as the capability; ``extensions.conversation_id`` for affinity);
-   the node POSTs the envelope with ``hop_count + 1`` and ``source_agent`` set from the caller's
-   token, through its egress-checked session. Idempotent envelopes fail over, others get one
+   the node POSTs the envelope with ``hop_count + 1``, ``source_agent`` set from the caller's
+   token and the target's route credential (``Authorization: Bearer``, naming the caller, as on a
+   direct call), through its egress-checked session. Idempotent envelopes fail over, others get one
    attempt. A target's 4xx is passed through as its answer. Outcomes feed the router's breakers.
    **Passthrough** targets get the raw payload, and their answer is returned as is.
 4. **Callbacks.** ``delivery=callback`` answers 202 at once and sends the result (or a
@@ -66,7 +67,7 @@ from .envelope import (
 )
 from .errors import Conflict, NodeError, RateLimited, StoreUnavailable, ValidationFailed
 from .http import CALLER, json_response, parse_body, validation_error
-from .models import Outcome, OutcomeReport, RouteRequest, RouteTarget, RouteTicket, TokenClaims
+from .models import CredentialRequest, Outcome, OutcomeReport, RouteRequest, RouteTarget, RouteTicket, TokenClaims
 from .once import Answer, DeliveryInProgress, OnceCache
 from .service import RegistryNode
 from .traces import TraceLog, install_trace_routes
@@ -279,8 +280,13 @@ class Proxy:
         def on_attempt(tried: Tried) -> None:
             self._after_attempt(tried, envelope, caller, events, failures)
 
+        async def issue(ticket: RouteTicket, target: RouteTarget) -> str:
+            request = CredentialRequest(signature=ticket.signature, agent_id=target.agent_id)
+            return self.node.issue_credential(request, caller).credential
+
         delivery = await deliver(
-            envelope.forwarded().model_copy(update={"source_agent": caller.sub}), Failover(route, resolve=decide),
+            envelope.forwarded().model_copy(update={"source_agent": caller.sub}),
+            Failover(route, resolve=decide, issue=issue),
             session=self._require_session, limits=self.limits, pacing=Pacing(self.policy, self.rng),
             max_attempts=self.settings.max_attempts if envelope.idempotent else 1, deadline=started + budget_s,
             on_attempt=on_attempt, guard=self.guard)

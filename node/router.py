@@ -12,6 +12,11 @@ reports); the choice is weighted-random. A conversation_id pins the choice with 
 rendezvous hashing while the pinned agent stays a candidate. Routing reads only memory; the
 semantic fallback (an attached :class:`Matcher`) is the only await.
 
+A call never goes to the calling agent itself, whatever the match (the caller's token subject is
+its agent id); the semantic fallback skips agents registered with ``semantic_fallback: false`` and
+is off for a request with ``semantic: false``. The ticket's target carries a route credential
+(:mod:`node.credentials`) when the router has an issuer.
+
 The candidates and their weights are :mod:`node.candidates`; the semantic fallback's ranking is
 :mod:`node.fallback`. This module picks the level, the agent and the alternates, and signs.
 """
@@ -50,8 +55,16 @@ from .outcomes import OutcomeTracker
 from .remote import PeerView, RemoteCatalog
 from .security import Signer
 
+
+class CredentialIssuer(Protocol):
+    """Signs route credentials (:class:`node.credentials.RegionKeys` is one)."""
+
+    def issue(self, *, caller: TokenClaims, agent_id: str, capability: str | None, ticket_id: str, index: int,
+              expires_at_ms: int, now_ms_: int) -> str: ...
+
 __all__ = [
-    "ALL_WEIGHT_FACTORS", "DEFAULT_OVERPROVISIONING_FACTOR", "DEFAULT_TICKET_TTL_MS", "Candidate", "Decision",
+    "ALL_WEIGHT_FACTORS", "CALLER_ITSELF", "DEFAULT_OVERPROVISIONING_FACTOR", "DEFAULT_TICKET_TTL_MS", "Candidate",
+    "CredentialIssuer", "Decision",
     "Matcher", "PeerView", "RegionView", "RemoteCatalog", "Router", "SemanticMatch", "WeightFactor",
 ]
 
@@ -59,6 +72,7 @@ DEFAULT_TICKET_TTL_MS = 10_000
 DEFAULT_OVERPROVISIONING_FACTOR = 1.4
 MAX_ALTERNATES = 2
 ALTERNATE_SAMPLING_MIN = 8
+CALLER_ITSELF = "caller_itself"  # the rejection reason of the calling agent's own record
 EXACT_MATCHES: dict[MatchKind, dict[str, object]] = {
     kind: {"kind": kind.value, "capability": None, "version": None, "score": 1.0}
     for kind in (MatchKind.EXACT, MatchKind.PATTERN, MatchKind.AGENT_ID)}
@@ -88,10 +102,13 @@ class Decision:
     expires_at_ms: int
     caller: str
     signature: str
+    credential: str | None = None
 
     def as_dict(self) -> dict[str, object]:
+        target = self.target.target if self.credential is None else {**self.target.target,
+                                                                      "credential": self.credential}
         return {
-            "ticket_id": self.ticket_id, "trace_id": self.trace_id, "target": self.target.target,
+            "ticket_id": self.ticket_id, "trace_id": self.trace_id, "target": target,
             "alternates": [candidate.target for candidate in self.alternates], "match": self.match,
             "locality": self.target.target["locality"], "issued_at_ms": self.issued_at_ms,
             "expires_at_ms": self.expires_at_ms, "caller": self.caller, "signature": self.signature,
@@ -110,6 +127,7 @@ class Router:
 
     ``clock`` is the time the router routes at (ms since the epoch): tickets' issue and expiry,
     breaker cool-downs, error decay. Leases are judged by ``cache.routable_now_ms()``.
+    ``credentials`` signs the route credential of each ticket's target (None: tickets carry none).
     """
 
     def __init__(self, cache: RegionView, signer: Signer, outcomes: OutcomeTracker, *,
@@ -119,7 +137,7 @@ class Router:
                  factors: WeightFactor = ALL_WEIGHT_FACTORS,
                  max_ejection_fraction: float = DEFAULT_MAX_EJECTION_FRACTION,
                  rng: random.Random | None = None,
-                 clock: Callable[[], int] = now_ms) -> None:
+                 clock: Callable[[], int] = now_ms, credentials: CredentialIssuer | None = None) -> None:
         if ticket_ttl_ms <= 0 or overprovisioning_factor < 1.0:
             raise ValueError("ticket_ttl_ms must be positive and overprovisioning_factor at least 1.0")
         self._tables = CandidateTables(outcomes=outcomes, factors=factors,
@@ -134,6 +152,7 @@ class Router:
         self.overprovisioning_factor = overprovisioning_factor
         self.semantic_threshold = semantic_threshold
         self.clock = clock
+        self.credentials = credentials
         self.remote: RemoteCatalog | None = None
         self.matcher: Matcher | None = None
         self._random = rng or random.Random()
@@ -212,7 +231,8 @@ class Router:
     def _level(self, source: Source, request: RouteRequest, caller: TokenClaims, now: int,
                reasons: dict[str, str]) -> Level:
         table = self._tables.table(source, request, now, self.cache.preserving)
-        if not (table.has_acl or request.exclude):
+        itself = caller.sub in table.agent_ids
+        if not (table.has_acl or request.exclude or itself):
             if not table.candidates:
                 reasons[source.label] = self._why_empty(request, table)
             return table.level
@@ -220,13 +240,16 @@ class Router:
         visible = table.candidates
         if table.has_acl:
             visible = [c for c in visible if caller_allowed(c.record, caller)]
-        candidates = [c for c in visible if c.record.agent_id not in excluded]
+        candidates = [c for c in visible if c.record.agent_id not in excluded and c.record.agent_id != caller.sub]
         if len(candidates) < len(table.candidates):
             # Agents the caller may not see are not counted as matched: the reasons must not
             # reveal that they exist.
             rejected = dict(table.rejected)
-            if len(candidates) < len(visible):
-                rejected["excluded"] = len(visible) - len(candidates)
+            if itself:
+                rejected[CALLER_ITSELF] = 1
+            others = len(visible) - len(candidates) - int(itself)
+            if others:
+                rejected["excluded"] = others
             table = replace(table, rejected=rejected, matched=table.matched - (len(table.candidates) - len(visible)))
         if not candidates:
             reasons[source.label] = self._why_empty(request, table)
@@ -243,7 +266,8 @@ class Router:
                 return f"no agent matches {request.pattern}{with_capability}"
             return f"no agent has capability {request.capability!r}"
         detail = ", ".join(f"{count} {reason}" for reason, count in sorted(table.rejected.items()))
-        return f"{table.matched} matched, none routable ({detail})"
+        itself = "; a call never goes to the calling agent itself" if CALLER_ITSELF in table.rejected else ""
+        return f"{table.matched} matched, none routable ({detail}){itself}"
 
     # -- decision ----------------------------------------------------------------------------
 
@@ -333,11 +357,18 @@ class Router:
         ticket_id = ids[:16]
         expires = now + self.ticket_ttl_ms
         agents = [target.record.agent_id, *(c.record.agent_id for c in alternates)]
-        signature = self.signer.sign_ticket({"t": ticket_id, "a": agents, "c": caller.sub, "e": expires})
+        capabilities = [target.capability, *(c.capability for c in alternates)]
+        # "k": what each target was matched by, for the credentials of the alternates (issued later)
+        signature = self.signer.sign_ticket({"t": ticket_id, "a": agents, "c": caller.sub, "e": expires,
+                                             "k": capabilities})
+        credential = None
+        if self.credentials is not None:
+            credential = self.credentials.issue(caller=caller, agent_id=agents[0], capability=target.capability,
+                                                ticket_id=ticket_id, index=0, expires_at_ms=expires, now_ms_=now)
         self.outcomes.issued(target.record.agent_id, now_ms=now)
         return Decision(ticket_id=ticket_id, trace_id=request.trace_id or ids[16:], target=target,
                         alternates=alternates, match=match, issued_at_ms=now, expires_at_ms=expires,
-                        caller=caller.sub, signature=signature)
+                        caller=caller.sub, signature=signature, credential=credential)
 
     @staticmethod
     def _exact_match(request: RouteRequest) -> dict[str, object]:
@@ -360,19 +391,26 @@ class Router:
         matcher = self.matcher
         if matcher is None:
             raise exact
+
         def visible(region: str, agent_id: str) -> bool:
             record = self._record(region, agent_id)
-            return record is not None and caller_allowed(record, caller)
+            return record is not None and record.semantic_fallback and caller_allowed(record, caller)
 
         hits = await matcher.match(request.capability or "", k=MATCHES_ASKED, allow=visible)
         now = self.clock()
         threshold = self.semantic_threshold
         if threshold is None:
             threshold = matcher.suggested_threshold
-        good = [hit for hit in hits if hit.score >= threshold]
+        above = [hit for hit in hits if hit.score >= threshold]
+        good = [hit for hit in above if hit.agent_id != caller.sub]
         if not good:
-            best = f" (best {hits[0].agent_id} at {hits[0].score:.2f})" if hits else ""
-            reasons["semantic"] = f"no match above the threshold {threshold:.2f}{best}"
+            if above:  # the caller described itself: never route it to itself
+                reasons["semantic"] = (f"the only match above the threshold {threshold:.2f} is the caller itself "
+                                       f"({caller.sub} at {above[0].score:.2f}); a call never goes to the calling "
+                                       "agent")
+            else:
+                best = f" (best {hits[0].agent_id} at {hits[0].score:.2f})" if hits else ""
+                reasons["semantic"] = f"no match above the threshold {threshold:.2f}{best}"
             raise NoAgentAvailable(self._no_agent_message(request), details={"stages": reasons})
         levels = semantic_levels(good, self._sources(request), request=request, caller=caller,
                                  tables=self._tables, now_ms=now)

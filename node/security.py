@@ -24,7 +24,7 @@ import orjson
 from pydantic import ValidationError
 
 from .errors import Forbidden, Unauthorized
-from .models import TokenClaims, TokenRole, compile_pattern
+from .models import TokenClaims, TokenRole, caller_may_call
 
 SECRET_ENV = "AGENT_REACH_SECRET"
 SECRET_FILE_ENV = "AGENT_REACH_SECRET_FILE"
@@ -197,12 +197,10 @@ def may_see(caller: TokenClaims, agent_id: str, allowed_callers: list[str]) -> b
     """Whether ``caller`` may see an agent (its record, endpoints, card, changes, traces).
 
     ``allowed_callers`` empty: anyone. Otherwise admins and peer nodes, the agent itself, and
-    callers whose subject matches one of the patterns (``"admin"`` names the admin role).
+    callers whose subject matches one of the patterns (``"admin"`` names the admin role); the
+    called agent applies the same rule to a route credential (:func:`node.models.caller_may_call`).
     """
-    if not allowed_callers or caller.role in (TokenRole.ADMIN, TokenRole.PEER) or caller.sub == agent_id:
-        return True
-    return any(pattern == caller.sub or (pattern != "admin" and compile_pattern(pattern).match(caller.sub))
-               for pattern in allowed_callers)
+    return caller_may_call(caller.sub, caller.role, agent_id, allowed_callers)
 
 
 def require_peer(caller: TokenClaims, what: str) -> None:

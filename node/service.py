@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import orjson
 from aiohttp import web
@@ -19,6 +20,7 @@ from .a2a import CardRegistration, card_field, card_to_registration
 from .cache import CacheState, RegionCache
 from .clock import now_ms
 from .config import NodeConfig
+from .credentials import RegionKeys
 from .errors import (
     Forbidden,
     NotFound,
@@ -35,9 +37,11 @@ from .models import (
     AgentRecord,
     ChangeEvent,
     ChangeKind,
+    CredentialRequest,
     DeleteReason,
     Heartbeat,
     HeartbeatResponse,
+    IssuedCredential,
     OutcomeReport,
     RegisterResponse,
     Registration,
@@ -90,9 +94,13 @@ class RegistryNode:
                                  preserve_min_agents=config.protect_min_agents)
         self.outcomes = OutcomeTracker(failure_threshold=config.breaker_failures, window_ms=config.breaker_window_ms,
                                        cooldown_ms=config.breaker_cooldown_ms)
+        self.keys = RegionKeys.of(self.store, ticket_ttl_ms=config.ticket_ttl_ms,
+                                  key_file=Path(config.signing_key_file) if config.signing_key_file else None,
+                                  publish_interval_ms=config.key_publish_interval_ms,
+                                  max_age_ms=config.signing_key_max_age_ms)
         self.router = Router(self.cache, self.signer, self.outcomes, ticket_ttl_ms=config.ticket_ttl_ms,
                              overprovisioning_factor=config.overprovisioning_factor,
-                             semantic_threshold=config.semantic_threshold)
+                             semantic_threshold=config.semantic_threshold, credentials=self.keys)
         self.leadership = Leadership(self.store, node_id=self.node_id, ttl_ms=config.leader_ttl_ms)
         self.sweeper = Sweeper(self.store, interval_ms=config.sweep_interval_ms,
                                max_expire_fraction=config.max_expire_fraction,
@@ -122,6 +130,7 @@ class RegistryNode:
         self.state = NodeState.STARTING
         try:
             await self.cache.start()
+            await self.keys.start()
             await self.leadership.start()
         except BaseException:
             await self.aclose()
@@ -135,6 +144,7 @@ class RegistryNode:
             return
         self.state = NodeState.CLOSED
         await self.leadership.aclose()
+        await self.keys.aclose()
         await self.cache.aclose()
         await self.store.aclose()
 
@@ -294,17 +304,44 @@ class RegistryNode:
 
     def report(self, report: OutcomeReport, caller: TokenClaims) -> None:
         """Feed one call outcome into the error penalty and breaker of the agent called."""
-        claims = self.signer.verify_ticket(report.signature)
         now = now_ms()
-        if report.agent_id not in claims.get("a", []):  # type: ignore[operator]
-            raise Forbidden(f"the ticket does not name agent {report.agent_id}", field="agent_id",
-                            code="agent_not_in_ticket")
-        if caller.role is not TokenRole.ADMIN and claims.get("c") != caller.sub:
-            raise Forbidden("only the caller a ticket was issued to may report on it", field="signature")
-        if int(claims.get("e", 0)) + self.config.report_grace_ms < now:  # type: ignore[call-overload]
-            raise Forbidden("the ticket is too old to report on", field="signature", code="ticket_expired")
+        self._ticket_claims(report.signature, report.agent_id, caller, deadline_ms=lambda e: e + self.config.report_grace_ms,
+                            now=now, too_old="the ticket is too old to report on")
         self.outcomes.record(report.agent_id, report.outcome, now_ms=now)
         self.metrics.reports(report.outcome.value).inc()
+
+    def issue_credential(self, request: CredentialRequest, caller: TokenClaims) -> IssuedCredential:
+        """The route credential for one of a ticket's alternates (``POST /v1/credentials``).
+
+        Only the caller the ticket was issued to gets one, for an agent the ticket names, before
+        the ticket expires (the credential expires with it); raises :class:`Forbidden` otherwise.
+        """
+        now = now_ms()
+        claims = self._ticket_claims(request.signature, request.agent_id, caller, deadline_ms=lambda e: e, now=now,
+                                     too_old="the ticket has expired: resolve again", admin_reports=False)
+        agents: list[str] = claims["a"]  # type: ignore[assignment]
+        index = agents.index(request.agent_id)
+        capabilities = claims.get("k")
+        capability = capabilities[index] if isinstance(capabilities, list) and index < len(capabilities) else None
+        expires = int(claims["e"])  # type: ignore[call-overload]
+        credential = self.keys.issue(caller=caller, agent_id=request.agent_id, capability=capability,
+                                     ticket_id=str(claims.get("t")), index=index, expires_at_ms=expires, now_ms_=now)
+        return IssuedCredential(agent_id=request.agent_id, credential=credential, expires_at_ms=expires)
+
+    def _ticket_claims(self, signature: str, agent_id: str, caller: TokenClaims, *,
+                       deadline_ms: Callable[[int], int], now: int, too_old: str,
+                       admin_reports: bool = True) -> dict[str, object]:
+        """The claims of a ticket this cluster signed that names ``agent_id`` and was issued to
+        ``caller`` (admins may report on any when ``admin_reports``), until ``deadline_ms(expiry)``."""
+        claims = self.signer.verify_ticket(signature)
+        if agent_id not in claims.get("a", []):  # type: ignore[operator]
+            raise Forbidden(f"the ticket does not name agent {agent_id}", field="agent_id",
+                            code="agent_not_in_ticket")
+        if not (admin_reports and caller.role is TokenRole.ADMIN) and claims.get("c") != caller.sub:
+            raise Forbidden("only the caller a ticket was issued to may use it", field="signature")
+        if deadline_ms(int(claims.get("e", 0))) < now:  # type: ignore[call-overload]
+            raise Forbidden(too_old, field="signature", code="ticket_expired")
+        return claims
 
     async def snapshot_json(self) -> bytes:
         """A ``Snapshot`` (live local records + watermark) as JSON, spliced from the stored records.

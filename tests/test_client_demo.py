@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from node.client import ReachClient
+from node.client.host import AgentHost
 from node.envelope import Envelope
 from node.models import Capability
-from topology.demo import AgentHost
 
 from .helpers import RunningNode, alive, descendants
 
@@ -29,9 +29,9 @@ async def test_an_sdk_agent_answers_a_repeated_message_id_without_running_twice(
         runs.append(envelope.id)
         return {"charged": envelope.payload["amount"]}
 
-    async with AgentHost(agent_id="demo.pay.charger", display_name="Charger", description="Charges a card.",
-                         capabilities=[Capability(name="pay.charge")], handler=handler, node_url=node.url,
-                         token=node.token("demo.pay.charger")) as host:
+    registration = {"agent_id": "demo.pay.charger", "display_name": "Charger", "description": "Charges a card.",
+                    "capabilities": [Capability(name="pay.charge")]}
+    async with AgentHost(registration, handler, node_url=node.url, token=node.token("demo.pay.charger")) as host:
         status, record = await node.call("GET", "/v1/agents/demo.pay.charger")
         assert status == 200 and record["endpoints"]["primary"] == host.url + "/invoke"
         async with ReachClient(node.url, token=node.admin_token) as caller:

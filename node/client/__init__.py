@@ -65,8 +65,21 @@ failover) is public because the node's proxy imports it.
 from ..a2a import CardRegistration
 from ..envelope import Envelope, EnvelopeExpired, EnvelopeType, HopLimitExceeded, Policy, Trace
 from ..errors import NoAgentAvailable, NodeError, Unauthorized, UnknownAgent, ValidationFailed
-from ..models import Capability, Load, Registration, RouteTicket, Status, TokenRole
+from ..models import (
+    CallClaims,
+    Capability,
+    Load,
+    Match,
+    MatchKind,
+    Registration,
+    RouteTicket,
+    SearchHit,
+    SearchResponse,
+    Status,
+    TokenRole,
+)
 from ..outcomes import BreakerState
+from ._calls import CallResult
 from ._config import (
     AgentConfig,
     AgentConfigError,
@@ -88,8 +101,9 @@ from ._errors import (
 )
 from ._heartbeat import HeartbeatStats
 from ._http import SendResult
-from ._reach_client import CallResult, ClientState, ReachClient
+from ._reach_client import ClientState, ReachClient
 from ._retry import RetryPolicy
+from .verifier import CallVerifier, CredentialRejected
 
 __all__ = [
     # the client
@@ -100,6 +114,14 @@ __all__ = [
     "SendResult",
     "HeartbeatStats",
     "BreakerState",
+    "SearchResponse",
+    "SearchHit",
+    "Match",
+    "MatchKind",
+    # the called agent's side
+    "CallVerifier",
+    "CallClaims",
+    "CredentialRejected",
     # configuration
     "AgentConfig",
     "ClientSettings",

@@ -3,7 +3,7 @@
 One TOML file serves the SDK (:class:`node.client.ReachClient`), the sidecar and preflight::
 
     [node]
-    url = "http://127.0.0.1:7070"
+    url = "http://127.0.0.1:7101"         # optional: else $AGENT_REACH_URL (the CLI: else the local cluster's)
     token_env = "AGENT_REACH_TOKEN"       # or token = "ar1…" or token_file = "~/.agent-reach/agent.token"
 
     [agent]                               # a Registration, field for field (see /v1/openapi.json)
@@ -18,7 +18,7 @@ One TOML file serves the SDK (:class:`node.client.ReachClient`), the sidecar and
     connect_timeout_ms = 3000
     retry_initial_backoff_ms = 500
 
-    [sidecar]                             # optional; only the sidecar reads it
+    [sidecar]                             # optional; only the sidecar reads it (see SidecarSettings)
     ready_url = "http://127.0.0.1:8701/readyz"
 
 Relative ``token_file`` paths are relative to the TOML file. Units are in the names. This
@@ -66,6 +66,7 @@ DEFAULT_SIDECAR_PROBE_TIMEOUT_MS = 1_000
 DEFAULT_SIDECAR_FAILURE_THRESHOLD = 3
 DEFAULT_SIDECAR_SUCCESS_THRESHOLD = 2
 TOKEN_ENV = "AGENT_REACH_TOKEN"
+URL_ENV = "AGENT_REACH_URL"
 
 
 class AgentConfigError(ValidationFailed):
@@ -110,6 +111,8 @@ class ClientSettings(_Settings):
     report_flush_interval_ms: int = Field(default=DEFAULT_REPORT_FLUSH_INTERVAL_MS, ge=1)
     report_queue_limit: int = Field(default=DEFAULT_REPORT_QUEUE_LIMIT, ge=1)
     record_traces: bool = Field(default=True, description="Send direct-call deliveries to the node's trace log.")
+    semantic: bool = Field(default=True, description="Let the router's semantic fallback pick an agent when none "
+                                                     "has the capability by name (call()/resolve() semantic=).")
     max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, ge=1,
                                     description="A target's answer beyond this fails the attempt (and is retried "
                                                 "elsewhere if idempotent).")
@@ -152,19 +155,26 @@ class SidecarSettings(_Settings):
 
 
 class NodeSection(_Settings):
-    """Which node, with which bearer token (``[node]``); exactly one token source."""
+    """Which node, with which bearer token (``[node]``); at most one token source.
 
-    url: str
+    ``url`` may be left out: the SDK then reads ``$AGENT_REACH_URL``, and the CLI commands
+    (``sidecar``, ``preflight``) their ``--node``, ``$AGENT_REACH_URL`` or the local cluster's
+    first node.
+    """
+
+    url: str | None = None
     token: str | None = Field(default=None, repr=False)
     token_file: str | None = None
     token_env: str | None = None
 
     @field_validator("url")
     @classmethod
-    def _url(cls, value: str) -> str:
+    def _url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError("must be the node's base URL, e.g. http://127.0.0.1:7070")
+            raise ValueError("must be the node's base URL, e.g. http://127.0.0.1:7101")
         return value.rstrip("/")
 
     @model_validator(mode="after")
@@ -178,7 +188,7 @@ class NodeSection(_Settings):
 class AgentConfig(_Settings):
     """A whole agent TOML file. ``agent`` may be absent for a pure caller."""
 
-    node: NodeSection
+    node: NodeSection = Field(default_factory=NodeSection)
     agent: Registration | None = None
     client: ClientSettings = Field(default_factory=ClientSettings)
     sidecar: SidecarSettings = Field(default_factory=SidecarSettings)
@@ -260,5 +270,5 @@ def load_agent_config(path: str | os.PathLike[str]) -> AgentConfig:
     return parse_agent_config(data, source=str(file))
 
 
-__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "AgentConfig", "AgentConfigError", "ClientSettings", "NodeSection",
+__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "TOKEN_ENV", "URL_ENV", "AgentConfig", "AgentConfigError", "ClientSettings", "NodeSection",
            "SidecarSettings", "load_agent_config", "parse_agent_config", "registration_of"]

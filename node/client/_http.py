@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..a2a import CardRegistration
 from ..envelope import Envelope, SendAccepted, looks_like_envelope
-from ..models import Heartbeat, RegisterResponse, Registration
+from ..models import CredentialRequest, Heartbeat, IssuedCredential, RegisterResponse, Registration
 from ._errors import NodeUnreachable, node_error
 
 
@@ -38,7 +38,8 @@ class NodeApi:
         self.headers = {"Authorization": f"Bearer {token}"}
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
 
-    async def request(self, method: str, path: str, body: BaseModel | dict[str, Any] | None = None) -> Any:
+    async def request(self, method: str, path: str, body: BaseModel | dict[str, Any] | None = None, *,
+                      params: dict[str, str] | None = None) -> Any:
         """The decoded JSON answer; raises :class:`NodeUnreachable` or the node's error."""
         data = None
         headers = self.headers
@@ -47,7 +48,8 @@ class NodeApi:
             headers = {**headers, "Content-Type": "application/json"}
         url = self.base_url + path
         try:
-            async with self.session.request(method, url, data=data, headers=headers, timeout=self.timeout) as resp:
+            async with self.session.request(method, url, data=data, headers=headers, params=params,
+                                            timeout=self.timeout) as resp:
                 raw = await resp.read()
                 status = resp.status
         except asyncio.CancelledError:
@@ -71,6 +73,10 @@ class NodeApi:
         # exclude_unset: send what the caller wrote, so the node validates the card as given
         body = card.model_dump(mode="json", exclude_unset=True)
         return RegisterResponse.model_validate(await self.request("POST", "/v1/agent-cards", body))
+
+    async def credential(self, request: CredentialRequest) -> IssuedCredential:
+        """``POST /v1/credentials``: the route credential of one of a ticket's alternates."""
+        return IssuedCredential.model_validate(await self.request("POST", "/v1/credentials", request))
 
     async def heartbeat(self, agent_id: str, heartbeat: Heartbeat) -> None:
         await self.request("PUT", f"/v1/agents/{quote(agent_id)}/heartbeat", heartbeat)

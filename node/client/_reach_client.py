@@ -10,70 +10,59 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-from pydantic import ValidationError
 
 from ..a2a import CardRegistration
 from ..envelope import (
-    PASSTHROUGH,
     Envelope,
-    EnvelopeExpired,
-    HopLimitExceeded,
     Policy,
     RouteEvent,
     RouteEventKind,
     Trace,
     epoch_ms,
 )
-from ..errors import NodeError, UnknownAgent, ValidationFailed, first_problem
+from ..errors import NoAgentAvailable, NodeError, UnknownAgent
 from ..models import (
+    CredentialRequest,
     OutcomeReport,
     RegisterResponse,
     Registration,
     RouteRequest,
+    RouteTarget,
     RouteTicket,
     Scope,
+    SearchResponse,
     Status,
 )
 from ..outcomes import BreakerState, OutcomeTracker
-from ._config import AgentConfig, AgentConfigError, ClientSettings, load_agent_config, registration_of
-from ._errors import Attempt, CallFailed, CallRejected, CallTimeout, ClientError
+from ._calls import CallResult, attempt_error, call_result, forwarded, route_request
+from ._config import (
+    TOKEN_ENV,
+    URL_ENV,
+    AgentConfig,
+    AgentConfigError,
+    ClientSettings,
+    load_agent_config,
+    registration_of,
+)
+from ._errors import ClientError
 from ._heartbeat import Heartbeater, HeartbeatStats, LoadCallback
-from ._http import NodeApi, SendResult, as_envelope
+from ._http import NodeApi, SendResult
 from ._reports import Reporter
 from ._retry import ClientBreakers, Sleep, register_with_backoff
 from ._tickets import TicketCache
-from .delivery import AttemptLimits, Delivery, End, Failover, Pacing, Tried, deliver
+from .delivery import AttemptLimits, Failover, Pacing, Tried, deliver
+from .verifier import CallVerifier
 
 log = logging.getLogger("node.client")  # the SDK logs under one name, whichever module it is in
-
-
-@dataclass(slots=True)
-class CallResult:
-    """A successful call: who answered, what, and how many attempts it took."""
-
-    agent_id: str
-    region: str
-    endpoint: str
-    status: int
-    body: Any
-    envelope: Envelope | None
-    trace_id: str
-    request: Envelope
-    attempts: list[Attempt] = field(default_factory=list)
-
-    @property
-    def payload(self) -> Any:
-        """The response envelope's payload, or the raw body when the target is not envelope-aware."""
-        return self.envelope.payload if self.envelope is not None else self.body
 
 
 class ClientState(enum.Enum):
@@ -91,9 +80,13 @@ class ReachClient:
 
     Build it with keywords or from an agent TOML file (:class:`AgentConfig`)::
 
-        ReachClient("http://127.0.0.1:7070", token=token, registration={...}, connect_timeout_ms=1000)
+        ReachClient("http://127.0.0.1:7101", token=token, registration={...}, connect_timeout_ms=1000)
         ReachClient(config="agent.toml", load=current_load)
-        ReachClient("http://127.0.0.1:7070", token=token, card=CardRegistration(...))  # an A2A agent
+        ReachClient("http://127.0.0.1:7101", token=token, card=CardRegistration(...))  # an A2A agent
+        ReachClient()   # $AGENT_REACH_URL and $AGENT_REACH_TOKEN
+
+    The node URL is ``node_url``, else the config's ``[node] url``, else ``$AGENT_REACH_URL``; the
+    token is ``token``, else the config's, else ``$AGENT_REACH_TOKEN``.
 
     Keywords beyond the named ones are :class:`ClientSettings` fields and override the file.
     ``clock`` (monotonic seconds), ``sleep`` and ``rng`` are injectable so tests can check the
@@ -110,13 +103,16 @@ class ReachClient:
         if isinstance(config, (str, Path)):
             config = load_agent_config(config)
         self.settings = (settings or (config.client if config is not None else ClientSettings())).with_options(options)
-        url = node_url or (config.node.url if config is not None else None)
+        url = node_url or (config.node.url if config is not None else None) or os.environ.get(URL_ENV, "").strip()
         if not url:
-            raise AgentConfigError("give the node URL (node_url= or [node] url in the config)", field="node.url")
+            raise AgentConfigError(f"give the node URL (node_url=, [node] url in the config, or ${URL_ENV})",
+                                   field="node.url")
         self.node_url = url.rstrip("/")
-        self.token = token or (config.resolve_token() if config is not None else None) or ""
+        self.token = (token or (config.resolve_token() if config is not None else None)
+                      or os.environ.get(TOKEN_ENV, "").strip())
         if not self.token:
-            raise AgentConfigError("give a bearer token (token= or [node] token* in the config)", field="node.token")
+            raise AgentConfigError(f"give a bearer token (token=, [node] token* in the config, or ${TOKEN_ENV}; "
+                                   "'agent-reach token issue' prints one)", field="node.token")
         if registration is None and config is not None:
             registration = config.agent
         if registration is not None and card is not None:
@@ -300,15 +296,48 @@ class ReachClient:
                       pattern: str | None = None, version: str | None = None, labels: Mapping[str, str] | None = None,
                       conversation_id: str | None = None, scope: Scope | str | None = None,
                       preferred_region: str | None = None, exclude: list[str] | None = None,
-                      trace_id: str | None = None, fresh: bool = False) -> RouteTicket:
+                      trace_id: str | None = None, semantic: bool | None = None, fresh: bool = False) -> RouteTicket:
         """A route ticket, from the cache while it is valid (``fresh`` or ``exclude`` skip the cache).
 
-        Raises :class:`NoAgentAvailable` (with the node's reason per stage), :class:`NodeUnreachable`.
+        ``semantic=False``: no semantic fallback, only an agent with the capability by name
+        (default: the ``semantic`` client setting, true). The ticket's target carries its route
+        credential; ``ticket.match`` says how it was found. Raises :class:`NoAgentAvailable`
+        (with the node's reason per stage), :class:`NodeUnreachable`.
         """
-        request = self._route_request(capability=capability, agent_id=agent_id, pattern=pattern, version=version,
+        request = route_request(capability=capability, agent_id=agent_id, pattern=pattern, version=version,
                                       labels=labels, conversation_id=conversation_id, scope=scope,
-                                      preferred_region=preferred_region, exclude=exclude, trace_id=trace_id)
+                                      preferred_region=preferred_region, exclude=exclude, trace_id=trace_id,
+                                      semantic=self.settings.semantic if semantic is None else semantic)
         return await self._resolve(request, fresh=fresh)
+
+    async def search(self, query: str, *, k: int | None = None, scope: Scope | str | None = None,
+                     routable: bool = False) -> SearchResponse:
+        """Agents for a plain-language description, best first (``GET /v1/search``).
+
+        ``scope`` defaults to ``global`` (every region); ``routable=True`` keeps only agents the
+        router would consider now. Each hit says its agent, region, the capability that matched
+        (``None``: the description did) and its score. Raises :class:`ValidationFailed` for an
+        empty query, :class:`NodeError` (``search_unavailable``) when the node has no search.
+        """
+        params: dict[str, str] = {"q": query}
+        if k is not None:
+            params["k"] = str(k)
+        if scope is not None:
+            params["scope"] = Scope(scope).value
+        if routable:
+            params["routable"] = "true"
+        return SearchResponse.model_validate(await self._require_api().request("GET", "/v1/search", params=params))
+
+    def call_verifier(self, **options: Any) -> CallVerifier:
+        """A :class:`CallVerifier` for this client's agent (its id and ``allowed_callers``), on its node.
+
+        ``options`` are CallVerifier keywords (``leeway_s``, ``cache_ttl_s`` …). Close it after use.
+        """
+        if self.registration is None:
+            raise AgentConfigError("call_verifier() needs this client's registration (the agent being called)",
+                                   field="agent")
+        return CallVerifier(self.node_url, agent_id=self.registration.agent_id,
+                            allowed_callers=self.registration.allowed_callers, **options)
 
     # -- calls -------------------------------------------------------------------------------
 
@@ -317,12 +346,18 @@ class ReachClient:
                    labels: Mapping[str, str] | None = None, conversation_id: str | None = None,
                    scope: Scope | str | None = None, preferred_region: str | None = None,
                    idempotent: bool = False, trace_id: str | None = None, extensions: Mapping[str, Any] | None = None,
-                   envelope: Envelope | None = None, timeout_ms: int | None = None,
+                   envelope: Envelope | None = None, semantic: bool | None = None, timeout_ms: int | None = None,
                    connect_timeout_ms: int | None = None, read_timeout_ms: int | None = None) -> CallResult:
         """Resolve and call an agent directly; :mod:`node.client.delivery` has the retry rules.
 
-        ``envelope`` sends a prepared envelope (e.g. ``incoming.child(...)``, which carries the
-        trace and hop count); otherwise one is built from ``payload``/``operation``. Raises
+        ``capability`` routes the call (an agent offering it by name; else, unless
+        ``semantic=False``, the semantic fallback reads it as plain language); ``payload`` is the
+        business data. ``operation`` is the envelope's operation, what the agent dispatches on
+        (default: the capability). Only ``idempotent=True`` calls are retried. The target gets
+        the envelope with ``Authorization: Bearer <route credential>``; the result says who
+        answered and how it was found (``result.match``). A call never goes to the calling agent
+        itself. ``envelope`` sends a prepared envelope (e.g. ``incoming.child(...)``, which
+        carries the trace and hop count) instead of building one. Raises
         :class:`CallFailed` (``CallRejected``, ``CallTimeout``), :class:`NoAgentAvailable`,
         :class:`NodeUnreachable`, and before sending :class:`HopLimitExceeded` or
         :class:`EnvelopeExpired`.
@@ -345,21 +380,22 @@ class ReachClient:
             capability = envelope.operation if not target or pattern else None
         if conversation_id is None and isinstance(envelope.extensions.get("conversation_id"), str):
             conversation_id = envelope.extensions["conversation_id"]
-        envelope = self._forwarded(envelope)
+        envelope = forwarded(envelope, max_hops=settings.max_hops)
         idempotent = envelope.idempotent or idempotent
-        request = self._route_request(capability=capability, agent_id=agent_id, pattern=pattern, version=version,
+        request = route_request(capability=capability, agent_id=agent_id, pattern=pattern, version=version,
                                       labels=labels, conversation_id=conversation_id, scope=scope,
-                                      preferred_region=preferred_region, exclude=None, trace_id=envelope.trace_id)
+                                      preferred_region=preferred_region, exclude=None, trace_id=envelope.trace_id,
+                                      semantic=settings.semantic if semantic is None else semantic)
         limits = AttemptLimits(connect_timeout_s=(connect_timeout_ms or settings.connect_timeout_ms) / 1000,
                                read_timeout_s=(read_timeout_ms or settings.read_timeout_ms) / 1000,
                                max_response_bytes=settings.max_response_bytes, owner="this client's")
         delivery = await deliver(
-            envelope, Failover(request, resolve=self._resolve, breakers=self._target_breakers),
+            envelope, Failover(request, resolve=self._resolve, breakers=self._target_breakers, issue=self._issue),
             session=self._open_session, limits=limits, deadline=deadline,
             pacing=Pacing(self.retry_policy, self.rng, clock=self.clock, sleep=self._backoff),
             max_attempts=self.retry_policy.max_attempts if idempotent else 1,
             on_attempt=lambda tried: self._after_attempt(envelope, tried))
-        return self._call_result(envelope, delivery, idempotent=idempotent, overall_s=overall_s)
+        return call_result(envelope, delivery, idempotent=idempotent, overall_s=overall_s)
 
     async def send(self, envelope: Envelope, *, delivery: str = "sync", version: str | None = None,
                    scope: Scope | str | None = None) -> SendResult:
@@ -388,25 +424,26 @@ class ReachClient:
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
 
-    def _route_request(self, **fields: Any) -> RouteRequest:
-        data = {name: value for name, value in fields.items() if value is not None}
-        if "labels" in data:
-            data["labels"] = dict(data["labels"])
-        try:
-            return RouteRequest.model_validate(data)
-        except ValidationError as exc:
-            first = first_problem(exc)
-            raise ValidationFailed(f"route request {first.field or ''}: {first.message}", field=first.field) from exc
-
     async def _resolve(self, request: RouteRequest, *, fresh: bool = False) -> RouteTicket:
         if not fresh and not request.exclude:
             cached = self._tickets.get(request)
             if cached is not None:
                 return cached
-        ticket = RouteTicket.model_validate(await self._require_api().request("POST", "/v1/resolve", request))
+        try:
+            answer = await self._require_api().request("POST", "/v1/resolve", request)
+        except NoAgentAvailable:
+            if not request.exclude:  # the node knows nobody for this request: a cached ticket is stale
+                self._tickets.drop(request)
+            raise
+        ticket = RouteTicket.model_validate(answer)
         if not request.exclude:  # a decision that excludes agents answers one call, not the next
             self._tickets.put(request, ticket)
         return ticket
+
+    async def _issue(self, ticket: RouteTicket, target: RouteTarget) -> str:
+        """The route credential of one of ``ticket``'s alternates (``POST /v1/credentials``)."""
+        request = CredentialRequest(signature=ticket.signature, agent_id=target.agent_id)
+        return (await self._require_api().credential(request)).credential
 
     def _open_session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -416,20 +453,6 @@ class ReachClient:
     async def _backoff(self, seconds: float) -> None:
         self.backoffs_s.append(seconds)
         await self.sleep(seconds)
-
-    def _forwarded(self, envelope: Envelope) -> Envelope:
-        """The envelope as sent: refused like the proxy refuses it, then counted as a hop.
-
-        A direct call is a hop too, so A→B→A loops end at ``max_hops`` as they do in the proxy.
-        """
-        if envelope.expired():
-            raise EnvelopeExpired(f"envelope {envelope.id} expired at {envelope.expire_at_ms} ms; send a new one",
-                                  field="expire_at_ms")
-        if envelope.hop_count >= self.settings.max_hops:
-            raise HopLimitExceeded(f"envelope {envelope.id} already made {envelope.hop_count} hops (the limit is "
-                                   f"{self.settings.max_hops}): a loop between agents, or a chain too long",
-                                   field="hop_count")
-        return envelope.forwarded()
 
     def _after_attempt(self, envelope: Envelope, tried: Tried) -> None:
         """The outcome sink: this client's breaker, the tickets, and the node's reports and trace."""
@@ -443,48 +466,11 @@ class ReachClient:
         reporter.put(OutcomeReport(signature=ticket.signature, agent_id=target.agent_id, outcome=tried.outcome,
                                    latency_ms=round(tried.latency_ms, 3)))
         if self.settings.record_traces:
-            error = _attempt_error(tried)
+            error = attempt_error(tried)
             reporter.put(RouteEvent(event=RouteEventKind.DELIVERY, at_ms=epoch_ms(), trace_id=envelope.trace_id,
                                     mode="direct", caller=self.agent_id or ticket.caller, envelope_id=envelope.id,
                                     agent_id=target.agent_id, region=target.region, endpoint=target.endpoint,
                                     attempt=tried.index, result=tried.outcome.value, status=tried.status,
                                     latency_ms=round(tried.latency_ms, 3), detail=error[:1000] if error else None))
-
-    def _call_result(self, envelope: Envelope, delivery: Delivery, *, idempotent: bool,
-                     overall_s: float) -> CallResult:
-        """The result of a delivery, or the error that says why there is none."""
-        attempts = [Attempt(t.pick.target.agent_id, t.pick.target.endpoint, t.outcome, t.latency_ms, t.status,
-                            _attempt_error(t)) for t in delivery.tried]
-        what = envelope.operation or "call"
-        answered = delivery.answered
-        if answered is not None and answered.answer is not None:
-            target, answer = answered.pick.target, answered.answer
-            if delivery.end is End.REJECTED:
-                raise CallRejected(f"{target.agent_id} rejected {envelope.operation or 'the call'}: "
-                                   f"{_attempt_error(answered)}", attempts=attempts, trace_id=envelope.trace_id,
-                                   response_status=answer.status, body=answer.decoded())
-            body = answer.decoded()
-            return CallResult(agent_id=target.agent_id, region=target.region, endpoint=target.endpoint,
-                              status=answer.status, body=body,
-                              envelope=None if target.transport == PASSTHROUGH else as_envelope(body),
-                              trace_id=envelope.trace_id, request=envelope, attempts=attempts)
-        if delivery.end is End.TIMED_OUT:
-            raise CallTimeout(f"{what} did not succeed within {overall_s:g}s ({len(attempts)} attempt(s))",
-                              attempts=attempts, trace_id=envelope.trace_id)
-        why = "; ".join(f"{a.agent_id}: {a.error}" for a in attempts) or "no agent to try"
-        retry_note = "" if idempotent else " (not retried: the operation is not marked idempotent)"
-        raise CallFailed(f"{what} failed after {len(attempts)} attempt(s){retry_note}: {why}",
-                         attempts=attempts, trace_id=envelope.trace_id) \
-            from delivery.last_failure or delivery.decision_error
-
-
-def _attempt_error(tried: Tried) -> str | None:
-    """How an attempt's error reads in ``Attempt.error`` and the trace (None when it succeeded)."""
-    if tried.failure is not None:
-        return str(tried.failure)
-    if tried.answer is not None and tried.answer.rejected:
-        return f"HTTP {tried.status}: {str(tried.answer.decoded())[:200]}"
-    return None
-
 
 __all__ = ["CallResult", "ClientState", "ReachClient"]

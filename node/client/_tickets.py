@@ -35,6 +35,10 @@ class TicketCache:
                 self._tickets.pop(stale, None)
         self._tickets[_key(request)] = (ticket, self.clock() + lifetime_s)
 
+    def drop(self, request: RouteRequest) -> None:
+        """Forget the ticket of ``request`` (the node just said nobody serves it)."""
+        self._tickets.pop(_key(request), None)
+
     def evict(self, agent_id: str) -> None:
         """Forget the tickets whose target is ``agent_id`` (it just failed), so the next call asks again."""
         for key in [k for k, (ticket, _) in self._tickets.items() if ticket.target.agent_id == agent_id]:

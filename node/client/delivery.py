@@ -8,6 +8,8 @@ The SDK's direct calls (``ReachClient.call``) and the node's proxy mode (``POST 
 ================  ===========================================  ==========================================
 tickets           ``POST /v1/resolve``; the first one from     ``RegistryNode.resolve`` in process
                   the client's ticket cache
+alternates'       ``POST /v1/credentials``                     ``RegistryNode.issue_credential``
+credentials
 HTTP session      the client's                                 the egress-checked one, plus an
                                                                :class:`EgressGuard` for the static checks
 breakers          the client's own (:class:`Breakers`)         none here: the router that made the
@@ -32,18 +34,23 @@ The decisions, written once:
 * **What is tried, in order.** The ticket's target, its alternates, then fresh decisions (at
   most ``MAX_RESOLVES_PER_PICK + 1`` per attempt) that exclude every agent tried, every agent
   behind an address tried and, when the caller keeps breakers, every agent they hold open.
-  Never an agent id *or an endpoint* already tried in this delivery (two agents behind one
-  address are one failure), never an agent the caller's breaker does not admit. The first
-  decision's error is raised; a later decision that fails (nobody left, the node unreachable)
-  ends the failover with what was tried (:attr:`Delivery.decision_error` keeps why).
+  Untried agents and addresses first (two agents behind one address are one failure), never an
+  agent the caller's breaker does not admit. **When nobody untried is left** — the only instance
+  died — the next attempt, after its backoff, asks for a decision again *without* excluding what
+  was tried, so an instance restarted within the deadline is reached (the breakers, fed by the
+  failures, still keep out an agent that keeps failing). The first decision's error is raised; a
+  later decision that fails (the node unreachable, nobody at all) ends the failover with what
+  was tried (:attr:`Delivery.decision_error` keeps why).
 * **Waits and budget.** Before retry *n* the policy's ``backoff_s(n - 1)``; a wait that would
   pass the deadline ends the delivery as :attr:`End.TIMED_OUT`, and so does a deadline passed
   before an attempt. Each attempt's total timeout is what remains of the deadline, with the
   connect and read timeouts of :class:`AttemptLimits` inside it.
 * **What is sent.** Envelope transports get the envelope with ``target_agent`` set to the agent
-  tried; ``passthrough`` targets get the raw payload. Headers: ``Content-Type``,
-  ``X-Reach-Trace-Id``, ``X-Reach-Envelope-Id`` and ``X-Reach-Hop-Count`` — the envelope's hop
-  count as sent, i.e. already counting this hop (the caller forwards the envelope first).
+  tried; ``passthrough`` targets get the raw payload. Headers: ``Authorization: Bearer <route
+  credential>`` (the target's, from the ticket; an alternate's is issued when it is picked, by
+  the caller's ``issue``), ``Content-Type``, ``X-Reach-Trace-Id``, ``X-Reach-Envelope-Id`` and
+  ``X-Reach-Hop-Count`` — the envelope's hop count as sent, i.e. already counting this hop (the
+  caller forwards the envelope first).
 * **Redirects are never followed.** A 3xx fails the attempt: following it would re-send the body
   to an address nobody registered and no egress policy judged. Register the final URL.
 * **Answers are bounded.** The body is counted as it arrives; past ``max_response_bytes`` the
@@ -67,7 +74,7 @@ import aiohttp
 import orjson
 
 from ..envelope import PASSTHROUGH, Envelope, raw_payload
-from ..errors import NodeError
+from ..errors import NoAgentAvailable, NodeError
 from ..models import Outcome, RouteRequest, RouteTarget, RouteTicket
 from ._retry import RetryPolicy, Sleep
 
@@ -155,6 +162,8 @@ async def attempt(session: aiohttp.ClientSession, target: RouteTarget, envelope:
         content_type = "application/json"
     headers = {"Content-Type": content_type, "X-Reach-Trace-Id": envelope.trace_id,
                "X-Reach-Envelope-Id": envelope.id, "X-Reach-Hop-Count": str(envelope.hop_count)}
+    if target.credential is not None:
+        headers["Authorization"] = f"Bearer {target.credential}"
     timeout = aiohttp.ClientTimeout(total=remaining_s, sock_connect=limits.connect_timeout_s,
                                     sock_read=limits.read_timeout_s)
     if guard is not None:
@@ -225,6 +234,12 @@ class Resolve(Protocol):
     def __call__(self, request: RouteRequest, *, fresh: bool) -> Awaitable[RouteTicket]: ...
 
 
+class Issue(Protocol):
+    """The route credential of ``target``, one of ``ticket``'s alternates (the target's came with it)."""
+
+    def __call__(self, ticket: RouteTicket, target: RouteTarget) -> Awaitable[str]: ...
+
+
 class Breakers(Protocol):
     """A caller's own breakers: which targets they admit now, and which they hold open."""
 
@@ -246,13 +261,15 @@ class Pick:
 class Failover:
     """The targets of one delivery, in the order the module docstring gives."""
 
-    def __init__(self, request: RouteRequest, *, resolve: Resolve, breakers: Breakers | None = None) -> None:
+    def __init__(self, request: RouteRequest, *, resolve: Resolve, breakers: Breakers | None = None,
+                 issue: Issue | None = None) -> None:
         self.request = request
         self.tried: list[str] = []
         self.tried_endpoints: set[str] = set()
         self.decision_error: NodeError | None = None  # why a later decision found nobody
         self._resolve = resolve
         self._breakers = breakers
+        self._issue = issue
         self._queue: list[Pick] = []
         self._behind_tried_endpoints: set[str] = set()  # agents skipped: their address failed already
         self._started = False
@@ -267,23 +284,60 @@ class Failover:
             while self._queue:
                 pick = self._queue.pop(0)
                 if self._untried(pick.target) and self._admits(pick.target.agent_id):
-                    if self._breakers is not None:
-                        self._breakers.issued(pick.target.agent_id)
-                    self.tried.append(pick.target.agent_id)
-                    self.tried_endpoints.add(pick.target.endpoint)
-                    return pick
+                    chosen = await self._chosen(pick)
+                    if chosen is not None:
+                        return chosen
             # Next decision: without the agents tried, those behind a tried address, those held open.
             skipped = sorted(self._behind_tried_endpoints - set(self.tried))
-            held_open = sorted(set(self._breakers.open_agents()) - set(self.tried)) if self._breakers else []
-            exclude = list(dict.fromkeys([*self.tried, *skipped, *held_open]))[:MAX_EXCLUDE]
+            exclude = list(dict.fromkeys([*self.tried, *skipped, *self._held_open()]))[:MAX_EXCLUDE]
             try:
                 ticket = await self._resolve(self.request.model_copy(update={"exclude": exclude}), fresh=True)
+            except NoAgentAvailable as exc:
+                return await self._again(exc) if self.tried else self._none_left(exc)
             except NodeError as exc:
-                self.decision_error = exc
-                return None
+                return self._none_left(exc)
             self._queue.extend(Pick(ticket, target) for target in (ticket.target, *ticket.alternates)
                                if self._untried(target))
         return None
+
+    async def _again(self, nobody_untried: NoAgentAvailable) -> Pick | None:
+        """Nobody untried is left: decide again without excluding the agents tried (a sole
+        instance that died may be back), keeping out only what the breakers hold open."""
+        held_open = sorted(self._breakers.open_agents()) if self._breakers is not None else []
+        try:
+            ticket = await self._resolve(self.request.model_copy(update={"exclude": held_open[:MAX_EXCLUDE]}),
+                                         fresh=True)
+        except NodeError as exc:
+            return self._none_left(nobody_untried if isinstance(exc, NoAgentAvailable) else exc)
+        for target in (ticket.target, *ticket.alternates):
+            if self._admits(target.agent_id):
+                chosen = await self._chosen(Pick(ticket, target))
+                if chosen is not None:
+                    return chosen
+        return self._none_left(nobody_untried)
+
+    async def _chosen(self, pick: Pick) -> Pick | None:
+        """``pick`` with its route credential, counted as tried; None if no credential could be had."""
+        if pick.target.credential is None and self._issue is not None:
+            try:
+                credential = await self._issue(pick.ticket, pick.target)
+            except NodeError as exc:
+                self.decision_error = exc
+                return None
+            pick = Pick(pick.ticket, pick.target.model_copy(update={"credential": credential}))
+        if self._breakers is not None:
+            self._breakers.issued(pick.target.agent_id)
+        if pick.target.agent_id not in self.tried:
+            self.tried.append(pick.target.agent_id)
+        self.tried_endpoints.add(pick.target.endpoint)
+        return pick
+
+    def _none_left(self, why: NodeError) -> None:
+        self.decision_error = why
+        return None
+
+    def _held_open(self) -> list[str]:
+        return sorted(set(self._breakers.open_agents()) - set(self.tried)) if self._breakers else []
 
     def _untried(self, target: RouteTarget) -> bool:
         if target.agent_id in self.tried:
@@ -395,5 +449,5 @@ async def deliver(envelope: Envelope, failover: Failover, *, session: Callable[[
 
 
 __all__ = ["MAX_EXCLUDE", "MAX_RESOLVES_PER_PICK", "AttemptError", "AttemptLimits", "Breakers", "Delivery",
-           "EgressGuard", "End", "Failover", "Pacing", "Pick", "Resolve", "TargetAnswer", "Tried", "attempt",
+           "EgressGuard", "End", "Failover", "Issue", "Pacing", "Pick", "Resolve", "TargetAnswer", "Tried", "attempt",
            "deliver"]

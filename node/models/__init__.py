@@ -14,9 +14,9 @@ One concept per module, every name importable from here (``from node.models impo
     versions   capability versions and version constraints
     records    registrations, heartbeats and the records a region stores, lists, snapshots
     changes    one change of a region (ChangeEvent)
-    routing    route requests, route tickets, outcome reports
+    routing    route requests, route tickets, alternates' credentials, outcome reports
     search     natural-language search answers
-    tokens     token claims and roles, the JSON error body
+    tokens     token claims and roles, route-credential claims, who may call, the JSON error body
 """
 
 from __future__ import annotations
@@ -70,6 +70,8 @@ from .records import (
     Status,
 )
 from .routing import (
+    CredentialRequest,
+    IssuedCredential,
     Locality,
     Match,
     MatchKind,
@@ -82,18 +84,29 @@ from .routing import (
     Scope,
 )
 from .search import SearchHit, SearchResponse
-from .tokens import ErrorBody, TokenClaims, TokenRole
+from .tokens import (
+    KEY_ID_PATTERN,
+    CallClaims,
+    ErrorBody,
+    KeySet,
+    PublicKey,
+    TokenClaims,
+    TokenRole,
+    caller_may_call,
+    key_region,
+    usable_keys,
+)
 from .versions import VersionConstraint, parse_version, version_constraint
 
 __all__ = [
     "AGENT_ID_PATTERN", "AGENT_ID_RE", "AGENT_PATTERN_RE", "AgentId", "AgentList", "AgentRecord",
-    "CAPABILITY_NAME_PATTERN", "Capability", "ChangeEvent", "ChangeKind", "Count", "DEFAULT_FAILURE_THRESHOLD",
+    "CAPABILITY_NAME_PATTERN", "CallClaims", "Capability", "CredentialRequest", "IssuedCredential", "ChangeEvent", "ChangeKind", "Count", "DEFAULT_FAILURE_THRESHOLD",
     "DEFAULT_LEASE_TTL_MS", "DEFAULT_PROBE_INTERVAL_MS", "DEFAULT_PROBE_TIMEOUT_MS", "DEFAULT_SUCCESS_THRESHOLD",
     "DEFAULT_WEIGHT", "DeleteReason", "EndpointName", "ErrorBody", "Heartbeat", "HeartbeatResponse", "INT64_MAX",
-    "JsonValue", "LABEL_KEY_PATTERN", "Load", "Locality", "LongText", "MAX_JSON_DEPTH", "MAX_LEASE_TTL_MS",
+    "JsonValue", "KEY_ID_PATTERN", "KeySet", "LABEL_KEY_PATTERN", "Load", "Locality", "LongText", "MAX_JSON_DEPTH", "MAX_LEASE_TTL_MS",
     "MIN_LEASE_TTL_MS", "MULTI_LINE_PATTERN", "Match", "MatchKind", "Millis", "Outcome", "OutcomeReport",
-    "OutcomeReports", "Probe", "REGION_PATTERN", "ROUTABLE_STATUSES", "Region", "RegisterResponse", "Registration",
+    "OutcomeReports", "Probe", "PublicKey", "REGION_PATTERN", "ROUTABLE_STATUSES", "Region", "RegisterResponse", "Registration",
     "RouteRequest", "RouteTarget", "RouteTicket", "SINGLE_LINE_PATTERN", "Scope", "SearchHit", "SearchResponse",
     "ShortText", "Snapshot", "Status", "Strict", "TRACE_ID_PATTERN", "TRANSPORT_PATTERN", "TokenClaims", "TokenRole",
-    "VersionConstraint", "check_json_value", "compile_pattern", "parse_version", "version_constraint",
+    "VersionConstraint", "caller_may_call", "check_json_value", "compile_pattern", "key_region", "parse_version", "usable_keys", "version_constraint",
 ]

@@ -120,8 +120,12 @@ class Registration(Strict):
     allowed_callers: list[Annotated[str, Field(max_length=200, pattern=SINGLE_LINE_PATTERN)]] = Field(
         default_factory=list,
         max_length=64,
-        description="Caller patterns allowed to resolve this agent ('payment.*.*', 'admin'); empty = anyone.",
+        description="Caller patterns allowed to resolve and call this agent ('payment.*.*', 'admin'); empty = "
+                    "anyone. The router enforces it, and so does the agent when it verifies route credentials.",
     )
+    semantic_fallback: bool = Field(
+        default=True, description="False: the router's semantic fallback never picks this agent; it is reached "
+                                  "by capability name, pattern or agent_id only.")
     status: Status = Status.READY
 
     @field_validator("endpoints")

@@ -1,6 +1,7 @@
 """Routing at the boundary: what a caller asks for (:class:`RouteRequest`), the signed answer
-(:class:`RouteTicket`) and what the caller reports back (:class:`OutcomeReport`).
-This module does no I/O.
+(:class:`RouteTicket`, whose targets carry route credentials), an alternate's credential
+(:class:`CredentialRequest`, :class:`IssuedCredential`) and what the caller reports back
+(:class:`OutcomeReport`). This module does no I/O.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from .versions import version_constraint
 
 
 class Scope(str, enum.Enum):
+    """Which regions a request looks at: ``local`` this region only; ``local-first`` this region,
+    then the peers nearest first when it cannot serve (the default of resolve, send and list);
+    ``global`` every region as one pool (the default of search)."""
+
     LOCAL = "local"
     LOCAL_FIRST = "local-first"
     GLOBAL = "global"
@@ -32,7 +37,8 @@ class RouteRequest(Strict):
     labels: dict[Annotated[str, Field(max_length=63)], ShortText] = Field(default_factory=dict, max_length=32)
     preferred_region: Region | None = None
     scope: Scope = Scope.LOCAL_FIRST
-    semantic: bool = True
+    semantic: bool = Field(default=True, description="False: never the semantic fallback, only an agent that "
+                                                      "has the capability by name (or the agent_id or pattern).")
     exclude: list[AgentId] = Field(default_factory=list, max_length=64)
     trace_id: str | None = Field(default=None, pattern=TRACE_ID_PATTERN,
                                  description="Join a collaboration's trace: the decision is recorded in it.")
@@ -79,9 +85,16 @@ class RouteTarget(Strict):
     callback_endpoint: str | None = None
     locality: Locality = Locality.LOCAL
     stale: bool = False
+    credential: str | None = Field(
+        default=None, description="The route credential for this target: send it as 'Authorization: Bearer "
+                                  "<credential>'. The ticket's target carries one; an alternate's is issued when "
+                                  "the caller fails over to it (POST /v1/credentials).")
 
 
 class Match(Strict):
+    """How the target was found: by name (``exact``, ``pattern``, ``agent_id``) or by the semantic
+    fallback (``semantic``, with its ``score``), and which of its capabilities matched."""
+
     kind: MatchKind
     capability: str | None = None
     version: str | None = None
@@ -101,6 +114,21 @@ class RouteTicket(Strict):
     expires_at_ms: int
     caller: str
     signature: str = Field(description="Opaque token; send it back with outcome reports.")
+
+
+class CredentialRequest(Strict):
+    """Ask for the route credential of one of a ticket's alternates (the target's came with it)."""
+
+    signature: str = Field(max_length=4_000, description="The ticket's signature.")
+    agent_id: AgentId = Field(description="The alternate to be called.")
+
+
+class IssuedCredential(Strict):
+    """A route credential for one target of a ticket; it expires with the ticket."""
+
+    agent_id: AgentId
+    credential: str
+    expires_at_ms: int
 
 
 class Outcome(str, enum.Enum):

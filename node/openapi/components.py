@@ -15,9 +15,12 @@ from ..models import (
     AgentList,
     AgentRecord,
     ChangeEvent,
+    CredentialRequest,
     ErrorBody,
     Heartbeat,
     HeartbeatResponse,
+    IssuedCredential,
+    KeySet,
     OutcomeReport,
     OutcomeReports,
     RegisterResponse,
@@ -35,6 +38,7 @@ from .shapes import (
     ExportedAgentCard,
     FederationStatus,
     Health,
+    KeyRotated,
     QuarantineList,
     Ready,
     Regions,
@@ -49,7 +53,7 @@ _MODELS: list[type[BaseModel]] = [
     RouteTicket, OutcomeReport, OutcomeReports, Snapshot, ErrorBody, SearchResponse, CardRegistration, Envelope,
     SendAccepted, RouteEvents, Trace, Policy, ChangeEvent, Deregistered, Accepted, Regions, QuarantineList,
     VectorRequest, VectorResponse, FederationStatus, ExportedAgentCard, Health, Ready, Unready, WatchHello,
-    WatchOverflow,
+    WatchOverflow, CredentialRequest, IssuedCredential, KeySet, KeyRotated,
 ]
 
 

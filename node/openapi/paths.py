@@ -4,7 +4,8 @@ statuses it can answer. ``build_openapi`` leaves out what a node does not serve.
 
 from __future__ import annotations
 
-from ..models import INT64_MAX, Scope
+from ..credentials import JWKS_PATH
+from ..models import INT64_MAX, KEY_ID_PATTERN, Scope
 from ..search import DEFAULT_SEARCH_K, MAX_SEARCH_K
 from .operations import (
     AGENT_ID,
@@ -48,7 +49,7 @@ def _agents() -> Paths:
                                  query("label", {"type": "array", "items": {"type": "string",
                                                                             "pattern": "^[^=]+=[\\s\\S]*$"}},
                                        "key=value; repeat it for several labels", style="form", explode=True),
-                                 scope_query(Scope.LOCAL), ROUTABLE]),
+                                 scope_query(Scope.LOCAL_FIRST), ROUTABLE]),
         },
         "/v1/agents/{agent_id}": {
             "get": operation("One agent (local or remote)", {"200": json_answer("AgentRecord", "The record")},
@@ -91,6 +92,14 @@ def _routing() -> Paths:
                               {"200": json_answer("RouteTicket", "Call target; fail over to alternates")},
                               body="RouteRequest", errors=(404,),
                               notes={404: "No agent available (details.stages says why per stage)"}),
+        },
+        "/v1/credentials": {
+            "post": operation("The route credential of one of a ticket's alternates",
+                              {"200": json_answer("IssuedCredential", "Send it as 'Authorization: Bearer …' to that "
+                                                                      "agent; it expires with the ticket")},
+                              body="CredentialRequest", errors=(403,),
+                              notes={403: "The signature is not a ticket of this cluster, names another agent, was "
+                                          "issued to another caller, or has expired"}),
         },
         "/v1/reports": {
             "post": operation("Report call outcomes (one report or a batch)",
@@ -142,6 +151,11 @@ def _feeds() -> Paths:
         "/v1/federation/status": {
             "get": operation("Federation: this region's watermark and digest, publisher, consumer, anti-entropy, "
                              "peers", {"200": json_answer("FederationStatus", "OK")}, errors=(503,)),
+        },
+        "/v1/admin/keys/rotate": {
+            "post": operation("Sign route credentials with a new key from now on; the old key verifies until the "
+                              "credentials it signed expired", {"200": json_answer("KeyRotated", "Rotated")},
+                              errors=(403, 503), notes={403: "Admin tokens only"}),
         },
         "/v1/admin/quarantine": {
             "get": operation("Stored records and events that do not parse, skipped by every reader",
@@ -202,6 +216,13 @@ def _service() -> Paths:
     return {
         "/v1/openapi.json": {"get": operation("This document", {"200": json_answer(None, "The OpenAPI document")},
                                               public=True)},
+        JWKS_PATH: {"get": operation(
+            "The public keys route credentials valid in this region are signed with (this region's and its peers')",
+            {"200": json_answer("KeySet", "A JWK Set: Ed25519 keys for EdDSA, kid = <region>.<thumbprint>")},
+            errors=(422,), public=True, parameters=[
+                query("kid", {"type": "string", "pattern": KEY_ID_PATTERN},
+                      "A key the caller needs: a peer's key this node does not hold yet is fetched from that peer "
+                      "first")])},
         "/healthz": {"get": operation("Process liveness", {"200": json_answer("Health", "Alive")}, public=True)},
         "/readyz": {"get": operation("Readiness (cache loaded, Redis reachable)",
                                      {"200": json_answer("Ready", "Ready"),

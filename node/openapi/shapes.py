@@ -28,6 +28,14 @@ class Accepted(Shape):
     accepted: int = Field(ge=0)
 
 
+class KeyRotated(Shape):
+    """``POST /v1/admin/keys/rotate``: the key this node signs route credentials with from now on."""
+
+    region: str
+    kid: str = Field(description="<region>.<thumbprint>; the old key stays in the key set until its lease ends")
+    rotations: int = Field(ge=0, description="Rotations by this node since it started")
+
+
 class Regions(Shape):
     """``GET /v1/regions``: this node and, with federation, its view of every peer."""
 

@@ -1,0 +1,116 @@
+"""The parts of ``ReachClient.call()`` around the delivery: the route request, the envelope as
+sent, and what it returns (:class:`CallResult`) or raises once the delivery ended."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..envelope import PASSTHROUGH, Envelope, EnvelopeExpired, HopLimitExceeded
+from ..errors import ValidationFailed, first_problem
+from ..models import Match, MatchKind, RouteRequest
+from ._errors import Attempt, CallFailed, CallRejected, CallTimeout
+from ._http import as_envelope
+from .delivery import Delivery, End, Tried
+
+
+@dataclass(slots=True)
+class CallResult:
+    """A successful call: who answered, what, how the route was found, and the attempts it took.
+
+    ``match`` is the answering target's ticket's: ``match.kind`` says whether the agent had the
+    capability by name (``exact``), was named (``agent_id``, ``pattern``) or was found by the
+    semantic fallback (``semantic``, with ``match.score``); ``match.capability`` is the
+    capability of the agent that matched.
+    """
+
+    agent_id: str
+    region: str
+    endpoint: str
+    status: int
+    body: Any
+    envelope: Envelope | None
+    trace_id: str
+    request: Envelope
+    match: Match
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def payload(self) -> Any:
+        """The response envelope's payload, or the raw body when the target is not envelope-aware."""
+        return self.envelope.payload if self.envelope is not None else self.body
+
+    @property
+    def semantic(self) -> bool:
+        """Whether the semantic fallback chose the agent (nobody had the capability by name)."""
+        return self.match.kind is MatchKind.SEMANTIC
+
+
+def route_request(**fields: Any) -> RouteRequest:
+    """A :class:`RouteRequest` of the fields given (None: left out); raises ValidationFailed naming the field."""
+    data = {name: value for name, value in fields.items() if value is not None}
+    if "labels" in data:
+        data["labels"] = dict(data["labels"])
+    try:
+        return RouteRequest.model_validate(data)
+    except ValidationError as exc:
+        first = first_problem(exc)
+        raise ValidationFailed(f"route request {first.field or ''}: {first.message}", field=first.field) from exc
+
+
+def forwarded(envelope: Envelope, *, max_hops: int) -> Envelope:
+    """The envelope as sent: refused like the proxy refuses it, then counted as a hop.
+
+    A direct call is a hop too, so A→B→A loops end at ``max_hops`` as they do in the proxy.
+    """
+    if envelope.expired():
+        raise EnvelopeExpired(f"envelope {envelope.id} expired at {envelope.expire_at_ms} ms; send a new one",
+                              field="expire_at_ms")
+    if envelope.hop_count >= max_hops:
+        raise HopLimitExceeded(f"envelope {envelope.id} already made {envelope.hop_count} hops (the limit is "
+                               f"{max_hops}): a loop between agents, or a chain too long", field="hop_count")
+    return envelope.forwarded()
+
+
+def call_result(envelope: Envelope, delivery: Delivery, *, idempotent: bool, overall_s: float) -> CallResult:
+    """The result of a delivery, or the error that says why there is none."""
+    attempts = [Attempt(t.pick.target.agent_id, t.pick.target.endpoint, t.outcome, t.latency_ms, t.status,
+                        attempt_error(t)) for t in delivery.tried]
+    what = envelope.operation or "call"
+    answered = delivery.answered
+    if answered is not None and answered.answer is not None:
+        target, answer = answered.pick.target, answered.answer
+        if delivery.end is End.REJECTED:
+            raise CallRejected(f"{target.agent_id} rejected {envelope.operation or 'the call'}: "
+                               f"{attempt_error(answered)}", attempts=attempts, trace_id=envelope.trace_id,
+                               response_status=answer.status, body=answer.decoded())
+        body = answer.decoded()
+        return CallResult(agent_id=target.agent_id, region=target.region, endpoint=target.endpoint,
+                          status=answer.status, body=body,
+                          envelope=None if target.transport == PASSTHROUGH else as_envelope(body),
+                          trace_id=envelope.trace_id, request=envelope, match=answered.pick.ticket.match,
+                          attempts=attempts)
+    if delivery.end is End.TIMED_OUT:
+        raise CallTimeout(f"{what} did not succeed within {overall_s:g}s ({len(attempts)} attempt(s))",
+                          attempts=attempts, trace_id=envelope.trace_id)
+    why = "; ".join(f"{a.agent_id}: {a.error}" for a in attempts) or "no agent to try"
+    if delivery.decision_error is not None and attempts:  # why nobody else was tried
+        why += f"; then nobody else to try: {delivery.decision_error.message}"
+    retry_note = "" if idempotent else " (not retried: the operation is not marked idempotent)"
+    raise CallFailed(f"{what} failed after {len(attempts)} attempt(s){retry_note}: {why}",
+                     attempts=attempts, trace_id=envelope.trace_id) \
+        from delivery.last_failure or delivery.decision_error
+
+
+def attempt_error(tried: Tried) -> str | None:
+    """How an attempt's error reads in ``Attempt.error`` and the trace (None when it succeeded)."""
+    if tried.failure is not None:
+        return str(tried.failure)
+    if tried.answer is not None and tried.answer.rejected:
+        return f"HTTP {tried.status}: {str(tried.answer.decoded())[:200]}"
+    return None
+
+
+__all__ = ["CallResult", "attempt_error", "call_result", "forwarded", "route_request"]

@@ -1,0 +1,246 @@
+"""Route credentials over real HTTP: the called agent knows who calls it, without the cluster secret.
+
+Agents here are the SDK's :class:`AgentHost` (which verifies with :class:`CallVerifier`) on real
+ports, registered with real nodes; calls come from the SDK (direct), from proxy mode and from a
+plain HTTP client that skips the registry. A two-region pair over the embedded Kafka shows a
+credential issued in one region verifying at an agent of the other; a rotation keeps the
+credentials already handed out valid.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import aiohttp
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from node.client import CallFailed, CallVerifier, CredentialRejected, ReachClient
+from node.client.host import AgentHost
+from node.clock import now_ms
+from node.credentials import JWKS_PATH, RegionKeys
+from node.envelope import Envelope
+from node.models import Capability, TokenClaims, TokenRole
+from node.store import RegionStore
+from topology import EmbeddedKafka
+
+from .conftest import TEST_SECRET
+from .helpers import AgentServer, Pair, RunningNode, registration, wait_for
+
+
+def _registration(agent_id: str, capability: str = "cred.echo", **extra: Any) -> dict[str, Any]:
+    return {"agent_id": agent_id, "description": f"echoes for {agent_id}",
+            "capabilities": [Capability(name=capability)], **extra}
+
+
+async def _echo(envelope: Envelope) -> dict[str, Any]:
+    return {"caller": envelope.source_agent, "payload": envelope.payload}
+
+
+async def _post(url: str, *, authorization: str | None = None, envelope: Envelope | None = None
+                ) -> tuple[int, dict[str, Any]]:
+    headers = {"Content-Type": "application/json"}
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url, data=(envelope or Envelope(payload={})).to_json(), headers=headers) as response:
+            return response.status, await response.json()
+
+
+async def test_direct_calls_need_a_credential_for_this_agent_that_has_not_expired(node: RunningNode) -> None:
+    async with AgentHost(_registration("cred.echo.one"), _echo, node_url=node.url,
+                         token=node.token("cred.echo.one")) as one, \
+               AgentHost(_registration("cred.echo.two", capability="cred.other"), _echo, node_url=node.url,
+                         token=node.token("cred.echo.two")) as two:
+        invoke = f"{one.url}/invoke"
+        # Anyone who knows the endpoint and skips the registry: no credential, 401.
+        status, body = await _post(invoke)
+        assert (status, body["error"]) == (401, "credential_missing"), body
+        status, body = await _post(invoke, authorization="Bearer not-a-jwt")
+        assert (status, body["error"]) == (401, "credential_invalid"), body
+
+        # Through the SDK: the credential names the caller, and the handler sees it as source_agent.
+        async with ReachClient(node.url, token=node.token("billing.front.web", TokenRole.CALLER)) as caller:
+            result = await caller.call("cred.echo", {"n": 1})
+            ticket = await caller.resolve("cred.echo")
+        assert result.status == 200 and result.payload == {"caller": "billing.front.web", "payload": {"n": 1}}
+        assert ticket.target.credential is not None
+
+        # The credential of one agent, shown to another: 403.
+        status, body = await _post(f"{two.url}/invoke", authorization=f"Bearer {ticket.target.credential}")
+        assert (status, body["error"]) == (403, "wrong_agent"), body
+
+        # Expired (issued by the node's own key, ten seconds gone): 401.
+        keys = node.node.keys
+        gone = now_ms() - 10_000
+        expired = keys.issue(caller=TokenClaims(sub="billing.front.web", role=TokenRole.CALLER, iat=0, exp=2**40),
+                             agent_id="cred.echo.one", capability="cred.echo", ticket_id="0123456789abcdef",
+                             index=0, expires_at_ms=gone, now_ms_=gone - 10_000)
+        status, body = await _post(invoke, authorization=f"Bearer {expired}")
+        assert (status, body["error"]) == (401, "credential_expired"), body
+
+        # Signed by a key the region does not publish, under the region's own key id: 401.
+        forged = jwt.encode({"iss": node.node.region, "sub": "admin", "rol": "admin", "aud": "cred.echo.one",
+                             "tid": "x", "jti": "x.0", "iat": int(time.time()), "exp": int(time.time()) + 60},
+                            Ed25519PrivateKey.generate(), algorithm="EdDSA", headers={"kid": keys.current.kid})
+        status, body = await _post(invoke, authorization=f"Bearer {forged}")
+        assert (status, body["error"]) == (401, "credential_invalid"), body
+        # An HMAC "credential" (the algorithm-confusion attack) is refused before any key is used.
+        confused = jwt.encode({"aud": "cred.echo.one"}, "s" * 32, algorithm="HS256", headers={"kid": keys.current.kid})
+        status, body = await _post(invoke, authorization=f"Bearer {confused}")
+        assert (status, body["error"]) == (401, "credential_invalid"), body
+        assert one.refused == {"credential_missing": 1, "credential_invalid": 3, "credential_expired": 1}
+        assert two.refused == {"wrong_agent": 1}
+
+
+async def test_the_target_enforces_allowed_callers(node: RunningNode) -> None:
+    restricted = _registration("cred.vault.one", capability="cred.vault", allowed_callers=["fin.*.*"])
+    async with AgentHost(restricted, _echo, node_url=node.url, token=node.token("cred.vault.one")) as vault:
+        async with ReachClient(node.url, token=node.token("fin.books.app", TokenRole.CALLER)) as insider:
+            assert (await insider.call("cred.vault", {})).payload["caller"] == "fin.books.app"
+        # The router never hands an outsider a ticket; a credential minted for one anyway (as a
+        # node of the cluster could) is refused by the agent itself.
+        outsider = TokenClaims(sub="ops.tool.cli", role=TokenRole.CALLER, iat=0, exp=2**40)
+        now = now_ms()
+        credential = node.node.keys.issue(caller=outsider, agent_id="cred.vault.one", capability="cred.vault",
+                                          ticket_id="fedcba9876543210", index=0, expires_at_ms=now + 10_000,
+                                          now_ms_=now)
+        status, body = await _post(f"{vault.url}/invoke", authorization=f"Bearer {credential}")
+        assert (status, body["error"]) == (403, "caller_not_allowed"), body
+
+
+async def test_proxied_calls_and_failovers_carry_credentials_too(node: RunningNode) -> None:
+    dead = await AgentServer("dead").start()
+    await dead.aclose()  # its port refuses connections: the caller fails over
+    await node.register(registration("cred.proxy.dead", capability="cred.proxy", endpoint=f"{dead.url}/invoke",
+                                     weight=10_000))
+    async with AgentHost(_registration("cred.proxy.live", capability="cred.proxy", weight=1), _echo,
+                         node_url=node.url, token=node.token("cred.proxy.live")) as live:
+        token = node.token("app.caller.one", TokenRole.CALLER)
+        async with ReachClient(node.url, token=token, sleep=_no_wait) as caller:
+            ticket = await caller.resolve("cred.proxy", fresh=True)
+            result = await caller.call("cred.proxy", {"via": "sdk"}, idempotent=True)
+        assert ticket.target.agent_id == "cred.proxy.dead" and ticket.alternates[0].credential is None
+        # the alternate's credential was issued when the call failed over to it
+        assert [a.agent_id for a in result.attempts] == ["cred.proxy.dead", "cred.proxy.live"]
+        assert result.payload == {"caller": "app.caller.one", "payload": {"via": "sdk"}}
+
+        envelope = Envelope(operation="cred.proxy", payload={"via": "proxy"}, idempotent=True)
+        async with node.session.post("/v1/send", data=envelope.to_json(),
+                                     headers={**node.headers(token), "Content-Type": "application/json"}) as sent:
+            assert sent.status == 200, await sent.text()
+            answer = await sent.json()
+        assert answer["payload"] == {"caller": "app.caller.one", "payload": {"via": "proxy"}}
+        assert live.refused == {}
+
+        # An alternate's credential goes only to the ticket's caller, for an agent it names.
+        body = {"signature": ticket.signature, "agent_id": "cred.proxy.live"}
+        status, reply = await node.call("POST", "/v1/credentials", json=body, token=node.token("x.y.z", TokenRole.CALLER))
+        assert (status, reply["error"]) == (403, "forbidden"), reply
+        status, reply = await node.call("POST", "/v1/credentials", json={**body, "agent_id": "cred.proxy.other"},
+                                        token=token)
+        assert (status, reply["error"]) == (403, "agent_not_in_ticket"), reply
+        status, reply = await node.call("POST", "/v1/credentials", json=body, token=token)
+        assert status == 200 and reply["agent_id"] == "cred.proxy.live", reply
+        claims = await CallVerifier(node.url, agent_id="cred.proxy.live").verify(f"Bearer {reply['credential']}")
+        assert (claims.sub, claims.tid, claims.jti, claims.cap) == ("app.caller.one", ticket.ticket_id,
+                                                                    f"{ticket.ticket_id}.1", "cred.proxy")
+
+
+async def _no_wait(seconds: float) -> None:
+    return None
+
+
+async def test_a_rotation_keeps_the_credentials_in_flight_valid(node: RunningNode) -> None:
+    await node.register(registration("cred.rot.one", capability="cred.rot"))
+    verifier = CallVerifier(node.url, agent_id="cred.rot.one", refresh_min_interval_s=0.0)
+    try:
+        status, before = await node.resolve(capability="cred.rot")
+        assert status == 200
+        old = before["target"]["credential"]
+        assert (await verifier.verify(f"Bearer {old}")).sub == "admin"  # the verifier caches the key set now
+        old_kid = node.node.keys.current.kid
+        status, rotated = await node.call("POST", "/v1/admin/keys/rotate")
+        assert status == 200 and rotated["kid"] != old_kid and rotated["rotations"] == 1
+        status, after = await node.resolve(capability="cred.rot")
+        new = after["target"]["credential"]
+        assert jwt.get_unverified_header(new)["kid"] == rotated["kid"] != jwt.get_unverified_header(old)["kid"]
+        # the new key is learnt on first sight; the old one still verifies what it signed
+        assert (await verifier.verify(f"Bearer {new}")).tid == after["ticket_id"]
+        assert (await verifier.verify(f"Bearer {old}")).tid == before["ticket_id"]
+        assert verifier.fetches == 2
+        status, key_set = await node.call("GET", JWKS_PATH, token="ignored")  # public: no token needed
+        assert status == 200 and {old_kid, rotated["kid"]} <= {key["kid"] for key in key_set["keys"]}
+        status, refused = await node.call("POST", "/v1/admin/keys/rotate", token=node.token("a.b.c"))
+        assert (status, refused["error"]) == (403, "admins_only")
+    finally:
+        await verifier.aclose()
+
+
+async def test_an_old_key_leaves_the_key_set_once_its_lease_has_ended(redis_url: str, region: str) -> None:
+    """On an injected clock: a rotated key stays published for its lease, then no longer."""
+    store = RegionStore.from_url(redis_url, region=region)
+    clock = [now_ms()]
+    keys = RegionKeys(store.redis, key_base=store.key_base, region=region, ticket_ttl_ms=10_000,
+                      publish_interval_ms=60_000, clock=lambda: clock[0])
+    try:
+        await keys.start()
+        old = keys.current.kid
+        await keys.rotate()
+        clock[0] += keys.lease_ms - 1  # the old key's last credential may still be valid
+        assert {old, keys.current.kid} <= set(await keys.published(max_age_ms=0))
+        clock[0] += 2
+        published = await keys.published(max_age_ms=0)
+        assert old not in published and keys.current.kid in published
+        assert keys.lease_ms > 3 * 60_000 + 10_000  # outlives every credential signed before the last renewal
+    finally:
+        await keys.aclose()
+        await store.aclose()
+
+
+async def test_a_credential_issued_in_one_region_verifies_at_an_agent_of_the_other(redis_url: str,
+                                                                                    region: str) -> None:
+    async with EmbeddedKafka() as kafka:
+        pair = Pair(redis_url, region, kafka.bootstrap_servers, secret=TEST_SECRET)
+        x, y = pair.names
+        try:
+            node_x, _ = await pair.start(x)
+            node_y, _ = await pair.start(y)
+            async with AgentHost(_registration("cred.far.one", capability="cred.far"), _echo, node_url=node_y.url,
+                                 token=node_y.token("cred.far.one")) as far:
+                caller = node_x.token("app.near.one", TokenRole.CALLER)
+                async with ReachClient(node_x.url, token=caller) as client:
+                    async def reached() -> bool:
+                        try:
+                            return (await client.resolve("cred.far", fresh=True)).target.region == y
+                        except Exception:
+                            return False
+                    await wait_for(reached, timeout_s=20, message=f"cred.far.one reaching region {x}")
+                    ticket = await client.resolve("cred.far")
+                    result = await client.call("cred.far", {"from": x}, idempotent=True)
+                assert jwt.decode(ticket.target.credential, options={"verify_signature": False})["iss"] == x
+                assert result.region == y and result.payload == {"caller": "app.near.one", "payload": {"from": x}}
+                assert far.refused == {}
+                # y's key set holds x's keys (asked for by kid), and only under x's name
+                status, key_set = await node_y.call("GET", JWKS_PATH)
+                regions = {key["kid"].partition(".")[0] for key in key_set["keys"]}
+                assert status == 200 and regions == {x, y}, key_set
+        finally:
+            await pair.aclose()
+
+
+async def test_the_verifier_says_why_it_cannot_verify(node: RunningNode) -> None:
+    verifier = CallVerifier("http://127.0.0.1:9", agent_id="cred.none.one", timeout_s=1.0)
+    credential = (await node.resolve(capability="nothing.here"))[1]
+    assert credential["error"] == "no_agent_available"
+    await node.register(registration("cred.none.one", capability="cred.none"))
+    status, ticket = await node.resolve(capability="cred.none")
+    with pytest.raises(CredentialRejected) as caught:
+        await verifier.verify(f"Bearer {ticket['target']['credential']}")
+    assert caught.value.status == 503 and caught.value.code == "keys_unavailable"
+    await verifier.aclose()
+    with pytest.raises(CallFailed):  # nothing listens at the registered endpoint
+        async with ReachClient(node.url, token=node.admin_token) as client:
+            await client.call("cred.none", {})
