@@ -10,6 +10,8 @@ from .documents import (
     DEFAULT_TEXT_FORMAT,
     Document,
     TextFormat,
+    agent_embedding_text,
+    agent_lexical_text,
     embedding_text,
     lexical_text,
 )
@@ -32,10 +34,12 @@ from .errors import (
 from .index import VectorIndex
 from .lexical import LexicalIndex, LexicalScores, tokenize
 from .search import (
+    DEFAULT_AGENT_LEXICAL_WEIGHT,
+    DEFAULT_AGENT_TEXT_FORMAT,
+    DEFAULT_AGENT_VECTOR_WEIGHT,
     DEFAULT_VECTOR_WEIGHT,
     SUGGESTED_MIN_SCORE_HYBRID,
     SUGGESTED_MIN_SCORE_LEXICAL,
-    Fusion,
     Ranking,
     SearchHit,
     SearchMode,
@@ -43,6 +47,7 @@ from .search import (
     SearchState,
     SearchTimings,
     SemanticSearch,
+    suggested_min_score,
 )
 
 __all__ = [
@@ -53,15 +58,20 @@ __all__ = [
     "SearchMode",
     "SearchState",
     "Ranking",
-    "Fusion",
     "DEFAULT_VECTOR_WEIGHT",
+    "DEFAULT_AGENT_VECTOR_WEIGHT",
+    "DEFAULT_AGENT_LEXICAL_WEIGHT",
+    "DEFAULT_AGENT_TEXT_FORMAT",
     "SUGGESTED_MIN_SCORE_HYBRID",
     "SUGGESTED_MIN_SCORE_LEXICAL",
+    "suggested_min_score",
     "Document",
     "TextFormat",
     "DEFAULT_TEXT_FORMAT",
     "embedding_text",
     "lexical_text",
+    "agent_embedding_text",
+    "agent_lexical_text",
     "Embedder",
     "EmbedderState",
     "EmbedderStats",

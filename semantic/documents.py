@@ -1,13 +1,18 @@
 """Documents: what the semantic index knows about an agent, and the text built from it.
 
 An agent contributes one document per capability plus one for its plain-language description
-(``capability=None``). The texts handed to the embedder and to BM25 are built here, in one place,
-so that the format chosen by measurement (see ``bench/semantic.py``) applies everywhere.
+(``capability=None``). From all of them together the index also builds the agent-level text
+(:func:`agent_embedding_text`, :func:`agent_lexical_text`): display name, description and every
+capability's name, description, tags and examples, so that an agent is found by what it is as a
+whole, not only by its best single capability. The texts handed to the embedder and to BM25 are
+built here, in one place, so that the format chosen by measurement (see ``bench/semantic.py``)
+applies everywhere.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,6 +23,8 @@ __all__ = [
     "DEFAULT_TEXT_FORMAT",
     "embedding_text",
     "lexical_text",
+    "agent_embedding_text",
+    "agent_lexical_text",
     "humanize_name",
 ]
 
@@ -83,11 +90,11 @@ class Document(BaseModel):
 class TextFormat(str, Enum):
     """How a document is flattened into the text that gets embedded.
 
-    Measured on ``tests/data/semantic_eval.json`` with all-MiniLM-L6-v2, vector-only ranking
-    (MRR over 126 queries): ``NAME_DESCRIPTION`` 0.934, ``DESCRIPTION_ONLY`` 0.918, ``FULL``
-    0.910, ``LABELLED`` 0.899. Tags and examples dilute the single vector of a short capability
-    with keyword lists; they still reach the ranking through BM25 (:func:`lexical_text`), which
-    is where exact words belong. Hence the default ``NAME_DESCRIPTION``.
+    Capability documents, measured on ``tests/data/semantic_eval.json`` with all-MiniLM-L6-v2,
+    vector-only ranking of capabilities alone (MRR over 126 queries): ``NAME_DESCRIPTION``
+    0.934, ``DESCRIPTION_ONLY`` 0.918, ``FULL`` 0.910, ``LABELLED`` 0.899: tags and examples
+    dilute the single vector of a short capability with keyword lists. The agent-level text is
+    formatted separately (``SemanticSearch(agent_text_format=...)``); see ``bench/semantic.py``.
     """
 
     DESCRIPTION_ONLY = "description_only"  # the description alone
@@ -134,6 +141,22 @@ def embedding_text(document: Document, text_format: TextFormat = DEFAULT_TEXT_FO
             parts.append(_sentence(", ".join(document.tags)))
         parts.extend(_sentence(example) for example in document.examples)
     return " ".join(parts)
+
+
+def agent_embedding_text(documents: Sequence[Document], text_format: TextFormat = TextFormat.FULL) -> str:
+    """The agent-level text the embedder sees: the description document(s) first, then every
+    capability under ``text_format``, as one passage (the model reads its first 256 word pieces).
+    """
+    parts = [_sentence(embedding_text(document, TextFormat.NAME_DESCRIPTION))
+             for document in documents if document.capability is None]
+    parts.extend(_sentence(embedding_text(document, text_format)) for document in documents
+                 if document.capability is not None)
+    return " ".join(part for part in parts if part)
+
+
+def agent_lexical_text(documents: Sequence[Document]) -> str:
+    """The agent-level text BM25 indexes: every field of every document of the agent."""
+    return "\n".join(lexical_text(document) for document in documents)
 
 
 def lexical_text(document: Document) -> str:

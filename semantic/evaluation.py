@@ -3,7 +3,11 @@
 Used by the tests and by ``bench/semantic.py`` so both report the same numbers. The file format
 is ``tests/data/semantic_eval.json``: agents written as A2A-style skills, and queries labelled
 with the agent (and capability) that should answer them; ``agent_id: null`` marks a query that
-no agent can serve (used to look at absolute scores, excluded from MRR/recall).
+no agent can serve (used to look at absolute scores and refusal, excluded from MRR/recall).
+
+Refusal: a router trusts a top hit only at or above a threshold (``SemanticSearch.suggested_threshold``
+for the search's mode). :func:`evaluate` reports, for the default ranking, the share of
+unanswerable queries that would still be routed and the share of answerable ones refused.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from .documents import Document
-from .search import Ranking, SemanticSearch
+from .search import Ranking, SearchMode, SemanticSearch
 
 __all__ = [
     "EvalCapability",
@@ -130,13 +134,38 @@ class EvalMetrics:
     capability_at_1: float  # top hit is the right agent AND its matched capability is the labelled one
     misses: list[tuple[str, str, list[str]]] = field(default_factory=list)  # (query, expected, top 3)
     correct_top_scores: list[float] = field(default_factory=list)
-    unanswerable_top_scores: list[float] = field(default_factory=list)
+    answerable_top_scores: list[float] = field(default_factory=list)  # 0.0 when nothing was found
+    unanswerable_top_scores: list[float] = field(default_factory=list)  # 0.0 when nothing was found
+    threshold: float | None = None  # the refusal threshold the shares below were taken at
+    unanswerable: int = 0
+
+    @property
+    def routed_unanswerable(self) -> float | None:
+        """Share of unanswerable queries whose top hit reaches the threshold (would be routed)."""
+        if self.threshold is None or not self.unanswerable_top_scores:
+            return None
+        routed = sum(1 for score in self.unanswerable_top_scores if score >= self.threshold)
+        return routed / len(self.unanswerable_top_scores)
+
+    @property
+    def refused_answerable(self) -> float | None:
+        """Share of answerable queries whose top hit stays below the threshold (would be refused)."""
+        if self.threshold is None or not self.answerable_top_scores:
+            return None
+        refused = sum(1 for score in self.answerable_top_scores if score < self.threshold)
+        return refused / len(self.answerable_top_scores)
 
     def line(self) -> str:
-        return (
+        text = (
             f"{self.ranking:>8}: MRR={self.mrr:.3f} recall@1={self.recall_at_1:.3f} "
             f"recall@5={self.recall_at_5:.3f} capability@1={self.capability_at_1:.3f} (n={self.queries})"
         )
+        refused, routed = self.refused_answerable, self.routed_unanswerable
+        if refused is not None:
+            text += f" refused={refused:.3f}"
+        if routed is not None:
+            text += f" routed-unanswerable={routed:.3f} (n={self.unanswerable})"
+        return text
 
 
 async def evaluate(
@@ -144,20 +173,32 @@ async def evaluate(
     queries: Sequence[EvalQuery],
     *,
     ranking: Ranking | None = None,
+    threshold: float | None = None,
 ) -> EvalMetrics:
-    """Search every query and score the rank of its labelled agent (MRR cut off at 10)."""
+    """Search every query and score the rank of its labelled agent (MRR cut off at 10).
+
+    Refusal shares are taken at ``threshold``; by default at ``search.suggested_threshold`` when
+    the ranking is the mode's default (hybrid, or lexical in lexical mode), since the suggested
+    thresholds are calibrated for that score only (None for the diagnostic rankings).
+    """
     reciprocal_ranks: list[float] = []
     at_1 = at_5 = capability_hits = 0
-    metrics = EvalMetrics(ranking="", queries=0, mrr=0.0, recall_at_1=0.0, recall_at_5=0.0, capability_at_1=0.0)
+    default_ranking = Ranking.HYBRID if search.mode is SearchMode.HYBRID else Ranking.LEXICAL
+    if threshold is None and (ranking is None or Ranking(ranking) is default_ranking):
+        threshold = search.suggested_threshold
+    metrics = EvalMetrics(ranking="", queries=0, mrr=0.0, recall_at_1=0.0, recall_at_5=0.0, capability_at_1=0.0,
+                          threshold=threshold)
     chosen: Ranking | None = None
     for labelled in queries:
         result = await search.search(labelled.query, k=MRR_CUTOFF, ranking=ranking)
         chosen = result.ranking
         owners = [hit.owner_id for hit in result.hits]
+        top_score = result.hits[0].score if result.hits else 0.0
         if labelled.agent_id is None:
-            if result.hits:
-                metrics.unanswerable_top_scores.append(result.hits[0].score)
+            metrics.unanswerable += 1
+            metrics.unanswerable_top_scores.append(top_score)
             continue
+        metrics.answerable_top_scores.append(top_score)
         rank = owners.index(labelled.agent_id) + 1 if labelled.agent_id in owners else None
         reciprocal_ranks.append(1.0 / rank if rank else 0.0)
         if rank == 1:
@@ -170,7 +211,8 @@ async def evaluate(
         if rank is not None and rank <= 5:
             at_5 += 1
     count = len(reciprocal_ranks)
-    metrics.ranking = (chosen or Ranking.HYBRID).value
+    # The requested ranking names the row (a hybrid search may rank an unreadable query lexically).
+    metrics.ranking = (Ranking(ranking) if ranking is not None else chosen or Ranking.HYBRID).value
     metrics.queries = count
     if count:
         metrics.mrr = sum(reciprocal_ranks) / count

@@ -3,6 +3,11 @@
 Exact words still matter in a registry ("ocr", "kyc", "sql", a product name), and the embedding
 model does not know every acronym; BM25 supplies that signal to the hybrid ranking.
 
+Terms: Latin-script words are lower-cased and stemmed with the Snowball stemmer (PyStemmer);
+Chinese, Japanese and Korean text, written without spaces, is indexed as overlapping character
+bigrams ("发票查验" -> 发票, 票查, 查验), the usual CJK analysis of search engines (Lucene's
+``CJKBigramFilter``), so a Chinese description is found by a Chinese query without a dictionary.
+
 Postings are kept per term as {slot: term frequency}; each term's postings are also cached as
 two numpy arrays (rebuilt lazily after that term changes), so a query costs a few vectorised
 operations per query term instead of a Python loop over every posting.
@@ -10,15 +15,15 @@ operations per query term instead of a Python loop over every posting.
 
 from __future__ import annotations
 
-import itertools
+import functools
 import math
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import Stemmer
 
-from ._porter import porter_stem
 from .index import top_k_of_scores
 
 __all__ = [
@@ -29,7 +34,9 @@ __all__ = [
     "DEFAULT_K1",
     "DEFAULT_B",
     "DEFAULT_BIGRAMS",
+    "STEMMER_ALGORITHM",
     "index_terms",
+    "mostly_cjk",
 ]
 
 DEFAULT_K1 = 1.2
@@ -37,8 +44,20 @@ DEFAULT_B = 0.75
 DEFAULT_BIGRAMS = True
 _INITIAL_SLOTS = 1024
 
+# Snowball's "english" (Porter2). Measured with the default ranking, lexical ranking MRR on the
+# tuning set (tests/data/semantic_eval.json): english 0.801, porter 0.797 (identical, query for
+# query, to the hand-written Porter stemmer this replaced); hybrid 0.955 for all three. On the
+# blind English set: english 0.747, porter 0.750; hybrid 0.898 vs 0.899.
+STEMMER_ALGORITHM = "english"
+_STEM_CACHE_WORDS = 100_000
+
 _CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
-_WORD = re.compile(r"[a-z0-9]+")
+# Han (with extension A and compatibility ideographs), kana and Hangul: scripts written without
+# spaces between words. Runs of them become character bigrams; other runs of letters and digits
+# are words.
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+_TOKEN = re.compile(f"(?P<word>[a-z0-9]+)|(?P<cjk>[{_CJK}]+)")
+_CJK_CHARACTER = re.compile(f"[{_CJK}]")
 
 # Function words and request boilerplate ("who can", "please", "I need") carry no capability
 # meaning; dropping them also keeps the longest postings lists out of every query.
@@ -61,8 +80,12 @@ _BRITISH_ENDINGS = re.compile(r"(?<=[a-z]{3})(is|ys)(e|es|ed|ing|ation|ations|er
 _BRITISH_OUR = re.compile(r"(?<=[a-z]{3})our$")
 
 
+_STEMMER = Stemmer.Stemmer(STEMMER_ALGORITHM)
+
+
+@functools.lru_cache(maxsize=_STEM_CACHE_WORDS)
 def stem(word: str) -> str:
-    """Porter stem of a lower-case word, after folding British spellings; digits pass unchanged.
+    """Snowball stem of a lower-case word, after folding British spellings; digits pass unchanged.
 
     Documents and queries go through the same function, so "translate", "translation",
     "translator" and "translating" all meet as "translat", and plurals fold.
@@ -71,28 +94,59 @@ def stem(word: str) -> str:
         return word
     word = _BRITISH_ENDINGS.sub(lambda match: match.group(1)[0] + "z" + match.group(2), word)
     word = _BRITISH_OUR.sub("or", word)
-    return porter_stem(word)
+    return _STEMMER.stemWord(word)
+
+
+def _terms(text: str) -> list[tuple[str, bool]]:
+    """(term, is_word) in text order: stemmed content words, and CJK character bigrams."""
+    spaced = _CAMEL_BOUNDARY.sub(" ", text).lower()
+    terms: list[tuple[str, bool]] = []
+    for match in _TOKEN.finditer(spaced):
+        word = match.group("word")
+        if word is not None:
+            if len(word) > 1 and word not in _STOPWORDS:
+                terms.append((stem(word), True))
+            continue
+        run = match.group("cjk")
+        if len(run) == 1:
+            terms.append((run, False))
+        else:
+            terms.extend((run[start : start + 2], False) for start in range(len(run) - 1))
+    return terms
+
+
+def mostly_cjk(text: str) -> bool:
+    """Whether at least half of the letters of ``text`` are Chinese, Japanese or Korean."""
+    letters = sum(1 for character in text if character.isalpha())
+    return letters > 0 and 2 * len(_CJK_CHARACTER.findall(text)) >= letters
 
 
 def tokenize(text: str) -> list[str]:
-    """Lower-cased, Porter-stemmed content words; capability names split into words.
+    """Lower-cased, stemmed content words and CJK character bigrams; capability names split into words.
 
     ``translate.text``, ``image:search``, ``ocr_receipt`` and ``getWeather`` all split on their
-    separators / camel case, so a query "translate text" meets the name ``translate.text``.
+    separators / camel case, so a query "translate text" meets the name ``translate.text``;
+    "增值税发票" gives 增值, 值税, 税发, 发票 (a lone CJK character stays a unigram).
     """
-    spaced = _CAMEL_BOUNDARY.sub(" ", text).lower()
-    return [stem(word) for word in _WORD.findall(spaced) if len(word) > 1 and word not in _STOPWORDS]
+    return [term for term, _ in _terms(text)]
 
 
 def index_terms(text: str, *, bigrams: bool) -> list[str]:
-    """:func:`tokenize` plus, with ``bigrams``, adjacent-word pairs ("text>speech").
+    """:func:`tokenize` plus, with ``bigrams``, pairs of adjacent words ("text>speech").
 
-    Pairs make word order count: "text to speech" and "speech to text" share every word.
+    Pairs make word order count: "text to speech" and "speech to text" share every word. CJK
+    bigrams already carry their order and do not pair (with each other or with words).
     """
-    words = tokenize(text)
+    terms = _terms(text)
+    tokens = [term for term, _ in terms]
     if not bigrams:
-        return words
-    return words + [f"{first}>{second}" for first, second in itertools.pairwise(words)]
+        return tokens
+    pairs = [
+        f"{first}>{second}"
+        for (first, first_is_word), (second, second_is_word) in zip(terms, terms[1:])
+        if first_is_word and second_is_word
+    ]
+    return tokens + pairs
 
 
 class _SlotIds(Sequence[str]):

@@ -1,30 +1,56 @@
 """SemanticSearch: the facade a registry node uses to find agents by plain-language request.
 
-Each agent (owner) contributes documents (one per capability plus its description); a query is
-scored against every document by cosine similarity (embedder + :class:`VectorIndex`) and BM25
-(:class:`LexicalIndex`), the two are fused, and the best document of each owner represents it.
+Each agent (owner) contributes documents (one per capability plus its description). The facade
+scores an owner on two levels: its agent-level document (display name, description and every
+capability's name, description, tags and examples, see :func:`agent_embedding_text`) and its
+capability documents, the best of which names the matched capability. Each level is scored by
+cosine similarity (embedder + :class:`VectorIndex`) and BM25 (:class:`LexicalIndex`, one index
+per level so that each level's word statistics stay its own).
 
 Score (``SearchHit.score``), chosen so the router's fallback threshold means the same thing for
 every query::
 
-    hybrid:  score = vector_weight * cosine + (1 - vector_weight) * lexical_coverage
-    lexical: score = lexical_coverage
-    (either multiplied by description_weight when the agent-description document matched)
+    C        = the capability with the best vector_weight * cosine + (1 - vector_weight) * coverage
+    cosine   = agent_vector_weight  * cosine(agent document)   + (1 - agent_vector_weight)  * cosine(C)
+    coverage = agent_lexical_weight * coverage(agent document) + (1 - agent_lexical_weight) * coverage(C)
+    hybrid:  score = vector_weight * cosine + (1 - vector_weight) * coverage
+    lexical: score = coverage            (Ranking.VECTOR, for diagnostics: score = cosine)
 
-``cosine`` is the similarity of the query with the matched document (in [-1, 1], typically
-0.1-0.3 for unrelated and 0.4-0.8 for matching text with all-MiniLM-L6-v2), and
-``lexical_coverage`` is BM25 divided by the BM25 an ideal document would reach for that query
-(in [0, 1): how much of the query's IDF-weighted words the document covers). Neither part is
-normalised by the best hit of the query, so a query nobody can serve gets a low score instead
-of a rescaled 1.0 — rank-based fusion (RRF) or per-query min-max scaling would lose that. The
-linear blend is also the ranking that measured best (see ``bench/semantic.py``).
+``cosine`` is in [-1, 1] (typically 0.1-0.3 for unrelated and 0.4-0.8 for matching text with
+all-MiniLM-L6-v2); ``coverage`` is BM25 divided by the BM25 an ideal document would reach for
+that query (in [0, 1): how much of the query's IDF-weighted words the document covers). Nothing
+is normalised by the best hit of the query, so a query nobody can serve gets a low score
+instead of a rescaled 1.0 (rank-based fusion or per-query min-max scaling would lose that).
 
-Thresholds: on the eval set with the default model, the top hit's hybrid score was >= 0.19 for
-90% of correctly answered queries (median 0.29) and <= 0.20 for every request no agent can
-serve (median 0.13), hence ``SUGGESTED_MIN_SCORE_HYBRID = 0.2``. Lexical scores sit lower and
-separate worse (right answers: p10 0.05, median 0.12; nobody-serves: max 0.13), hence a separate
-``SUGGESTED_MIN_SCORE_LEXICAL``; a caller should pick the threshold by ``SearchResult.mode``.
-Another model needs its own measurement.
+How the weights were chosen (``bench/semantic.py`` prints every figure): tuned on
+``tests/data/semantic_eval.json`` alone, and a blend of two parts kept only where it beats both
+parts on that set and on the blind English set (``semantic_eval_blind.json``) too.
+
+* Cosine, agent level against capabilities: 0.25 of the agent document. Vector-ranking MRR,
+  tuning / blind: blend 0.935 / 0.838, capabilities alone 0.923 / 0.817, agent document alone
+  0.902 / 0.836 (the blind margin is one query's worth).
+* Coverage: the agent document alone. Blends did not earn their place (0.5: tuning 0.809 but
+  blind 0.741 against the agent document's 0.747); the tuning set cannot tell the two levels
+  apart (0.797 each), and the agent document is the one that holds the description's words.
+* ``vector_weight`` 0.6: 0.5, 0.6 and 0.7 tie on the tuning set (0.955-0.957), so it stays.
+  Hybrid against its parts: tuning 0.955 vs 0.935 / 0.801, blind 0.898 vs 0.838 / 0.747.
+* Turned down: one agent weight shared by both signals (0.25, with vector_weight 0.5) led the
+  tuning set's grid (hybrid 0.963) but on the blind set fell below the agent document alone at
+  the same vector_weight (0.892 vs 0.905); the better of agent document and best capability
+  (max) scored 0.947 on the tuning set, below capabilities alone (0.958). (Grid figures with the
+  Porter stemmer; the bench prints the shared-weight variant with today's.)
+
+Thresholds (``SUGGESTED_MIN_SCORE_*``), chosen on the tuning set where the share of answerable
+queries refused plus the share of unanswerable ones routed is smallest: hybrid 0.16 (refuses
+4% of its answerable queries, routes none of its 8 unanswerable), lexical 0.07 (25% / 1 of 8).
+The blind sets show the limit of one threshold: their near-miss requests score like real ones
+(blind English: 67% of the unanswerable would still be routed in hybrid mode).
+A caller should pick the threshold by ``SearchResult.mode`` (:func:`suggested_min_score`);
+another model needs its own measurement (``semantic_threshold`` in the node's settings).
+
+The packaged model reads English only: a query mostly in Chinese, Japanese or Korean is ranked
+lexically (CJK character bigrams) even in hybrid mode, because that model's cosines between
+such texts are noise (0.3 and more between unrelated ones).
 """
 
 from __future__ import annotations
@@ -42,13 +68,15 @@ from .documents import (
     DEFAULT_TEXT_FORMAT,
     Document,
     TextFormat,
+    agent_embedding_text,
+    agent_lexical_text,
     embedding_text,
     lexical_text,
 )
 from .embedder import Embedder
 from .errors import EmbedderUnavailable, InvalidDocumentError, SearchClosedError
 from .index import VectorIndex, top_k_of_scores
-from .lexical import DEFAULT_B, DEFAULT_BIGRAMS, DEFAULT_K1, LexicalIndex
+from .lexical import DEFAULT_B, DEFAULT_BIGRAMS, DEFAULT_K1, LexicalIndex, mostly_cjk
 
 __all__ = [
     "SemanticSearch",
@@ -56,30 +84,29 @@ __all__ = [
     "SearchResult",
     "SearchMode",
     "Ranking",
-    "Fusion",
     "SearchState",
     "SearchTimings",
     "DEFAULT_VECTOR_WEIGHT",
-    "DEFAULT_RRF_K",
-    "DEFAULT_DESCRIPTION_WEIGHT",
+    "DEFAULT_AGENT_VECTOR_WEIGHT",
+    "DEFAULT_AGENT_LEXICAL_WEIGHT",
+    "DEFAULT_AGENT_TEXT_FORMAT",
     "DEFAULT_CANDIDATE_POOL",
     "MAX_K",
     "SUGGESTED_MIN_SCORE_HYBRID",
     "SUGGESTED_MIN_SCORE_LEXICAL",
+    "suggested_min_score",
 ]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_VECTOR_WEIGHT = 0.6  # measured: 0.5-0.6 best on the eval set, RRF below both
-DEFAULT_RRF_K = 60  # the constant of Cormack et al. (2009); larger flattens the rank curve
-# A description match counts 0.8 of a capability match: the description is the generic fallback,
-# and at 1.0 it won over the specific capability for a quarter of the eval queries (the hit then
-# cannot say which capability matched) and lifted off-topic queries' scores.
-DEFAULT_DESCRIPTION_WEIGHT = 0.8
-DEFAULT_CANDIDATE_POOL = 100  # documents taken from each ranking before fusion
+DEFAULT_VECTOR_WEIGHT = 0.6
+DEFAULT_AGENT_VECTOR_WEIGHT = 0.25
+DEFAULT_AGENT_LEXICAL_WEIGHT = 1.0
+DEFAULT_AGENT_TEXT_FORMAT = TextFormat.FULL
+DEFAULT_CANDIDATE_POOL = 100  # documents taken from each level and signal before scoring owners
 MAX_K = 1_000
-SUGGESTED_MIN_SCORE_HYBRID = 0.2
-SUGGESTED_MIN_SCORE_LEXICAL = 0.1
+SUGGESTED_MIN_SCORE_HYBRID = 0.16
+SUGGESTED_MIN_SCORE_LEXICAL = 0.07
 
 
 class SearchMode(str, Enum):
@@ -89,19 +116,17 @@ class SearchMode(str, Enum):
     LEXICAL = "lexical"
 
 
+def suggested_min_score(mode: SearchMode) -> float:
+    """The score a top hit needs before a router trusts it, for the packaged model in ``mode``."""
+    return SUGGESTED_MIN_SCORE_HYBRID if SearchMode(mode) is SearchMode.HYBRID else SUGGESTED_MIN_SCORE_LEXICAL
+
+
 class Ranking(str, Enum):
     """Which signal orders a single search (diagnostics and evaluation; default follows the mode)."""
 
     HYBRID = "hybrid"
     VECTOR = "vector"
     LEXICAL = "lexical"
-
-
-class Fusion(str, Enum):
-    """How hybrid ranking combines the two signals."""
-
-    LINEAR = "linear"  # vector_weight * cosine + (1 - vector_weight) * lexical coverage
-    RRF = "rrf"  # reciprocal rank fusion; SearchHit.score is then still the linear blend
 
 
 class SearchState(Enum):
@@ -114,11 +139,13 @@ class SearchState(Enum):
 
 @dataclass(frozen=True)
 class SearchHit:
-    """One owner (agent) and the document of it that matched best.
+    """One owner (agent), its score, and the capability of it that matched best.
 
-    ``capability`` is None when the agent's description matched best. ``vector_score`` is the
-    cosine of the query with that document (None in lexical mode); ``lexical_score`` is its BM25
-    coverage in [0, 1); ``score`` is the absolute score described in the module docstring.
+    ``capability`` is None only for an owner without capability documents (``doc_id`` is then
+    its description document). ``vector_score`` and ``lexical_score`` are the two parts of
+    ``score`` with the agent and capability levels already weighted in (so that in hybrid
+    ranking ``score = vector_weight * vector_score + (1 - vector_weight) * lexical_score``);
+    ``vector_score`` is None in lexical mode.
     """
 
     owner_id: str
@@ -152,16 +179,55 @@ class SearchResult:
         return self.hits[0] if self.hits else None
 
 
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """Cosine (None without vectors) and lexical coverage of one document."""
+
+    cosine: float | None
+    coverage: float
+
+
+class _Signals:
+    """The query's scores on one level (agent or capability): cosines and BM25 coverage."""
+
+    def __init__(self, vectors: VectorIndex | None, similarities: np.ndarray | None, lexical: LexicalIndex,
+                 query: str, use_lexical: bool) -> None:
+        self.vectors = vectors
+        self.similarities = similarities
+        self.lexical = lexical.score(query) if use_lexical else None
+
+    def parts(self, key: str) -> _Parts:
+        cosine = None
+        if self.similarities is not None and self.vectors is not None:
+            row = self.vectors.row_of(key)
+            cosine = None if row is None else float(self.similarities[row])
+        coverage = self.lexical.coverage_of(key) if self.lexical is not None else 0.0
+        return _Parts(cosine, coverage)
+
+    def top(self, pool: int, allow: Callable[[str], bool] | None) -> list[str]:
+        keys: list[str] = []
+        if self.similarities is not None and self.vectors is not None:
+            keys.extend(key for key, _ in top_k_of_scores(self.vectors.ids(), self.similarities, pool, allow))
+        if self.lexical is not None:
+            keys.extend(key for key, _ in top_k_of_scores(self.lexical.doc_ids, self.lexical.normalized(), pool,
+                                                          allow))
+        return keys
+
+
 class SemanticSearch:
-    """Owner-grouped hybrid (vector + BM25) search over agent documents.
+    """Owner-grouped hybrid (vector + BM25) search over agent documents, on two levels.
 
     Config (keyword-only):
       * ``embedder``: the :class:`Embedder` to use; ``None`` builds the default one when
         ``semantic_enabled``. The facade closes an embedder it built, not one passed in.
       * ``semantic_enabled``: ``False`` forces lexical mode (no torch needed at all).
-      * ``fusion``, ``vector_weight``, ``rrf_k``: hybrid ranking (see :class:`Fusion`).
-      * ``candidate_pool``: documents taken from each ranking before fusion and grouping.
-      * ``text_format``: how documents are flattened for the embedder.
+      * ``vector_weight``: the share of cosine against BM25 coverage (module docstring).
+      * ``agent_vector_weight``, ``agent_lexical_weight``: the share of the agent-level document
+        in an owner's cosine and in its BM25 coverage (0: best capability alone, 1: the agent
+        document alone); the matched capability is named either way.
+      * ``candidate_pool``: documents taken from each level and signal before scoring owners.
+      * ``text_format``: how capability documents are flattened for the embedder;
+        ``agent_text_format``: how each capability appears in the agent-level text.
       * ``bm25_k1``, ``bm25_b``: Okapi BM25 parameters; ``bm25_bigrams`` also indexes
         adjacent-word pairs so word order counts ("text to speech" vs "speech to text").
 
@@ -176,35 +242,38 @@ class SemanticSearch:
         *,
         embedder: Embedder | None = None,
         semantic_enabled: bool = True,
-        fusion: Fusion = Fusion.LINEAR,
         vector_weight: float = DEFAULT_VECTOR_WEIGHT,
-        rrf_k: int = DEFAULT_RRF_K,
+        agent_vector_weight: float = DEFAULT_AGENT_VECTOR_WEIGHT,
+        agent_lexical_weight: float = DEFAULT_AGENT_LEXICAL_WEIGHT,
         candidate_pool: int = DEFAULT_CANDIDATE_POOL,
-        description_weight: float = DEFAULT_DESCRIPTION_WEIGHT,
         text_format: TextFormat = DEFAULT_TEXT_FORMAT,
+        agent_text_format: TextFormat = DEFAULT_AGENT_TEXT_FORMAT,
         bm25_k1: float = DEFAULT_K1,
         bm25_b: float = DEFAULT_B,
         bm25_bigrams: bool = DEFAULT_BIGRAMS,
     ) -> None:
         if not 0.0 <= vector_weight <= 1.0:
             raise ValueError(f"vector_weight must be within [0, 1], got {vector_weight}")
-        if rrf_k < 1:
-            raise ValueError(f"rrf_k must be >= 1, got {rrf_k}")
-        if not 0.0 < description_weight <= 1.0:
-            raise ValueError(f"description_weight must be within (0, 1], got {description_weight}")
+        for name, weight in (("agent_vector_weight", agent_vector_weight), ("agent_lexical_weight",
+                                                                           agent_lexical_weight)):
+            if not 0.0 <= weight <= 1.0:
+                raise ValueError(f"{name} must be within [0, 1], got {weight}")
         if candidate_pool < 1:
             raise ValueError(f"candidate_pool must be >= 1, got {candidate_pool}")
-        self._fusion = Fusion(fusion)
         self._vector_weight = vector_weight
-        self._rrf_k = rrf_k
+        self._agent_vector_weight = agent_vector_weight
+        self._agent_lexical_weight = agent_lexical_weight
         self._candidate_pool = candidate_pool
-        self._description_weight = description_weight
         self._text_format = TextFormat(text_format)
+        self._agent_text_format = TextFormat(agent_text_format)
         self._semantic_enabled = semantic_enabled
         self._owns_embedder = embedder is None and semantic_enabled
         self._embedder = embedder if embedder is not None or not semantic_enabled else Embedder()
-        self._lexical = LexicalIndex(k1=bm25_k1, b=bm25_b, bigrams=bm25_bigrams)
-        self._vectors: VectorIndex | None = None
+        # Capability documents are keyed by doc id, agent-level documents by owner id.
+        self._capability_lexical = LexicalIndex(k1=bm25_k1, b=bm25_b, bigrams=bm25_bigrams)
+        self._agent_lexical = LexicalIndex(k1=bm25_k1, b=bm25_b, bigrams=bm25_bigrams)
+        self._capability_vectors: VectorIndex | None = None
+        self._agent_vectors: VectorIndex | None = None
         self._mode = SearchMode.LEXICAL
         self._state = SearchState.NEW
         self._start_lock = asyncio.Lock()
@@ -221,6 +290,11 @@ class SemanticSearch:
     def mode(self) -> SearchMode:
         """``hybrid`` once the embedder is loaded, ``lexical`` otherwise."""
         return self._mode
+
+    @property
+    def suggested_threshold(self) -> float:
+        """The score a top hit needs to be trusted in the current mode (:func:`suggested_min_score`)."""
+        return suggested_min_score(self._mode)
 
     @property
     def state(self) -> SearchState:
@@ -252,7 +326,8 @@ class SemanticSearch:
                     logger.warning("semantic search runs lexical-only: %s", exc)
                 else:
                     # Nothing is indexed yet: every mutation starts the facade first.
-                    self._vectors = VectorIndex(dimension=self._embedder.dimension)
+                    self._capability_vectors = VectorIndex(dimension=self._embedder.dimension)
+                    self._agent_vectors = VectorIndex(dimension=self._embedder.dimension)
                     self._mode = SearchMode.HYBRID
             self._state = SearchState.READY
 
@@ -273,7 +348,7 @@ class SemanticSearch:
     # -- mutations -------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Number of indexed documents."""
+        """Number of indexed documents (as upserted; agent-level texts not counted)."""
         return len(self._documents)
 
     def owners(self) -> list[str]:
@@ -281,6 +356,16 @@ class SemanticSearch:
 
     def documents_of(self, owner_id: str) -> list[Document]:
         return [self._documents[doc_id] for doc_id in self._owner_docs.get(owner_id, ())]
+
+    def embedding_texts(self, documents: Sequence[Document]) -> list[str]:
+        """The texts this facade encodes for one owner's ``documents`` (capabilities, then the
+        agent-level text): what a peer's vector cache must hold for the owner to cost no encoding."""
+        if not documents:
+            return []
+        texts = [embedding_text(document, self._text_format) for document in documents
+                 if document.capability is not None]
+        texts.append(agent_embedding_text(documents, self._agent_text_format))
+        return texts
 
     async def upsert_owner(self, owner_id: str, documents: Sequence[Document]) -> None:
         """Replace every document of ``owner_id`` with ``documents`` (an empty list removes it).
@@ -303,12 +388,14 @@ class SemanticSearch:
             generations[owner_id] = self._owner_generation[owner_id] = self._generation
             self._upserts_in_flight[owner_id] = self._upserts_in_flight.get(owner_id, 0) + 1
         try:
-            ordered = [document for documents in documents_by_owner.values() for document in documents]
-            vectors = await self._encode(ordered)
+            texts_by_owner = {owner_id: self.embedding_texts(documents)
+                              for owner_id, documents in documents_by_owner.items()}
+            vectors = await self._encode([text for texts in texts_by_owner.values() for text in texts])
             offset = 0
             for owner_id, documents in documents_by_owner.items():
-                owner_vectors = None if vectors is None else vectors[offset : offset + len(documents)]
-                offset += len(documents)
+                count = len(texts_by_owner[owner_id])
+                owner_vectors = None if vectors is None else vectors[offset : offset + count]
+                offset += count
                 if self._owner_generation.get(owner_id) != generations[owner_id]:
                     continue
                 self._validate(owner_id, documents)  # another owner may have taken an id meanwhile
@@ -333,6 +420,9 @@ class SemanticSearch:
         doc_ids = self._owner_docs.pop(owner_id, ())
         for doc_id in doc_ids:
             self._forget(doc_id)
+        self._agent_lexical.remove(owner_id)
+        if self._agent_vectors is not None:
+            self._agent_vectors.remove(owner_id)
         return bool(doc_ids)
 
     def _validate(self, owner_id: str, documents: Sequence[Document]) -> None:
@@ -352,10 +442,10 @@ class SemanticSearch:
                     f"doc ids must be unique across owners (Document.for_capability builds such ids)"
                 )
 
-    async def _encode(self, documents: Sequence[Document]) -> np.ndarray | None:
-        if self._mode is not SearchMode.HYBRID or self._embedder is None or not documents:
+    async def _encode(self, texts: Sequence[str]) -> np.ndarray | None:
+        if self._mode is not SearchMode.HYBRID or self._embedder is None or not texts:
             return None
-        return await self._embedder.encode([embedding_text(document, self._text_format) for document in documents])
+        return await self._embedder.encode(texts)
 
     def _replace(self, owner_id: str, documents: Sequence[Document], vectors: np.ndarray | None) -> None:
         new_ids = tuple(document.doc_id for document in documents)
@@ -363,19 +453,32 @@ class SemanticSearch:
             self._forget(doc_id)
         if not documents:
             self._owner_docs.pop(owner_id, None)
+            self._agent_lexical.remove(owner_id)
+            if self._agent_vectors is not None:
+                self._agent_vectors.remove(owner_id)
             return
+        capability_ids = []
         for document in documents:
             self._documents[document.doc_id] = document
-            self._lexical.upsert(document.doc_id, lexical_text(document))
-        if self._vectors is not None and vectors is not None:
-            self._vectors.upsert_many(list(new_ids), vectors)
+            if document.capability is not None:
+                capability_ids.append(document.doc_id)
+                self._capability_lexical.upsert(document.doc_id, lexical_text(document))
+            else:  # a description is part of the agent-level document only
+                self._capability_lexical.remove(document.doc_id)
+                if self._capability_vectors is not None:
+                    self._capability_vectors.remove(document.doc_id)
+        self._agent_lexical.upsert(owner_id, agent_lexical_text(documents))
+        if vectors is not None and self._capability_vectors is not None and self._agent_vectors is not None:
+            if capability_ids:
+                self._capability_vectors.upsert_many(capability_ids, vectors[: len(capability_ids)])
+            self._agent_vectors.upsert(owner_id, vectors[len(capability_ids)])
         self._owner_docs[owner_id] = new_ids
 
     def _forget(self, doc_id: str) -> None:
         self._documents.pop(doc_id, None)
-        self._lexical.remove(doc_id)
-        if self._vectors is not None:
-            self._vectors.remove(doc_id)
+        self._capability_lexical.remove(doc_id)
+        if self._capability_vectors is not None:
+            self._capability_vectors.remove(doc_id)
 
     # -- search ----------------------------------------------------------------------------
 
@@ -391,7 +494,9 @@ class SemanticSearch:
 
         ``allow(owner_id)`` filters owners (e.g. ready agents of a region) before ranking; it is
         called at most once per owner per search. ``ranking`` overrides the signal used
-        (evaluation); in lexical mode every ranking is lexical.
+        (evaluation); in lexical mode every ranking is lexical, and so is the hybrid ranking of a
+        query mostly in Chinese, Japanese or Korean when the model is English-only
+        (:attr:`Embedder.english_only`, the packaged model): ``SearchResult.ranking`` says so.
         Raises ``ValueError`` for ``k`` outside 1..MAX_K and the embedder's errors.
         """
         if not 1 <= k <= MAX_K:
@@ -399,31 +504,20 @@ class SemanticSearch:
         await self._ensure_started()
         if self._mode is SearchMode.HYBRID:
             chosen = Ranking(ranking) if ranking is not None else Ranking.HYBRID
+            if chosen is Ranking.HYBRID and self._unreadable(query):
+                chosen = Ranking.LEXICAL
         else:
             chosen = Ranking.LEXICAL
-        if not query.strip() or not self._documents:
+        if not query.strip() or not self._owner_docs:
             return SearchResult(query, self._mode, chosen, [])
 
-        owner_allowed: dict[str, bool] = {}
-
-        def doc_allowed(doc_id: str) -> bool:
-            owner_id = self._documents[doc_id].owner_id
-            verdict = owner_allowed.get(owner_id)
-            if verdict is None:
-                verdict = owner_allowed[owner_id] = bool(allow(owner_id))  # type: ignore[misc]
-            return verdict
-
-        doc_filter = doc_allowed if allow is not None else None
         encode_started = time.perf_counter()
         query_vector: np.ndarray | None = None
-        if chosen is not Ranking.LEXICAL and self._embedder is not None and self._vectors is not None:
+        if chosen is not Ranking.LEXICAL and self._embedder is not None and self._agent_vectors is not None:
             query_vector = (await self._embedder.encode([query]))[0]
         rank_started = time.perf_counter()
         # No await from here on: the indexes cannot change under the ranking.
-        similarities = None
-        if query_vector is not None and self._vectors is not None:
-            similarities = self._vectors.similarities(query_vector)
-        hits = self._rank(query, k, chosen, similarities, doc_filter)
+        hits = self._rank(query, query_vector, k, chosen, allow)
         finished = time.perf_counter()
         timings = SearchTimings(
             encode_ms=(rank_started - encode_started) * 1000.0,
@@ -431,81 +525,87 @@ class SemanticSearch:
         )
         return SearchResult(query, self._mode, chosen, hits, timings)
 
+    def _unreadable(self, query: str) -> bool:
+        # An English-only model maps Chinese text to vectors that all look alike (cosines of 0.3
+        # and more between unrelated texts): for such a query only the words can rank.
+        embedder = self._embedder
+        return embedder is not None and getattr(embedder, "english_only", False) and mostly_cjk(query)
+
     def _rank(
         self,
         query: str,
+        query_vector: np.ndarray | None,
         k: int,
         ranking: Ranking,
-        similarities: np.ndarray | None,
-        doc_filter: Callable[[str], bool] | None,
+        allow: Callable[[str], bool] | None,
     ) -> list[SearchHit]:
+        owner_allowed: dict[str, bool] = {}
+
+        def owner_ok(owner_id: str) -> bool:
+            verdict = owner_allowed.get(owner_id)
+            if verdict is None:
+                verdict = owner_allowed[owner_id] = bool(allow(owner_id))  # type: ignore[misc]
+            return verdict
+
+        def capability_ok(doc_id: str) -> bool:
+            return owner_ok(self._documents[doc_id].owner_id)
+
+        use_lexical = ranking is not Ranking.VECTOR
+        agent_similarities = capability_similarities = None
+        if query_vector is not None and self._agent_vectors is not None and self._capability_vectors is not None:
+            agent_similarities = self._agent_vectors.similarities(query_vector)
+            capability_similarities = self._capability_vectors.similarities(query_vector)
+        agent = _Signals(self._agent_vectors, agent_similarities, self._agent_lexical, query, use_lexical)
+        capability = _Signals(self._capability_vectors, capability_similarities, self._capability_lexical, query,
+                              use_lexical)
+
         # A pool several times k deep so that grouping by owner still yields k owners when an
         # owner's several capabilities crowd the top of a ranking.
         pool = max(self._candidate_pool, 4 * k)
-        lexical = self._lexical.score(query)
+        candidates = dict.fromkeys(agent.top(pool, owner_ok if allow is not None else None))
+        candidates.update(dict.fromkeys(self._documents[doc_id].owner_id for doc_id in
+                                        capability.top(pool, capability_ok if allow is not None else None)))
 
-        vector_ranked: list[tuple[str, float]] = []
-        if similarities is not None and self._vectors is not None:
-            vector_ranked = top_k_of_scores(self._vectors.ids(), similarities, pool, doc_filter)
-        lexical_ranked: list[tuple[str, float]] = []
-        if ranking is not Ranking.VECTOR:
-            lexical_ranked = top_k_of_scores(lexical.doc_ids, lexical.normalized(), pool, doc_filter)
+        scored: list[tuple[float, str, SearchHit]] = []
+        for owner_id in candidates:
+            hit = self._score_owner(owner_id, agent, capability, ranking)
+            scored.append((hit.score, owner_id, hit))
+        scored.sort(key=lambda entry: (-entry[0], entry[1]))
+        return [hit for _, _, hit in scored[:k]]
 
-        candidates = dict.fromkeys(doc_id for doc_id, _ in vector_ranked)
-        candidates.update(dict.fromkeys(doc_id for doc_id, _ in lexical_ranked))
-        cosine: dict[str, float | None] = {}
-        coverage: dict[str, float] = {}
-        blended: dict[str, float] = {}
-        weight = self._vector_weight
-        for doc_id in candidates:
-            doc_cosine = None
-            if similarities is not None and self._vectors is not None:
-                row = self._vectors.row_of(doc_id)
-                doc_cosine = None if row is None else float(similarities[row])
-            cosine[doc_id] = doc_cosine
-            doc_coverage = coverage[doc_id] = lexical.coverage_of(doc_id)
-            if ranking is Ranking.VECTOR:
-                score = doc_cosine if doc_cosine is not None else 0.0
-            elif ranking is Ranking.LEXICAL or doc_cosine is None:
-                score = doc_coverage
-            else:
-                score = weight * doc_cosine + (1.0 - weight) * doc_coverage
+    def _part(self, parts: _Parts, ranking: Ranking) -> float:
+        if ranking is Ranking.VECTOR:
+            return parts.cosine if parts.cosine is not None else 0.0
+        if ranking is Ranking.LEXICAL or parts.cosine is None:
+            return parts.coverage
+        return self._vector_weight * parts.cosine + (1.0 - self._vector_weight) * parts.coverage
+
+    def _score_owner(self, owner_id: str, agent: _Signals, capability: _Signals, ranking: Ranking) -> SearchHit:
+        agent_parts = agent.parts(owner_id)
+        best_doc: str | None = None
+        best_parts = _Parts(agent_parts.cosine, agent_parts.coverage)
+        best_score = -np.inf
+        for doc_id in self._owner_docs[owner_id]:
             if self._documents[doc_id].capability is None:
-                score *= self._description_weight
-            blended[doc_id] = score
-
-        if ranking is Ranking.HYBRID and self._fusion is Fusion.RRF:
-            order_key = self._reciprocal_rank(vector_ranked, lexical_ranked)
+                continue
+            parts = capability.parts(doc_id)
+            score = self._part(parts, ranking)
+            if score > best_score:
+                best_doc, best_parts, best_score = doc_id, parts, score
+        if best_doc is None:  # no capabilities: the agent-level document alone, named by its description
+            vector_share = lexical_share = 1.0
+            best_doc = next(iter(self._owner_docs[owner_id]))
         else:
-            order_key = blended
-
-        best_of_owner: dict[str, str] = {}
-        for doc_id in sorted(candidates, key=lambda doc: (-order_key.get(doc, 0.0), doc)):
-            owner_id = self._documents[doc_id].owner_id
-            if owner_id not in best_of_owner:
-                best_of_owner[owner_id] = doc_id
-                if len(best_of_owner) == k:
-                    break
-        hits = []
-        for owner_id, doc_id in best_of_owner.items():
-            document = self._documents[doc_id]
-            hits.append(
-                SearchHit(
-                    owner_id=owner_id,
-                    capability=document.capability,
-                    doc_id=doc_id,
-                    score=blended[doc_id],
-                    vector_score=cosine[doc_id],
-                    lexical_score=coverage[doc_id],
-                )
-            )
-        return hits
-
-    def _reciprocal_rank(
-        self, vector_ranked: list[tuple[str, float]], lexical_ranked: list[tuple[str, float]]
-    ) -> dict[str, float]:
-        fused: dict[str, float] = {}
-        for ranked in (vector_ranked, lexical_ranked):
-            for rank, (doc_id, _) in enumerate(ranked, start=1):
-                fused[doc_id] = fused.get(doc_id, 0.0) + 1.0 / (self._rrf_k + rank)
-        return fused
+            vector_share, lexical_share = self._agent_vector_weight, self._agent_lexical_weight
+        cosine = None
+        if agent_parts.cosine is not None and best_parts.cosine is not None:
+            cosine = vector_share * agent_parts.cosine + (1.0 - vector_share) * best_parts.cosine
+        coverage = lexical_share * agent_parts.coverage + (1.0 - lexical_share) * best_parts.coverage
+        return SearchHit(
+            owner_id=owner_id,
+            capability=self._documents[best_doc].capability,
+            doc_id=best_doc,
+            score=self._part(_Parts(cosine, coverage), ranking),
+            vector_score=cosine,
+            lexical_score=coverage,
+        )

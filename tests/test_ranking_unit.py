@@ -105,13 +105,30 @@ async def test_filters_updates_and_removals_change_what_is_found() -> None:
     before = embedder.encoded
     await search.upsert_owners({"eu/img.search.sim": [Document.for_capability(
         owner_id="eu/img.search.sim", name="image.search", description="Sum the bill")]})
-    assert embedder.encoded == before + 1  # only the changed text
+    assert embedder.encoded == before + 2  # only the changed texts: the capability and the agent-level text
     moved = await search.search(query, 3)
     updated = next(hit for hit in moved.hits if hit.owner_id == "eu/img.search.sim")
     assert updated.vector_score < first.hits[0].vector_score  # the new description means less of the query
     assert search.remove_owner("eu/img.search.sim")
     gone = await search.search("image.search", 3)
     assert "eu/img.search.sim" not in {hit.owner_id for hit in gone.hits}
+
+
+async def test_agent_level_text_finds_an_agent_by_its_description() -> None:
+    search, _ = await _search()
+    owner = "eu/legal.clauses"
+    await search.upsert_owners({owner: [
+        Document.for_description(owner_id=owner, title="Clause desk", description="Mandarin contract review"),
+        Document.for_capability(owner_id=owner, name="review.run", description="Run a review"),
+    ]})
+    result = await search.search("mandarin contract", 3, ranking=Ranking.LEXICAL)
+    assert result.hits[0].owner_id == owner and result.hits[0].capability == "review.run"
+    described_only = "eu/described.only"
+    await search.upsert_owners({described_only: [
+        Document.for_description(owner_id=described_only, title="Sum desk", description="Sums every bill")]})
+    found = await search.search("sum the bill", 5)
+    hit = next(hit for hit in found.hits if hit.owner_id == described_only)
+    assert hit.capability is None and hit.doc_id == f"{described_only}#"
 
 
 async def test_lexical_mode_ranks_by_words_only() -> None:

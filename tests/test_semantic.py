@@ -25,6 +25,7 @@ import pytest
 import redis
 import redis.asyncio
 
+from bench.semantic import EVAL_SUITE, LEXICAL_MODE, print_thresholds, relevance
 from semantic import (
     DEFAULT_MODEL_ID,
     SUGGESTED_MIN_SCORE_HYBRID,
@@ -47,6 +48,7 @@ from semantic import (
     tokenize,
 )
 from semantic.evaluation import (
+    EvalMetrics,
     EvalSet,
     documents_for_agent,
     evaluate,
@@ -57,9 +59,16 @@ from semantic.evaluation import (
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_PATH = Path(__file__).resolve().parent / "data" / "semantic_eval.json"
 
-# Acceptance thresholds of the issue (hybrid mode, default model).
-MIN_HYBRID_MRR = 0.8
-MIN_HYBRID_RECALL_AT_5 = 0.95
+# Floors of the default ranking on the tuning set, a few queries below what it measures
+# (MRR 0.955, recall@5 0.992, capability@1 0.921 over 126 queries): a change that loses them lost
+# several queries, not one.
+MIN_TUNING_MRR = 0.93
+MIN_TUNING_RECALL_AT_5 = 0.97
+MIN_TUNING_CAPABILITY_AT_1 = 0.88
+# zh->zh (60 queries) measures MRR 0.825 lexically; the floor allows five queries to move.
+MIN_ZH_TO_ZH_MRR = 0.75
+TUNING_SET, BLIND_SET, CHINESE_SET = (entry.name for entry in EVAL_SUITE)
+ENGLISH_SETS = (TUNING_SET, BLIND_SET)
 
 
 # -- fixtures ------------------------------------------------------------------------------
@@ -168,23 +177,41 @@ def test_eval_set_is_big_and_well_formed(eval_set: EvalSet) -> None:
     assert disjoint >= len(eval_set.answerable) // 2
 
 
-async def test_hybrid_meets_acceptance_and_beats_each_signal(search: SemanticSearch, eval_set: EvalSet) -> None:
-    assert search.mode is SearchMode.HYBRID
-    metrics = {}
-    for ranking in (Ranking.VECTOR, Ranking.LEXICAL, Ranking.HYBRID):
-        metrics[ranking] = await evaluate(search, eval_set.queries, ranking=ranking)
-    print()
-    for ranking, result in metrics.items():
-        print(result.line())
-    hybrid = metrics[Ranking.HYBRID]
-    for query, expected, top in hybrid.misses:
-        print(f"    hybrid top-1 miss: {query!r} wanted {expected}, got {top}")
+@pytest.fixture(scope="module")
+def relevance_table(embedder: Embedder) -> dict[tuple[str, str, str, str], EvalMetrics]:
+    """bench/semantic.py's table (every set, slice, variant and ranking), printed once (``-s``)."""
+    table = asyncio.run(relevance(embedder))
+    print_thresholds(table)
+    return table
 
-    assert hybrid.mrr >= MIN_HYBRID_MRR
-    assert hybrid.recall_at_5 >= MIN_HYBRID_RECALL_AT_5
-    assert hybrid.mrr > metrics[Ranking.VECTOR].mrr
-    assert hybrid.mrr > metrics[Ranking.LEXICAL].mrr
-    assert hybrid.recall_at_5 >= max(metrics[Ranking.VECTOR].recall_at_5, metrics[Ranking.LEXICAL].recall_at_5)
+
+def _row(table: dict[tuple[str, str, str, str], EvalMetrics], set_name: str, ranking: Ranking,
+         variant: str = "default", slice_name: str = "all") -> EvalMetrics:
+    return table[(set_name, slice_name, variant, ranking.value)]
+
+
+def test_default_ranking_keeps_its_floor_on_the_tuning_set(relevance_table) -> None:
+    hybrid = _row(relevance_table, TUNING_SET, Ranking.HYBRID)
+    assert hybrid.mrr >= MIN_TUNING_MRR
+    assert hybrid.recall_at_5 >= MIN_TUNING_RECALL_AT_5
+    assert hybrid.capability_at_1 >= MIN_TUNING_CAPABILITY_AT_1
+
+
+@pytest.mark.parametrize("set_name", ENGLISH_SETS)
+def test_default_ranking_is_never_below_either_signal_alone(relevance_table, set_name: str) -> None:
+    hybrid = _row(relevance_table, set_name, Ranking.HYBRID)
+    for part in (Ranking.VECTOR, Ranking.LEXICAL):
+        alone = _row(relevance_table, set_name, part)
+        assert hybrid.mrr > alone.mrr, (part, alone.line())
+        assert hybrid.recall_at_5 >= alone.recall_at_5, (part, alone.line())
+
+
+def test_chinese_queries_find_chinese_described_agents(relevance_table) -> None:
+    # The packaged model is English-only: Chinese is carried by the CJK bigrams of BM25, and the
+    # default ranking falls back to them for a query mostly in Chinese.
+    for variant, ranking in ((LEXICAL_MODE, Ranking.LEXICAL), ("default", Ranking.HYBRID)):
+        zh_to_zh = _row(relevance_table, CHINESE_SET, ranking, variant, "zh->zh")
+        assert zh_to_zh.mrr >= MIN_ZH_TO_ZH_MRR, (variant, zh_to_zh.line())
 
 
 async def test_score_is_absolute_requests_nobody_serves_score_low(search: SemanticSearch, eval_set: EvalSet) -> None:
@@ -197,7 +224,7 @@ async def test_score_is_absolute_requests_nobody_serves_score_low(search: Semant
     )
     assert len(unanswerable) == len(eval_set.unanswerable)
     assert max(unanswerable) < statistics.median(correct)
-    assert max(unanswerable) <= SUGGESTED_MIN_SCORE_HYBRID
+    assert statistics.median(unanswerable) < SUGGESTED_MIN_SCORE_HYBRID < statistics.median(correct)
     assert statistics.median(unanswerable) < np.percentile(correct, 10)
 
 
@@ -333,6 +360,20 @@ async def test_lexical_mode_when_disabled(eval_set: EvalSet) -> None:
         assert (await facade.search("haiku", k=1)).hits[0].owner_id == owner
         facade.remove_owner(owner)
         assert (await facade.search("haiku", k=1)).hits == []
+
+
+@pytest.mark.unit
+async def test_lexical_mode_finds_chinese_described_agents_by_chinese_queries() -> None:
+    entry = EVAL_SUITE[2]
+    chinese = load_eval_set(entry.path)
+    (_, start, stop), = [piece for piece in entry.slices if piece[0] == "zh->zh"]
+    async with SemanticSearch(semantic_enabled=False) as facade:
+        await index_eval_set(facade, chinese)
+        metrics = await evaluate(facade, chinese.queries[start:stop])
+        print("\n" + metrics.line())
+        assert metrics.mrr >= MIN_ZH_TO_ZH_MRR
+        top = (await facade.search("开增值税专用发票", k=1)).hits[0]
+        assert top.owner_id.startswith("zh.fin.") and top.lexical_score > 0
 
 
 _WITHOUT_SENTENCE_TRANSFORMERS = """
@@ -567,6 +608,20 @@ def test_tokenizer_splits_names_and_folds_forms() -> None:
     assert tokenize("summarise") == tokenize("summarize")
     assert tokenize("recommendations") == tokenize("recommend")
     assert tokenize("who can do this for me") == []
+    assert tokenize("Generously") == ["generous"]  # Snowball English (Porter2), not the original Porter
+
+
+@pytest.mark.unit
+def test_tokenizer_indexes_cjk_as_character_bigrams() -> None:
+    from semantic.lexical import index_terms, mostly_cjk
+
+    assert tokenize("增值税发票") == ["增值", "值税", "税发", "发票"]
+    assert tokenize("查") == ["查"]
+    assert tokenize("PDF转Word") == ["pdf", "转", "word"]
+    assert tokenize("把合同翻译成 English") == ["把合", "合同", "同翻", "翻译", "译成", "english"]
+    # Word pairs keep word order; CJK bigrams already do and pair with nothing.
+    assert index_terms("text to speech 语音", bigrams=True) == ["text", "speech", "语音", "text>speech"]
+    assert mostly_cjk("帮我查快递 SF123") and not mostly_cjk("translate 你好 into English please")
 
 
 def _reference_bm25(documents: dict[str, str], query: str, k1: float, b: float) -> dict[str, float]:

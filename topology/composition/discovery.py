@@ -2,7 +2,7 @@
 
 Every agent the node knows — its own region's (from the cache) and, with federation, its peers'
 (from the remote catalog) — is indexed in a :class:`semantic.SemanticSearch` as one document
-per capability plus one for its description. The index follows registrations, updates,
+per capability plus one for its description (the search builds the agent-level text from them). The index follows registrations, updates,
 expiries and federation events through the same change listeners as the rest of the node; a
 single owned worker task applies them, coalescing bursts (one pending state per agent), so the
 listeners stay synchronous and quick. Status and load changes do not touch the index:
@@ -49,17 +49,13 @@ from node.security import Signer, require_peer
 from node.service import RegistryNode
 from node.tasks import cancel_and_wait
 from semantic import (
-    SUGGESTED_MIN_SCORE_HYBRID,
-    SUGGESTED_MIN_SCORE_LEXICAL,
     Document,
     Embedder,
     LayeredVectorCache,
     MemoryVectorCache,
     RedisVectorCache,
-    SearchMode,
     SemanticSearch,
     VectorCache,
-    embedding_text,
 )
 
 log = logging.getLogger(__name__)
@@ -209,7 +205,7 @@ class SemanticDiscovery:
             region = owner.partition(_OWNER_SEPARATOR)[0]
             if region in self._peer_urls:
                 keys_by_region.setdefault(region, []).extend(
-                    embedder.cache_key(embedding_text(document)) for document in documents)
+                    embedder.cache_key(text) for text in self.search_index.embedding_texts(documents))
         if not keys_by_region:
             return
         for region, keys in keys_by_region.items():
@@ -242,9 +238,8 @@ class SemanticDiscovery:
 
     @property
     def suggested_threshold(self) -> float:
-        if self.search_index.mode is SearchMode.HYBRID:
-            return SUGGESTED_MIN_SCORE_HYBRID
-        return SUGGESTED_MIN_SCORE_LEXICAL
+        """The search's calibrated threshold for its mode (the packaged model's; see semantic.search)."""
+        return self.search_index.suggested_threshold
 
     async def search(self, query: str, *, k: int, scope: Scope, routable_only: bool,
                      visible: Callable[[AgentRecord], bool] | None = None) -> SearchResponse:
