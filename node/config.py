@@ -35,7 +35,7 @@ from .sweeper import (
     DEFAULT_SWEEP_INTERVAL_MS,
 )
 
-DEFAULT_PORT = 7070
+DEFAULT_PORT = 7101  # the first node of topology/local.toml: where `up`, `node` and the client commands meet
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
 DEFAULT_REPORT_GRACE_MS = 300_000
 DEFAULT_RATE_LIMIT_RPS = 0.0

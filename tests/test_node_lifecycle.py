@@ -274,7 +274,7 @@ def test_admin_token_is_printed_only_when_asked(tmp_path: Path) -> None:
 
     assert "admin token" not in first_lines()
     printed = first_lines("--print-admin-token")
-    token = printed.split("admin token (24 h): ", 1)[1].split()[0]
+    token = printed.split("admin token (valid 30 days): ", 1)[1].split()[0]
     assert Signer(SECRET.encode()).verify(token).role is TokenRole.ADMIN
 
 

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 from pathlib import Path
 
+import aiohttp
 from aiohttp import web
 
-from node.client import load_agent_config
+from node.client import ReachClient, load_agent_config
 from node.models import TokenRole
 from node.security import Signer
 from topology.cli.preflight import run_preflight
 
-from .helpers import AgentServer, RunningNode, wait_for
+from .helpers import AgentServer, RunningNode, free_port, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -157,3 +159,64 @@ async def test_preflight_reasons_for_identity_unreachable_node_and_bad_config(no
     broken.write_text(other.read_text().replace('agent_id = "vision.ocr.me"', 'agent_id = "Not An Id"'))
     code, output = await run_cli("preflight", "--config", str(broken))
     assert code == 2 and "agent.agent_id" in output, output
+
+
+class HeadersAgent(AgentServer):
+    """A plain HTTP agent that answers what it was told about the caller."""
+
+    async def _invoke(self, request: web.Request) -> web.Response:
+        self.calls += 1
+        envelope = await request.json()
+        reply = {"id": f"re-{envelope['id']}", "type": "response", "trace_id": envelope["trace_id"],
+                 "reply_to_id": envelope["id"], "payload": {
+                     "caller": request.headers.get("X-Reach-Caller"), "role": request.headers.get("X-Reach-Caller-Role"),
+                     "credential_passed_on": "Authorization" in request.headers}}
+        return web.json_response(reply)
+
+
+async def test_the_sidecar_verifies_calls_before_they_reach_the_agent(node: RunningNode, tmp_path: Path) -> None:
+    agent = await HeadersAgent("behind-sidecar").start()
+    agent_id = "vision.ocr.guarded"
+    gateway = f"http://127.0.0.1:{free_port()}"
+    config = write_config(tmp_path / "agent.toml", node_url=node.url, token=node.token(agent_id), agent_id=agent_id,
+                          endpoint=f"{gateway}/invoke")
+    config.write_text(config.read_text().replace("[sidecar]\n", f'[sidecar]\nupstream = "{agent.url}"\n'))
+    process = await asyncio.create_subprocess_exec(sys.executable, "-m", "topology.cli", "--log-level", "WARNING",
+                                                   "sidecar", "--config", str(config), cwd=REPO,
+                                                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        await wait_for(lambda: node.node.cache.index.get(agent_id), timeout_s=20, message="the sidecar to register")
+        async with ReachClient(node.url, token=node.token("billing.front.web", TokenRole.CALLER)) as caller:
+            result = await caller.call("ocr.image", {"image": "scan.png"})
+        assert result.payload == {"caller": "billing.front.web", "role": "caller", "credential_passed_on": False}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{gateway}/invoke", json={"forged": True},
+                                    headers={"X-Reach-Caller": "admin"}) as refused:
+                assert refused.status == 401 and (await refused.json())["error"] == "credential_missing"
+            async with session.get(f"{gateway}/readyz") as ready:  # the sidecar's own view, for probes
+                assert ready.status == 200
+        assert agent.calls == 1  # the refused call never reached the agent
+        process.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(process.communicate(), 15)
+        assert process.returncode == 0 and "verifying calls on 127.0.0.1:" in output.decode(), output.decode()
+    except AssertionError:
+        if process.returncode is None:
+            process.kill()
+        output, _ = await process.communicate()
+        raise AssertionError(f"sidecar output:\n{output.decode()}") from None
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await agent.aclose()
+
+
+async def test_preflight_takes_the_node_from_the_environment(node: RunningNode, tmp_path: Path) -> None:
+    config = write_config(tmp_path / "agent.toml", node_url=node.url, token=node.token("vision.ocr.env"),
+                          agent_id="vision.ocr.env", endpoint="http://127.0.0.1:9/invoke")
+    config.write_text(config.read_text().replace(f'url = "{node.url}"\n', ""))
+    process = await asyncio.create_subprocess_exec(sys.executable, "-m", "topology.cli", "preflight", "--config",
+                                                   str(config), cwd=REPO, env={**os.environ, "AGENT_REACH_URL": node.url},
+                                                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    output, _ = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0 and f"{node.url} answers" in output.decode(), output.decode()

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(120)
 STARTUP_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 30.0
 REGION_LINE = re.compile(r"^\s+region (\S+)\s+url (\S+)")
-TOKEN_LINE = re.compile(r"^admin token \(24 h\): (\S+)")
+TOKEN_LINE = re.compile(r"^admin token \(valid 30 days\): (\S+)")
 
 
 async def test_up_runs_three_regions_and_ctrl_c_stops_everything(tmp_path: Path) -> None:

@@ -65,6 +65,7 @@ DEFAULT_SIDECAR_PROBE_INTERVAL_MS = 2_000
 DEFAULT_SIDECAR_PROBE_TIMEOUT_MS = 1_000
 DEFAULT_SIDECAR_FAILURE_THRESHOLD = 3
 DEFAULT_SIDECAR_SUCCESS_THRESHOLD = 2
+DEFAULT_SIDECAR_MAX_BODY_BYTES = 16 * 1024 * 1024
 TOKEN_ENV = "AGENT_REACH_TOKEN"
 URL_ENV = "AGENT_REACH_URL"
 
@@ -141,17 +142,39 @@ class ClientSettings(_Settings):
 
 
 class SidecarSettings(_Settings):
-    """How the sidecar watches the agent it stands beside (``[sidecar]``).
+    """How the sidecar stands beside the agent (``[sidecar]``; every key optional).
 
-    URLs default to ``/healthz`` and ``/readyz`` on the host of the agent's primary endpoint.
+    With ``upstream`` (the agent's own base URL, e.g. ``http://127.0.0.1:8701``) the sidecar is
+    on the call path: it listens where ``[agent] endpoints.primary`` points (or at ``listen``),
+    verifies each call's route credential (401/403 as ``CallVerifier`` says) and forwards what
+    passes to ``upstream`` + the same path, adding ``X-Reach-Caller`` (the verified caller) and
+    ``X-Reach-Caller-Role``. Without it, it only registers, probes and heartbeats, and calls go
+    straight to the agent, which must verify them itself. Probe URLs default to ``/healthz`` and
+    ``/readyz`` on ``upstream``, else on the primary endpoint's host.
     """
 
+    upstream: str | None = Field(default=None, description="The agent's base URL; set it to put the sidecar on "
+                                                            "the call path (verifying route credentials).")
+    listen: str | None = Field(default=None, pattern=r"^[^\s:]+:\d{1,5}$",
+                               description="host:port to listen on with upstream (default: endpoints.primary's)")
+    max_body_bytes: int = Field(default=DEFAULT_SIDECAR_MAX_BODY_BYTES, ge=1_024,
+                                description="A call's body beyond this is refused (413) before it is forwarded.")
     health_url: str | None = None
     ready_url: str | None = None
     probe_interval_ms: int = Field(default=DEFAULT_SIDECAR_PROBE_INTERVAL_MS, ge=50, le=3_600_000)
     probe_timeout_ms: int = Field(default=DEFAULT_SIDECAR_PROBE_TIMEOUT_MS, ge=10, le=60_000)
     failure_threshold: int = Field(default=DEFAULT_SIDECAR_FAILURE_THRESHOLD, ge=1, le=100)
     success_threshold: int = Field(default=DEFAULT_SIDECAR_SUCCESS_THRESHOLD, ge=1, le=100)
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+            raise ValueError("must be the agent's base URL without a path, e.g. http://127.0.0.1:8701")
+        return value.rstrip("/")
 
 
 class NodeSection(_Settings):
@@ -225,7 +248,7 @@ class AgentConfig(_Settings):
         """The (health, ready) URLs the sidecar probes."""
         if self.agent is None:
             raise AgentConfigError("the sidecar needs an [agent] section", field="agent")
-        base = _origin(self.agent.endpoints["primary"])
+        base = self.sidecar.upstream or _origin(self.agent.endpoints["primary"])
         return (self.sidecar.health_url or f"{base}/healthz", self.sidecar.ready_url or f"{base}/readyz")
 
 

@@ -38,7 +38,7 @@ from node.egress import EgressPolicy
 from node.errors import NodeError, first_problem
 from node.models import TokenRole
 from node.redact import mask_url
-from node.security import SecretError, Signer, load_secret
+from node.security import DEFAULT_TOKEN_TTL_S, SecretError, Signer, load_secret
 from node.service import RegistryNode
 
 from ..composition import build_node
@@ -57,6 +57,7 @@ from .drain import Drain
 from .options import add_secret_options, add_storage_options
 from .runtime import run
 from .signals import Interrupted, StopSignals
+from .tokens import admin_token_line, lifetime
 
 __all__ = ["DEFAULT_DRAIN_GRACE_MS", "DEFAULT_DRAIN_TIMEOUT_MS", "add_parser"]
 
@@ -83,7 +84,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                                               "~/.agent-reach/data/<region>); one node per directory")
     add_secret_options(parser)
     parser.add_argument("--print-admin-token", action="store_true",
-                        help="print an admin token (24 h) at start")
+                        help=f"print an admin token ({lifetime(DEFAULT_TOKEN_TTL_S)}, as 'token issue --admin') at start")
     parser.add_argument("--drain-grace-ms", type=int, default=DEFAULT_DRAIN_GRACE_MS,
                         help=f"on SIGTERM/SIGINT, answer /readyz 503 this long before closing the listener "
                              f"(default {DEFAULT_DRAIN_GRACE_MS})")
@@ -178,7 +179,7 @@ async def _main(args: argparse.Namespace, plan: _Plan) -> int:
         console.say(line)
         console.say(f"secret: {plan.secret_source}")
         if args.print_admin_token:
-            console.say(f"admin token (24 h): {Signer(plan.secret).issue('admin', TokenRole.ADMIN, ttl_s=24 * 3600)}")
+            console.say(admin_token_line(Signer(plan.secret).issue("admin", TokenRole.ADMIN, ttl_s=DEFAULT_TOKEN_TTL_S)))
         await signals.stopping.wait()
         await drain.run(node, runner, grace_ms=args.drain_grace_ms, timeout_ms=args.drain_timeout_ms,
                         hurry=signals.hurry)

@@ -36,6 +36,8 @@ from node.client import (
     load_agent_config,
 )
 
+from .nodeurl import add_node_option, node_url_of
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_CONFIG = 2
@@ -54,7 +56,8 @@ class Check:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("preflight", help="check an agent config against its node before starting it")
-    parser.add_argument("--config", required=True, help="the agent TOML file")
+    parser.add_argument("--config", required=True, help="the agent TOML file (see README: 'The agent TOML')")
+    add_node_option(parser)
     parser.add_argument("--check-endpoint", action="store_true",
                         help="also check that the agent's primary endpoint accepts connections")
     parser.set_defaults(func=lambda args: asyncio.run(main(args)))
@@ -62,7 +65,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 async def main(args: argparse.Namespace) -> int:
     try:
-        config = load_agent_config(args.config)
+        config = node_url_of(load_agent_config(args.config), args.node)
     except AgentConfigError as exc:
         print(Check("config", False, exc.message).line())
         return EXIT_BAD_CONFIG
@@ -91,13 +94,16 @@ async def run_preflight(config: AgentConfig, *, check_endpoint: bool = False) ->
         return [*checks, Check("token", False, exc.message)]
     checks.append(Check("token", True, "configured"))
 
-    async with ReachClient(config.node.url, token=token, settings=config.client) as client:
+    url = config.node.url
+    if url is None:
+        return [*checks, Check("node", False, "no node URL: give --node, [node] url or $AGENT_REACH_URL")]
+    async with ReachClient(url, token=token, settings=config.client) as client:
         try:
             health = await client.node_health()
         except NodeError as exc:
             detail = exc.message if isinstance(exc, NodeUnreachable) else f"/healthz answered {exc.code}: {exc.message}"
-            return [*checks, Check("node", False, f"{detail} — is the node running at {config.node.url}?")]
-        checks.append(Check("node", True, f"{config.node.url} answers (region {health.get('region', '?')})"))
+            return [*checks, Check("node", False, f"{detail} — is the node running at {url}?")]
+        checks.append(Check("node", True, f"{url} answers (region {health.get('region', '?')})"))
 
         try:
             policy = await client.policy()

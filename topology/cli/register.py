@@ -22,10 +22,10 @@ from pydantic import ValidationError
 from node.client import CardRegistration, NodeError, NodeUnreachable, ReachClient
 from node.errors import first_problem
 
+from .nodeurl import add_node_option, node_url
 from .runtime import run
 
 TOKEN_ENV = "AGENT_REACH_TOKEN"
-DEFAULT_NODE_URL = "http://127.0.0.1:7070"
 NODE_TIMEOUT_MS = 10_000
 # The card and its options as the CLI names them, for messages about a field that is wrong.
 _OPTION_OF_FIELD = {"agent_id": "--agent-id", "lease_ttl_ms": "--lease-ttl-ms", "labels": "--label"}
@@ -35,7 +35,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("register", help="register an agent from its A2A Agent Card")
     parser.add_argument("--a2a-card", required=True, metavar="FILE", help="the agent's A2A Agent Card (JSON)")
     parser.add_argument("--agent-id", required=True, help="its Agent-Reach id, namespace.group.name")
-    parser.add_argument("--node", default=DEFAULT_NODE_URL, help=f"node URL (default {DEFAULT_NODE_URL})")
+    add_node_option(parser)
     parser.add_argument("--token", help=f"bearer token for that agent or admin (default ${TOKEN_ENV})")
     parser.add_argument("--lease-ttl-ms", type=int, default=30_000)
     parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
@@ -71,7 +71,7 @@ def _run(args: argparse.Namespace) -> int:
         registration = CardRegistration.model_validate_json(orjson.dumps(body), strict=True)
     except ValidationError as exc:
         return _fail(_invalid(exc, args.a2a_card))
-    return run(_register(args.node.rstrip("/"), token, registration, keep_alive=args.keep_alive))
+    return run(_register(node_url(args.node), token, registration, keep_alive=args.keep_alive))
 
 
 def _invalid(exc: ValidationError, card_file: str) -> str:

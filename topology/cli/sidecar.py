@@ -3,6 +3,11 @@
 For agents that cannot embed the SDK. The sidecar runs beside the agent and, with the SDK's
 :class:`~node.client.ReachClient`:
 
+* with ``[sidecar] upstream``, stands on the call path (:mod:`topology.cli.gateway`): listens
+  where the agent is registered, verifies each call's route credential (401 without one or with
+  an expired one, 403 for another agent's or a caller outside ``allowed_callers``) and forwards
+  what passes to the agent, naming the caller in ``X-Reach-Caller``; without it, calls go to the
+  agent directly, which must then verify them itself (``node.client.CallVerifier``);
 * runs preflight (unless ``--skip-preflight``) and exits 1 with the reason if it fails;
 * probes the agent's ``/healthz`` and ``/readyz`` (``[sidecar]`` URLs, interval, thresholds);
 * registers it — as ``unready`` if it is not ready yet: alive ≠ ready;
@@ -27,8 +32,19 @@ from typing import Any
 import aiohttp
 import orjson
 
-from node.client import AgentConfig, AgentConfigError, Load, NodeError, ReachClient, Status, load_agent_config
+from node.client import (
+    AgentConfig,
+    AgentConfigError,
+    CallVerifier,
+    Load,
+    NodeError,
+    ReachClient,
+    Status,
+    load_agent_config,
+)
 
+from .gateway import Gateway, listen_address
+from .nodeurl import add_node_option, node_url_of
 from .preflight import run_preflight
 
 log = logging.getLogger(__name__)
@@ -50,6 +66,15 @@ class Sidecar:
         self.settings = config.sidecar
         self.health_url, self.ready_url = config.sidecar_urls()
         self.client = ReachClient(config=config, load=lambda: self._load)
+        self.gateway: Gateway | None = None
+        if self.settings.upstream is not None:
+            agent = config.agent
+            self.gateway = Gateway(
+                verifier=CallVerifier(self.client.node_url, agent_id=agent.agent_id,
+                                      allowed_callers=agent.allowed_callers),
+                upstream=self.settings.upstream, listen=listen_address(agent.endpoints["primary"], self.settings.listen),
+                max_body_bytes=self.settings.max_body_bytes, timeout_s=config.client.read_timeout_ms / 1000,
+                status=lambda: (self._failures < self.settings.failure_threshold, self.status is Status.READY))
         self.state = SidecarState.NEW
         self.status = Status.UNREADY
         self.probes_run = 0
@@ -77,6 +102,8 @@ class Sidecar:
             self._successes = self.settings.success_threshold if healthy else 0
             self._failures = 0 if healthy else self.settings.failure_threshold
             self.client.set_status(self.status, push=False)
+            if self.gateway is not None:  # listening before registering: the node sends callers at once
+                await self.gateway.start()
             await self.client.start()
             self._task = asyncio.get_running_loop().create_task(self._probe_loop(), name="sidecar-probes")
             self._task.add_done_callback(self._probe_loop_done)
@@ -94,6 +121,8 @@ class Sidecar:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self.client.aclose()
+        if self.gateway is not None:
+            await self.gateway.aclose()
         if self._session is not None:
             await self._session.close()
 
@@ -167,14 +196,15 @@ def _load_from(body: Any) -> Load | None:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("sidecar", help="register, probe and heartbeat for an existing HTTP agent")
-    parser.add_argument("--config", required=True, help="the agent TOML file (see 'agent-reach preflight')")
+    parser.add_argument("--config", required=True, help="the agent TOML file (see README: 'The agent TOML')")
+    add_node_option(parser)
     parser.add_argument("--skip-preflight", action="store_true", help="start without checking the config first")
     parser.set_defaults(func=lambda args: asyncio.run(main(args)))
 
 
 async def main(args: argparse.Namespace) -> int:
     try:
-        config = load_agent_config(args.config)
+        config = node_url_of(load_agent_config(args.config), args.node)
     except AgentConfigError as exc:
         print(f"sidecar: {exc.message}", flush=True)
         return 2
@@ -197,9 +227,19 @@ async def main(args: argparse.Namespace) -> int:
             print(f"sidecar: registered {agent_id} at {config.node.url} (region "
                   f"{registered.region if registered else '?'}) as {sidecar.status.value}; probing "
                   f"{sidecar.health_url} and {sidecar.ready_url}", flush=True)
+            if sidecar.gateway is not None:
+                host, port = sidecar.gateway.listen
+                print(f"sidecar: verifying calls on {host}:{port} and forwarding them to "
+                      f"{sidecar.settings.upstream}", flush=True)
+            else:
+                print("sidecar: calls go to the agent directly (no [sidecar] upstream): it must verify their "
+                      "route credentials itself", flush=True)
             await stop.wait()
             print(f"sidecar: stopping; deregistering {agent_id}", flush=True)
     except NodeError as exc:
         print(f"sidecar: {exc.code}: {exc.message}", flush=True)
+        return 1
+    except OSError as exc:  # the gateway's address is taken
+        print(f"sidecar: cannot listen for calls: {exc.strerror or exc}", flush=True)
         return 1
     return 0

@@ -1,4 +1,9 @@
-"""``agent-reach token issue``: print a bearer token signed with the cluster secret."""
+"""``agent-reach token issue``: print a bearer token signed with the cluster secret.
+
+Every token the command line issues — ``token issue`` for any role, the admin token ``up`` and
+``node --print-admin-token`` print — lasts ``DEFAULT_TOKEN_TTL_S`` (30 days) unless ``--ttl-s``
+says otherwise, and each says how long it lasts in the same words (:func:`lifetime`).
+"""
 
 from __future__ import annotations
 
@@ -20,7 +25,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     who.add_argument("--agent", metavar="AGENT_ID", help="a token that may register/heartbeat this agent")
     who.add_argument("--admin", action="store_true", help="an admin token (may act for any agent)")
     who.add_argument("--caller", metavar="NAME", help="a token that may only resolve/search/report")
-    issue.add_argument("--ttl-s", type=int, default=DEFAULT_TOKEN_TTL_S, help="lifetime in seconds (default 30 days)")
+    issue.add_argument("--ttl-s", type=int, default=DEFAULT_TOKEN_TTL_S,
+                       help=f"lifetime in seconds (default {DEFAULT_TOKEN_TTL_S}: {lifetime(DEFAULT_TOKEN_TTL_S)})")
     add_secret_options(issue)
     issue.set_defaults(func=issue_token)
 
@@ -44,5 +50,21 @@ def issue_token(args: argparse.Namespace) -> int:
     else:
         subject, role = args.caller, TokenRole.CALLER
     print(Signer(secret).issue(subject, role, ttl_s=args.ttl_s))
-    print(f"(signed with the secret from {source})", file=sys.stderr)
+    print(f"({role.value} token for {subject}, valid {lifetime(args.ttl_s)}; signed with the secret from {source})",
+          file=sys.stderr)
     return 0
+
+
+def lifetime(ttl_s: int) -> str:
+    """How long a token lasts, as every command says it: ``30 days``, ``12 h``, ``90 s``."""
+    if ttl_s % 86_400 == 0:
+        days = ttl_s // 86_400
+        return f"{days} day{'s' if days != 1 else ''}"
+    if ttl_s % 3_600 == 0:
+        return f"{ttl_s // 3_600} h"
+    return f"{ttl_s} s"
+
+
+def admin_token_line(token: str) -> str:
+    """The line ``up`` and ``node --print-admin-token`` print."""
+    return f"admin token (valid {lifetime(DEFAULT_TOKEN_TTL_S)}): {token}"

@@ -29,6 +29,7 @@ from ..spec import DEFAULT_TOPOLOGY_FILE, Topology, TopologyError, load_topology
 from . import console
 from .options import add_secret_options, add_storage_options
 from .signals import Interrupted, StopSignals
+from .tokens import admin_token_line
 
 __all__ = ["UP_DEMO_STOP_TIMEOUT_S", "UP_NODE_DRAIN_TIMEOUT_MS", "UP_NODE_STOP_TIMEOUT_S", "UP_SERVICE_STOP_TIMEOUT_S",
            "add_parser"]
@@ -100,7 +101,7 @@ async def _main(args: argparse.Namespace, topology: Topology, *, secret: bytes, 
             console.say(cluster.summary())
             console.say(f"  data {data_dir if data_dir is not None else '(ephemeral: removed on exit)'}")
             console.say(f"  secret {source}")
-            console.say(f"admin token (24 h): {cluster.admin_token()}")
+            console.say(admin_token_line(cluster.admin_token()))
             if args.demo:
                 try:
                     demo = await signals.run(_start_demo(cluster))

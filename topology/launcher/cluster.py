@@ -48,7 +48,7 @@ import aiohttp
 
 from node.models import TokenRole
 from node.redact import mask_url
-from node.security import SECRET_ENV, Signer
+from node.security import DEFAULT_TOKEN_TTL_S, SECRET_ENV, Signer
 
 from ..embedded import (
     DEFAULT_STOP_TIMEOUT_S,
@@ -288,7 +288,7 @@ class LocalCluster:
 
     # -- information -------------------------------------------------------------------------
 
-    def admin_token(self, *, ttl_s: int = 24 * 3600) -> str:
+    def admin_token(self, *, ttl_s: int = DEFAULT_TOKEN_TTL_S) -> str:
         return Signer(self.secret).issue("admin", TokenRole.ADMIN, ttl_s=ttl_s)
 
     def url(self, region: str) -> str:
