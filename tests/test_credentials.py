@@ -9,7 +9,9 @@ credentials already handed out valid.
 
 from __future__ import annotations
 
+import stat
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -20,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from node.client import CallFailed, CallVerifier, CredentialRejected, ReachClient
 from node.client.host import AgentHost
 from node.clock import now_ms
-from node.credentials import JWKS_PATH, RegionKeys
+from node.credentials import JWKS_PATH, RegionKeys, SigningKeyError
 from node.envelope import Envelope
 from node.models import Capability, TokenClaims, TokenRole
 from node.store import RegionStore
@@ -244,3 +246,22 @@ async def test_the_verifier_says_why_it_cannot_verify(node: RunningNode) -> None
     with pytest.raises(CallFailed):  # nothing listens at the registered endpoint
         async with ReachClient(node.url, token=node.admin_token) as client:
             await client.call("cred.none", {})
+
+
+async def test_replicas_publish_their_keys_and_a_key_file_stays_private(node_factory, tmp_path: Path) -> None:
+    one, two = await node_factory(), await node_factory()  # two replicas of one region, keys in memory
+    assert one.node.keys.current.kid != two.node.keys.current.kid
+    await one.register(registration("cred.rep.one", capability="cred.rep"))
+    status, ticket = await two.resolve(capability="cred.rep")  # signed by replica two …
+    assert status == 200
+    async with CallVerifier(one.url, agent_id="cred.rep.one") as verifier:  # … verified with replica one's set
+        assert (await verifier.verify(f"Bearer {ticket['target']['credential']}")).tid == ticket["ticket_id"]
+
+    key_file = tmp_path / "keys" / "signing.pem"
+    first = await node_factory(signing_key_file=str(key_file))
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    again = await node_factory(signing_key_file=str(key_file))  # a restart (or a replica) with the file
+    assert again.node.keys.current.kid == first.node.keys.current.kid
+    key_file.chmod(0o644)
+    with pytest.raises(SigningKeyError, match="chmod 600"):
+        await node_factory(signing_key_file=str(key_file))

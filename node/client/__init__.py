@@ -4,10 +4,15 @@
 
     from node.client import Load, ReachClient
 
-    async with ReachClient("http://127.0.0.1:7070", token=TOKEN, registration=registration,
+    async with ReachClient("http://127.0.0.1:7101", token=TOKEN, registration=registration,
                            load=lambda: Load(inflight=server.inflight)) as reach:
         result = await reach.call("translate.text", {"text": "退款说明", "target_lang": "en"},
                                   idempotent=True)
+        result.payload, result.agent_id, result.match.kind   # the answer, who gave it, how it was found
+
+    # on the called agent's side: who calls (see CallVerifier; node.client.host.AgentHost does it all)
+    async with CallVerifier("http://127.0.0.1:7101", agent_id="lang.translate.prod_01") as verifier:
+        caller = await verifier.verify(request.headers.get("Authorization"))
 
 The SDK runs without the server: importing it loads no Redis client, no Prometheus, no
 ``aiohttp.web`` and none of the node's server modules — only the shared models
@@ -28,12 +33,17 @@ What it guarantees:
   (5 ms); only a C extension that holds the GIL for longer than the lease can starve it.
   ``unknown_agent`` (the lease lapsed) re-registers from the same thread.
 * **Close** stops heartbeats, flushes outcome reports and deregisters.
-* ``resolve()`` caches a ticket until it expires; a failure of its target evicts it.
+* ``resolve()`` caches a ticket until it expires; a failure of its target evicts it, and so does
+  the node saying nobody serves the request. ``semantic=False`` (or ``[client] semantic``)
+  keeps the semantic fallback out; the node never routes a caller to itself.
+* ``search()`` answers a plain-language query with typed hits (:class:`SearchResponse`).
 * ``call()`` delivers an :class:`Envelope` to the target with the attempt and failover the
   node's proxy mode uses too (:mod:`node.client.delivery` writes the rules down): separate
   connect, read and overall timeouts; only ``idempotent=True`` calls are retried, after the
-  wait of :class:`RetryPolicy`, on an alternate or a fresh decision — never an agent or an
-  address already tried; a breaker per target skips agents that keep failing; redirects are
+  wait of :class:`RetryPolicy`, on an alternate or a fresh decision — an agent or address
+  already tried only when nobody else is left (a sole instance restarted within the deadline is
+  reached); a breaker per target skips agents that keep failing; every attempt carries the
+  target's route credential (``Authorization: Bearer``); redirects are
   never followed; answers beyond ``max_response_bytes`` fail the attempt. Every attempt's
   outcome goes to ``/v1/reports`` in the background, batched.
 
@@ -43,6 +53,7 @@ Errors (the node's tree, :mod:`node.errors`, plus)::
     └── ClientError               base of what only the SDK raises
         ├── NodeUnreachable       503 the node did not answer (connection refused, timeout)
         ├── NodeRejected          the node answered with an error this SDK has no class for
+        ├── CredentialRejected    401/403/503 (CallVerifier) a call's route credential is not good for this agent
         └── CallFailed            502 no attempt of call() succeeded; ``.attempts`` says why each failed
             ├── CallRejected      the target answered 4xx (not retried: the request is wrong)
             └── CallTimeout       504 the overall request timeout passed
@@ -55,11 +66,14 @@ the node's code, message, field and details. ``call()`` raises those last two it
 sending: a direct call is a hop, like a proxied one, so ``hop_count`` is incremented and an
 A→B→A loop stops at ``max_hops`` (5).
 
-The parts live in private modules: ``_reach_client`` (the facade), ``_config`` (the agent TOML
-file and :class:`ClientSettings`), ``_errors`` (the tree above), ``_http`` (the node's API),
+The parts live in private modules: ``_reach_client`` (the facade), ``_calls`` (the route
+request, the envelope as sent, :class:`CallResult`), ``_config`` (the agent TOML file and
+:class:`ClientSettings`), ``_errors`` (the tree above), ``_http`` (the node's API),
 ``_heartbeat``, ``_reports`` (batched outcome reports), ``_retry`` (backoff, the client's
-breakers), ``_tickets`` (the ticket cache); :mod:`node.client.delivery` (one attempt, one
-failover) is public because the node's proxy imports it.
+breakers), ``_tickets`` (the ticket cache); public: :mod:`node.client.delivery` (one attempt, one
+failover; the node's proxy imports it), :mod:`node.client.verifier` (:class:`CallVerifier`) and
+:mod:`node.client.host` (:class:`~node.client.host.AgentHost`, which loads ``aiohttp.web`` and
+so is not imported here).
 """
 
 from ..a2a import CardRegistration

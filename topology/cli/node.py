@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from node.api import bound_port, serve
 from node.config import DEFAULT_PORT, NodeConfig
+from node.credentials import SigningKeyError
 from node.egress import EgressPolicy
 from node.errors import NodeError, first_problem
 from node.models import TokenRole
@@ -83,6 +84,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_storage_options(parser, data_dir_help="where the embedded Redis keeps its data (default: "
                                               "~/.agent-reach/data/<region>); one node per directory")
     add_secret_options(parser)
+    parser.add_argument("--signing-key-file", metavar="FILE",
+                        help="Ed25519 PEM key to sign route credentials with (created, mode 0600, when missing; "
+                             "default: a key generated in memory at every start; see README: Route credentials)")
     parser.add_argument("--print-admin-token", action="store_true",
                         help=f"print an admin token ({lifetime(DEFAULT_TOKEN_TTL_S)}, as 'token issue --admin') at start")
     parser.add_argument("--drain-grace-ms", type=int, default=DEFAULT_DRAIN_GRACE_MS,
@@ -128,7 +132,7 @@ def _run(args: argparse.Namespace) -> int:
         return run(_main(args, plan))
     except KeyboardInterrupt:  # before the handlers were installed: nothing was started yet
         return 130
-    except (DataDirError, EmbeddedServiceError) as exc:  # data dir unusable or in use; no redis-server
+    except (DataDirError, EmbeddedServiceError, SigningKeyError) as exc:  # data dir or key file unusable
         console.error(str(exc))
         return 1
     except TopologyError as exc:
@@ -200,6 +204,8 @@ async def _start(args: argparse.Namespace, plan: _Plan,
                             port=DEFAULT_PORT if args.port is None else args.port)
     if args.semantic is not None:
         config = config.model_copy(update={"semantic_enabled": args.semantic})
+    if args.signing_key_file:
+        config = config.model_copy(update={"signing_key_file": args.signing_key_file})
     if args.egress_allow:
         egress = config.egress.model_validate({**config.egress.model_dump(),
                                                "allow": [*config.egress.allow, *args.egress_allow]})
