@@ -265,3 +265,41 @@ async def test_replicas_publish_their_keys_and_a_key_file_stays_private(node_fac
     key_file.chmod(0o644)
     with pytest.raises(SigningKeyError, match="chmod 600"):
         await node_factory(signing_key_file=str(key_file))
+
+
+async def test_calls_in_flight_across_a_rotation_are_served(node: RunningNode) -> None:
+    async with AgentHost(_registration("cred.spin.one", capability="cred.spin"), _echo, node_url=node.url,
+                         token=node.token("cred.spin.one")) as agent:
+        async with ReachClient(node.url, token=node.token("app.caller.two", TokenRole.CALLER)) as caller:
+            before = await caller.call("cred.spin", {"n": 1})
+            old_kid = node.node.keys.current.kid
+            status, _ = await node.call("POST", "/v1/admin/keys/rotate")
+            assert status == 200
+            cached_ticket = await caller.resolve("cred.spin")  # the ticket cached before the rotation
+            cached = await caller.call("cred.spin", {"n": 2})  # … and its old-key credential, still good
+            fresh_ticket = await caller.resolve("cred.spin", fresh=True)  # signed with the new key
+            fresh = await caller.call("cred.spin", {"n": 3})
+        assert jwt.get_unverified_header(cached_ticket.target.credential)["kid"] == old_kid
+        assert jwt.get_unverified_header(fresh_ticket.target.credential)["kid"] == node.node.keys.current.kid != old_kid
+        assert [r.payload["payload"] for r in (before, cached, fresh)] == [{"n": 1}, {"n": 2}, {"n": 3}]
+        assert agent.refused == {} and agent.handled == 3
+
+
+async def test_unknown_keys_are_looked_up_at_most_once_a_second(node: RunningNode) -> None:
+    waits: list[float] = []
+
+    async def recorded(seconds: float) -> None:
+        waits.append(seconds)
+
+    def forged(letter: str) -> str:
+        return jwt.encode({"aud": "cred.junk.one"}, Ed25519PrivateKey.generate(), algorithm="EdDSA",
+                          headers={"kid": f"{node.node.region}.{letter * 43}"})
+
+    async with CallVerifier(node.url, agent_id="cred.junk.one", sleep=recorded) as verifier:
+        for credential in (forged("B"), forged("B"), forged("B"), forged("C"), forged("D")):
+            with pytest.raises(CredentialRejected) as caught:
+                await verifier.verify(f"Bearer {credential}")
+            assert caught.value.code == "credential_invalid" and "does not publish" in caught.value.message
+    # one fetch for B (asked for it; B again within the second is refused at once), then C and D
+    # each wait for (nearly) the whole interval since the last lookup
+    assert verifier.fetches == 3 and len(waits) == 2 and all(0.5 < wait <= 1.0 for wait in waits), waits

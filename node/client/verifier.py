@@ -21,10 +21,12 @@ What it refuses, as :class:`CredentialRejected` (``status`` and ``body()`` are t
     503 keys_unavailable      the node's key set cannot be fetched and none is cached
 
 The key set comes from ``{node_url}/.well-known/jwks.json``: fetched at first use, kept for
-``cache_ttl_s``, and fetched again — at most once per ``refresh_min_interval_s``, concurrent
-verifications sharing the fetch — when a credential names a key it does not hold: that is how a
+``cache_ttl_s``, and fetched again when a credential names a key it does not hold — that is how a
 rotated key, or the key of the peer region a cross-region caller resolved in, is learnt (the node
-asks that peer first when it does not hold the key either).
+asks that peer first when it does not hold the key either). Such lookups happen at most once per
+``refresh_min_interval_s`` (a later one waits for the rest of the interval; the same unknown kid
+again within it is refused at once), and concurrent verifications share one, so credentials with
+made-up key ids cannot make an agent hammer its node.
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ class CallVerifier:
         self.fetches = 0  # key-set fetches so far (observability and tests)
         self._keys: dict[str, jwt.PyJWK] = {}
         self._fetched_at: float | None = None
+        self._looked_up_at: float | None = None  # the last fetch, and the kid it asked the node for
+        self._looked_up_kid: str | None = None
         self._lock = asyncio.Lock()
         self._session: aiohttp.ClientSession | None = None
 
@@ -159,19 +163,31 @@ class CallVerifier:
         if self._fetched_at is None or self.clock() - self._fetched_at > self.cache_ttl_s:
             async with self._lock:
                 if self._fetched_at is None or self.clock() - self._fetched_at > self.cache_ttl_s:
-                    await self._fetch(kid)
+                    await self._look_up(kid)
         key = self._keys.get(kid)
         if key is not None:
             return key
         async with self._lock:  # a key the cache does not hold: a rotation, a peer's key, or junk
             key = self._keys.get(kid)
-            if key is None:
-                wait = (self._fetched_at or 0.0) + self.refresh_min_interval_s - self.clock()
-                if wait > 0:
-                    await self.sleep(wait)
-                await self._fetch(kid)
+            if key is None and not self._just_looked_up(kid):
+                # Unknown keys are looked up at most once per refresh_min_interval_s, so junk kids
+                # cannot make the agent hammer its node.
+                if self._looked_up_at is not None:
+                    wait = self._looked_up_at + self.refresh_min_interval_s - self.clock()
+                    if wait > 0:
+                        await self.sleep(wait)
+                await self._look_up(kid)
                 key = self._keys.get(kid)
         return key
+
+    def _just_looked_up(self, kid: str) -> bool:
+        """The node was asked for this very kid within the interval (and did not have it)."""
+        return (self._looked_up_kid == kid and self._looked_up_at is not None
+                and self.clock() - self._looked_up_at < self.refresh_min_interval_s)
+
+    async def _look_up(self, kid: str) -> None:
+        self._looked_up_at, self._looked_up_kid = self.clock(), kid
+        await self._fetch(kid)
 
     async def _fetch(self, kid: str) -> None:
         """Replace the cached keys with the node's key set (asking it for ``kid``)."""
