@@ -46,6 +46,7 @@ import hashlib
 import logging
 import os
 import stat
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -80,6 +81,7 @@ DEFAULT_KEY_PUBLISH_INTERVAL_MS = 30_000
 DEFAULT_SIGNING_KEY_MAX_AGE_MS = 24 * 3600 * 1000
 # Clocks of nodes and agents disagree by this much at most (NTP keeps them far closer).
 CLOCK_LEEWAY_MS = 5_000
+_ISSUED_CACHE_SIZE = 100_000  # credentials kept for reuse (about 0.5 KB each)
 _PUBLISHED_CACHE_MS = 1_000   # the region's published keys are re-read from Redis at most this often
 _UNKNOWN_KID_REREAD_MS = 100  # … and for a kid of this region that memory does not know, this often
 
@@ -209,6 +211,10 @@ class RegionKeys:
         self._published_at_ms = -_PUBLISHED_CACHE_MS
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        # (kid, caller, role, agent, capability) -> (credential, exp in s): signing is ~25 us, most of
+        # a resolve, and callers ask for the same agents again and again (see issue()).
+        self._issued: OrderedDict[tuple[str, str, str, str, str | None], tuple[str, int]] = OrderedDict()
+        self.reused = 0
 
     @classmethod
     def of(cls, store: RegionStore, *, ticket_ttl_ms: int, key_file: Path | None = None,
@@ -350,11 +356,29 @@ class RegionKeys:
 
     def issue(self, *, caller: TokenClaims, agent_id: str, capability: str | None, ticket_id: str, index: int,
               expires_at_ms: int, now_ms_: int) -> str:
-        """A route credential for calling ``agent_id`` (``index``: its place in the ticket); synchronous."""
+        """A route credential for calling ``agent_id`` (``index``: its place in the ticket); synchronous.
+
+        ``exp`` is the ticket's expiry in whole seconds (rounded up), so every ticket of the same
+        caller for the same agent and capability that expires within the same second gets the same
+        statement — and the same credential, signed once (``tid``/``jti`` then name the first of
+        those tickets). At a few resolves per second per caller and agent, most resolves sign nothing.
+        """
         key = self.current
+        expires_s = -(-expires_at_ms // 1000)
+        cache_key = (key.kid, caller.sub, caller.role.value, agent_id, capability)
+        cached = self._issued.get(cache_key)
+        if cached is not None and cached[1] == expires_s:
+            self.reused += 1
+            return cached[0]
         claims: dict[str, object] = {"iss": self.region, "sub": caller.sub, "rol": caller.role.value,
                                      "aud": agent_id, "tid": ticket_id, "jti": f"{ticket_id}.{index}",
-                                     "iat": now_ms_ // 1000, "exp": -(-expires_at_ms // 1000)}
+                                     "iat": now_ms_ // 1000, "exp": expires_s}
         if capability is not None:
             claims["cap"] = capability
-        return self._jws.encode(orjson.dumps(claims), key.private, algorithm=ALGORITHM, headers={"kid": key.kid})
+        credential = self._jws.encode(orjson.dumps(claims), key.private, algorithm=ALGORITHM,
+                                      headers={"kid": key.kid})
+        self._issued[cache_key] = (credential, expires_s)
+        self._issued.move_to_end(cache_key)
+        if len(self._issued) > _ISSUED_CACHE_SIZE:
+            self._issued.popitem(last=False)
+        return credential
