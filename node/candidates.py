@@ -25,6 +25,7 @@ from .models import (
     Status,
     TokenClaims,
     VersionConstraint,
+    a2a_interface,
     compile_pattern,
     version_constraint,
 )
@@ -33,7 +34,7 @@ from .security import may_see
 
 __all__ = [
     "ALL_WEIGHT_FACTORS", "Candidate", "CandidateTables", "Level", "Source", "Table", "WeightFactor",
-    "capability_of", "caller_allowed", "version_of",
+    "capability_of", "caller_allowed", "tagged", "version_of",
 ]
 
 STATUS_FACTORS = {Status.READY: 1.0, Status.DEGRADED: 0.5, Status.BUSY: 0.2}
@@ -200,7 +201,8 @@ class CandidateTables:
                                preserving=preserving, index_generation=-1)
         name = request.capability
         key = (source.region, name, request.version,
-               tuple(sorted(request.labels.items())) if request.labels else (), source.stale)
+               tuple(sorted(request.labels.items())) if request.labels else (), source.stale,
+               tuple(sorted({tag.casefold() for tag in request.tags})))
         generation = source.index.capability_generation.get(name, 0)
         horizon = source.lease_horizon_ms
         table = self._tables.get(key)
@@ -251,6 +253,11 @@ class CandidateTables:
             if request.labels and any(record.labels.get(k) != v for k, v in request.labels.items()):
                 rejected["labels"] = rejected.get("labels", 0) + 1
                 continue
+            if request.tags:
+                capability = tagged(record, capability, request.tags)
+                if capability is None:
+                    rejected["tags"] = rejected.get("tags", 0) + 1
+                    continue
             screening.registered_weight += record.weight
             changes_at = self.outcomes.next_change_ms(record.agent_id)
             if changes_at is not None:
@@ -347,6 +354,16 @@ def capability_of(record: AgentRecord, name: str) -> Capability | None:
     return None
 
 
+def tagged(record: AgentRecord, capability: Capability | None, tags: Iterable[str]) -> Capability | None:
+    """``capability`` if it carries every tag (case-insensitively), or without one the record's first
+    capability that does; None when none does."""
+    wanted = {tag.casefold() for tag in tags}
+    for candidate in [capability] if capability is not None else record.capabilities:
+        if wanted <= {tag.casefold() for tag in candidate.tags}:
+            return candidate
+    return None
+
+
 def version_of(record: AgentRecord, capability: str | None) -> str | None:
     found = capability_of(record, capability) if capability else None
     return found.version if found else None
@@ -361,6 +378,8 @@ def route_target(record: AgentRecord, source: Source) -> dict[str, object]:
     endpoint = record.endpoints["primary"]
     if source.locality is Locality.REMOTE:
         endpoint = record.endpoints.get("external", endpoint)
+    binding, protocol_version = a2a_interface(record.a2a, record.transport, record.labels)
     return {"agent_id": record.agent_id, "region": record.region, "endpoint": endpoint,
-            "transport": record.transport, "callback_endpoint": record.callback_endpoint,
+            "transport": record.transport, "binding": binding, "protocol_version": protocol_version,
+            "callback_endpoint": record.callback_endpoint,
             "locality": source.locality.value, "stale": source.stale}

@@ -1,6 +1,9 @@
 """Active health: the region leader probes each agent's liveness and readiness URLs.
 
-A probe is an HTTP GET; any 2xx within ``timeout_ms`` is a success. ``failure_threshold``
+A probe is an HTTP GET; any 2xx within ``timeout_ms`` is a success — or, for a probe with
+``accept: listening`` (what the node gives an agent registered from its A2A card: its interface
+need not answer a GET), any answer below 500 and a server that accepted the connection but
+speaks another protocol (gRPC). ``failure_threshold``
 consecutive failures mark the agent not-ready (readiness) or not-live (liveness);
 ``success_threshold`` consecutive successes bring it back — hysteresis, so one lost packet does
 not flap routing. An agent registered with a readiness probe starts not-ready and becomes ready
@@ -33,6 +36,8 @@ from .tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONCURRENT_PROBES = 64
+# After connecting: the server closed or answered what is not HTTP/1.1 (a probe with accept=listening passes).
+_ANSWERED_OTHERWISE = (aiohttp.ServerDisconnectedError, aiohttp.ClientResponseError, aiohttp.ClientPayloadError)
 LIVENESS = "liveness"
 READINESS = "readiness"
 
@@ -178,7 +183,8 @@ class Prober:
             self.egress.check_url(probe.url)
             async with session.get(probe.url, timeout=aiohttp.ClientTimeout(total=probe.timeout_ms / 1000),
                                    allow_redirects=False) as response:
-                if not 200 <= response.status < 300:
+                listening = probe.accept == "listening" and response.status < 500
+                if not (listening or 200 <= response.status < 300):
                     return f"{kind} probe answered HTTP {response.status}"
         except asyncio.CancelledError:
             raise
@@ -190,6 +196,8 @@ class Prober:
             denied = egress_denial(exc)
             if denied is not None:
                 return f"{kind} probe not sent: egress_denied: {denied.message}"
+            if probe.accept == "listening" and isinstance(exc, _ANSWERED_OTHERWISE):
+                return None  # connected, and the server spoke something else than HTTP/1.1 (gRPC's HTTP/2)
             return f"{kind} probe failed: {exc.__class__.__name__}: {exc}"
         return None
 

@@ -75,7 +75,7 @@ ALTERNATE_SAMPLING_MIN = 8
 CALLER_ITSELF = "caller_itself"  # the rejection reason of the calling agent's own record
 EXACT_MATCHES: dict[MatchKind, dict[str, object]] = {
     kind: {"kind": kind.value, "capability": None, "version": None, "score": 1.0}
-    for kind in (MatchKind.EXACT, MatchKind.PATTERN, MatchKind.AGENT_ID)}
+    for kind in (MatchKind.EXACT, MatchKind.PATTERN, MatchKind.AGENT_ID, MatchKind.TAG)}
 
 
 class RegionView(Protocol):
@@ -173,7 +173,8 @@ class Router:
         try:
             return self.decide_exact(request, caller)
         except NoAgentAvailable as exc:
-            if not (request.capability and request.semantic and self.matcher is not None):
+            # Tags filter what the names select; the fallback ranks by meaning and knows no tags.
+            if not (request.capability and request.semantic and not request.tags and self.matcher is not None):
                 raise
             return await self._route_semantic(request, caller, exc)
 
@@ -258,13 +259,18 @@ class Router:
 
     @staticmethod
     def _why_empty(request: RouteRequest, table: Table) -> str:
+        if request.tags and table.matched and table.rejected.get("tags") == table.matched:
+            named = f"capability {request.capability!r}" if request.capability else "a capability"
+            return f"no agent offers {named} tagged {', '.join(request.tags)} ({table.matched} without the tags)"
         if table.matched == 0:
             if request.agent_id:
                 return f"no agent {request.agent_id}"
             if request.pattern:
                 with_capability = f" with capability {request.capability}" if request.capability else ""
                 return f"no agent matches {request.pattern}{with_capability}"
-            return f"no agent has capability {request.capability!r}"
+            if request.capability:
+                return f"no agent has capability {request.capability!r}"
+            return f"no agent has a capability tagged {', '.join(request.tags)}"
         detail = ", ".join(f"{count} {reason}" for reason, count in sorted(table.rejected.items()))
         itself = "; a call never goes to the calling agent itself" if CALLER_ITSELF in table.rejected else ""
         return f"{table.matched} matched, none routable ({detail}){itself}"
@@ -376,11 +382,12 @@ class Router:
             return EXACT_MATCHES[MatchKind.AGENT_ID]
         if request.pattern:
             return EXACT_MATCHES[MatchKind.PATTERN]
-        return EXACT_MATCHES[MatchKind.EXACT]
+        return EXACT_MATCHES[MatchKind.EXACT if request.capability else MatchKind.TAG]
 
     @staticmethod
     def _no_agent_message(request: RouteRequest) -> str:
-        wanted = request.agent_id or request.pattern or f"capability {request.capability}"
+        wanted = (request.agent_id or request.pattern or
+                  (f"capability {request.capability}" if request.capability else f"tags {', '.join(request.tags)}"))
         return f"no agent available for {wanted}; see details.stages for why each stage found nobody"
 
     # -- semantic ----------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def test_the_first_problem_names_its_dotted_field_and_kind() -> None:
 def test_a_problem_with_the_whole_value_has_no_field() -> None:
     first = first_problem(_refusal(RouteRequest, {}))  # the model validator: none of the three selectors
     assert first.field is None and first.location == ()
-    assert "give one of capability, agent_id or pattern" in first.message
+    assert "give one of capability, agent_id, pattern or tags" in first.message
     assert first.line() == first.message
 
 

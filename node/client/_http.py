@@ -70,8 +70,8 @@ class NodeApi:
 
     async def register_card(self, card: CardRegistration) -> RegisterResponse:
         """``POST /v1/agent-cards``: register an agent from its A2A Agent Card."""
-        # exclude_unset: send what the caller wrote, so the node validates the card as given
-        body = card.model_dump(mode="json", exclude_unset=True)
+        # exclude_unset: send what the caller wrote; the card itself exactly as it was given
+        body = {**card.model_dump(mode="json", exclude_unset=True, exclude={"card"}), "card": card.card.given()}
         return RegisterResponse.model_validate(await self.request("POST", "/v1/agent-cards", body))
 
     async def credential(self, request: CredentialRequest) -> IssuedCredential:

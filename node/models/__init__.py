@@ -12,6 +12,7 @@ One concept per module, every name importable from here (``from node.models impo
 
     fields     identifier patterns, bounded text and numbers, URLs, free-form JSON, Strict
     versions   capability versions and version constraints
+    cards      an agent registered from its A2A card (the card as given)
     records    registrations, heartbeats and the records a region stores, lists, snapshots
     changes    one change of a region (ChangeEvent)
     routing    route requests, route tickets, alternates' credentials, outcome reports
@@ -21,6 +22,14 @@ One concept per module, every name importable from here (``from node.models impo
 
 from __future__ import annotations
 
+from .cards import (
+    BINDING_TRANSPORTS,
+    DEFAULT_PROTOCOL_VERSION,
+    PROTOCOL_VERSION_LABEL,
+    TRANSPORT_BINDINGS,
+    CardListing,
+    a2a_interface,
+)
 from .changes import ChangeEvent, ChangeKind, DeleteReason
 from .fields import (
     AGENT_ID_PATTERN,
@@ -86,10 +95,12 @@ from .routing import (
 from .search import SearchHit, SearchResponse
 from .tokens import (
     KEY_ID_PATTERN,
+    TOKEN_ID_PATTERN,
     CallClaims,
     ErrorBody,
     KeySet,
     PublicKey,
+    RevocationRequest,
     TokenClaims,
     TokenRole,
     caller_may_call,
@@ -99,6 +110,8 @@ from .tokens import (
 from .versions import VersionConstraint, parse_version, version_constraint
 
 __all__ = [
+    "BINDING_TRANSPORTS", "CardListing", "DEFAULT_PROTOCOL_VERSION", "PROTOCOL_VERSION_LABEL", "TRANSPORT_BINDINGS",
+    "a2a_interface",
     "AGENT_ID_PATTERN", "AGENT_ID_RE", "AGENT_PATTERN_RE", "AgentId", "AgentList", "AgentRecord",
     "CAPABILITY_NAME_PATTERN", "CallClaims", "Capability", "CredentialRequest", "IssuedCredential", "ChangeEvent", "ChangeKind", "Count", "DEFAULT_FAILURE_THRESHOLD",
     "DEFAULT_LEASE_TTL_MS", "DEFAULT_PROBE_INTERVAL_MS", "DEFAULT_PROBE_TIMEOUT_MS", "DEFAULT_SUCCESS_THRESHOLD",
@@ -106,7 +119,7 @@ __all__ = [
     "JsonValue", "KEY_ID_PATTERN", "KeySet", "LABEL_KEY_PATTERN", "Load", "Locality", "LongText", "MAX_JSON_DEPTH", "MAX_LEASE_TTL_MS",
     "MIN_LEASE_TTL_MS", "MULTI_LINE_PATTERN", "Match", "MatchKind", "Millis", "Outcome", "OutcomeReport",
     "OutcomeReports", "Probe", "PublicKey", "REGION_PATTERN", "ROUTABLE_STATUSES", "Region", "RegisterResponse", "Registration",
-    "RouteRequest", "RouteTarget", "RouteTicket", "SINGLE_LINE_PATTERN", "Scope", "SearchHit", "SearchResponse",
-    "ShortText", "Snapshot", "Status", "Strict", "TRACE_ID_PATTERN", "TRANSPORT_PATTERN", "TokenClaims", "TokenRole",
+    "RevocationRequest", "RouteRequest", "RouteTarget", "RouteTicket", "SINGLE_LINE_PATTERN", "Scope", "SearchHit",
+    "SearchResponse", "ShortText", "Snapshot", "Status", "Strict", "TOKEN_ID_PATTERN", "TRACE_ID_PATTERN", "TRANSPORT_PATTERN", "TokenClaims", "TokenRole",
     "VersionConstraint", "caller_may_call", "check_json_value", "compile_pattern", "key_region", "parse_version", "usable_keys", "version_constraint",
 ]

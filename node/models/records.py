@@ -5,11 +5,12 @@ region stores of it (:class:`AgentRecord`), listed and snapshotted. This module 
 from __future__ import annotations
 
 import enum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from packaging.version import Version
 from pydantic import Field, field_validator, model_validator
 
+from .cards import CardListing
 from .fields import (
     CAPABILITY_NAME_PATTERN,
     LABEL_KEY_PATTERN,
@@ -82,6 +83,10 @@ class Probe(Strict):
     timeout_ms: int = Field(default=DEFAULT_PROBE_TIMEOUT_MS, ge=10, le=60_000)
     failure_threshold: int = Field(default=DEFAULT_FAILURE_THRESHOLD, ge=1, le=100)
     success_threshold: int = Field(default=DEFAULT_SUCCESS_THRESHOLD, ge=1, le=100)
+    accept: Literal["2xx", "listening"] = Field(
+        default="2xx", description="2xx: only a 2xx answer is a success. listening: any answer below 500, or a "
+                                   "server that accepted the connection and speaks another protocol (gRPC), is "
+                                   "one — the probe of an A2A interface, which need not answer a GET.")
 
     @field_validator("url")
     @classmethod
@@ -178,6 +183,8 @@ class AgentRecord(Registration):
     live: bool = Field(default=True, description="Liveness probe verdict (true when there is no probe).")
     ready: bool = Field(default=True, description="Readiness probe verdict (true when there is no probe).")
     probe_error: str | None = None
+    a2a: CardListing | None = Field(default=None, description="Registered from an A2A Agent Card: the card as "
+                                                                "given (POST /v1/agent-cards).")
 
     def leased(self, now_ms: int) -> bool:
         return self.lease_expires_at_ms > now_ms

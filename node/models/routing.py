@@ -40,6 +40,10 @@ class RouteRequest(Strict):
     semantic: bool = Field(default=True, description="False: never the semantic fallback, only an agent that "
                                                       "has the capability by name (or the agent_id or pattern).")
     exclude: list[AgentId] = Field(default_factory=list, max_length=64)
+    tags: list[Annotated[str, Field(min_length=1, max_length=64, pattern=SINGLE_LINE_PATTERN)]] = Field(
+        default_factory=list, max_length=8,
+        description="Only an agent whose matched capability (an A2A card's skill) carries every one of these tags "
+                    "(compared case-insensitively); alone, they select any agent with such a capability.")
     trace_id: str | None = Field(default=None, pattern=TRACE_ID_PATTERN,
                                  description="Join a collaboration's trace: the decision is recorded in it.")
 
@@ -59,9 +63,9 @@ class RouteRequest(Strict):
 
     @model_validator(mode="after")
     def _one_selector(self) -> RouteRequest:
-        chosen = [name for name in ("capability", "agent_id", "pattern") if getattr(self, name)]
+        chosen = [name for name in ("capability", "agent_id", "pattern", "tags") if getattr(self, name)]
         if not chosen:
-            raise ValueError("give one of capability, agent_id or pattern")
+            raise ValueError("give one of capability, agent_id, pattern or tags")
         return self
 
 
@@ -69,6 +73,7 @@ class MatchKind(str, enum.Enum):
     EXACT = "exact"
     PATTERN = "pattern"
     AGENT_ID = "agent_id"
+    TAG = "tag"
     SEMANTIC = "semantic"
 
 
@@ -82,6 +87,11 @@ class RouteTarget(Strict):
     region: Region
     endpoint: str
     transport: str
+    binding: str | None = Field(
+        default=None, description="The A2A protocol binding to call the endpoint with (JSONRPC, HTTP+JSON, GRPC, "
+                                  "…: the agent's preferred interface); null: the Agent-Reach envelope (or the raw "
+                                  "payload, transport passthrough).")
+    protocol_version: str | None = Field(default=None, description="The A2A protocol version of that interface.")
     callback_endpoint: str | None = None
     locality: Locality = Locality.LOCAL
     stale: bool = False
