@@ -27,6 +27,7 @@ from .a2a import AGENT_CARD_PATH, AGENT_CARD_ROUTE, CardRegistration
 from .a2a.routes import registry_agent_card, v1_agent_card, well_known_agent_card
 from .candidates import capability_of, tagged
 from .clock import now_ms
+from .console import install_console, is_console_path
 from .credentials import JWKS_PATH
 from .envelope import RouteEvent, RouteEventKind
 from .errors import (
@@ -58,6 +59,7 @@ from .models import (
     OutcomeReport,
     OutcomeReports,
     Registration,
+    RevocationRequest,
     RouteRequest,
     Scope,
     TokenClaims,
@@ -73,11 +75,12 @@ from .service import RegistryNode
 from .traces import TRACES_KEY
 from .watch_stream import end_watches, watch
 
-__all__ = ["PUBLIC_PATHS", "ROUTES", "bound_port", "build_app", "guard", "serve"]
+__all__ = ["PUBLIC_PATHS", "ROUTES", "bound_port", "build_app", "guard", "public_path", "serve"]
 
 log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json", JWKS_PATH, AGENT_CARD_PATH})
+"""Paths served without a token; the console's files (``/ui/…``, :func:`public_path`) are public too."""
 MAX_QUERY_CHARS = 2_000  # the spec's maxLength of /v1/search's q, as sent
 _KEY_ID_RE = re.compile(KEY_ID_PATTERN)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -93,7 +96,7 @@ def guard(node: RegistryNode) -> Middleware:
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
         try:
-            if request.path not in PUBLIC_PATHS and not _anonymous_card(request):
+            if not public_path(request.path) and not _anonymous_card(request):
                 caller = node.authenticate(request.headers.get("Authorization"))
                 if not limiter.allow(caller.sub):
                     raise RateLimited(f"caller {caller.sub} exceeded {limiter.rate_per_s:g} requests/s; slow down")
@@ -130,6 +133,11 @@ def _anonymous_card(request: web.Request) -> bool:
     """An agent card's well-known URL asked for without a token: its handler decides (node.a2a.routes)."""
     resource = request.match_info.route.resource
     return resource is not None and resource.canonical == AGENT_CARD_ROUTE and "Authorization" not in request.headers
+
+
+def public_path(path: str) -> bool:
+    """Whether ``path`` is served without a bearer token (the console's data comes from the API, with one)."""
+    return path in PUBLIC_PATHS or is_console_path(path)
 
 
 def _node(request: web.Request) -> RegistryNode:
@@ -316,6 +324,22 @@ async def regions(request: web.Request) -> web.Response:
     })
 
 
+async def breakers(request: web.Request) -> web.Response:
+    """This node's open, half-open or penalised agents (from call outcome reports) the caller may see."""
+    node = _node(request)
+    return json_response({"region": node.region, "node_id": node.node_id, "breakers": node.breakers(_caller(request))})
+
+
+async def revoke_token(request: web.Request) -> web.Response:
+    """Refuse a token on every node of this region until it expires (admin; ``node.revocation``)."""
+    body = await parse_body(request, RevocationRequest)
+    node = _node(request)
+    done = await node.revoke_token(body, _caller(request))
+    return json_response({"region": node.region, "jti": done.jti, "revoked_until_ms": done.until_ms,
+                          "new": done.new, "expired": done.expired,
+                          "poll_interval_ms": node.config.revocation_poll_interval_ms})
+
+
 async def snapshot(request: web.Request) -> web.Response:
     require_peer(_caller(request), "the federation snapshot")
     return web.Response(body=await _node(request).snapshot_json(), content_type="application/json")
@@ -385,9 +409,11 @@ ROUTES: tuple[web.RouteDef, ...] = (
     web.post("/v1/credentials", credentials),
     web.get("/v1/watch", watch),
     web.get("/v1/regions", regions),
+    web.get("/v1/breakers", breakers),
     web.get("/v1/federation/snapshot", snapshot),
     web.get("/v1/admin/quarantine", quarantine),
     web.post("/v1/admin/keys/rotate", rotate_keys),
+    web.post("/v1/admin/tokens/revoke", revoke_token),
     web.get(JWKS_PATH, jwks),
     web.get(AGENT_CARD_PATH, registry_agent_card),
     web.get(AGENT_CARD_ROUTE, well_known_agent_card),
@@ -408,6 +434,7 @@ def build_app(node: RegistryNode) -> web.Application:
     for extension in node.extensions:
         extension(app)
     install_proxy_routes(app, node)
+    install_console(app)
     return app
 
 

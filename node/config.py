@@ -21,6 +21,7 @@ from .outcomes import (
     DEFAULT_BREAKER_FAILURES,
     DEFAULT_BREAKER_WINDOW_MS,
 )
+from .revocation import DEFAULT_REVOCATION_POLL_INTERVAL_MS
 from .router import DEFAULT_OVERPROVISIONING_FACTOR, DEFAULT_TICKET_TTL_MS
 from .server import (
     DEFAULT_ERROR_LOG_INTERVAL_MS,
@@ -115,6 +116,11 @@ class NodeConfig(BaseModel):
                                          description="How often the node renews its public key's lease in Redis.")
     signing_key_max_age_ms: int = Field(default=DEFAULT_SIGNING_KEY_MAX_AGE_MS, ge=1_000,
                                         description="The node rotates its signing key once it is this old.")
+    # Bearer tokens (node.revocation): the region's deny list of revoked tokens.
+    revocation_poll_interval_ms: int = Field(
+        default=DEFAULT_REVOCATION_POLL_INTERVAL_MS, ge=10,
+        description="How often the node reads the region's token deny list again: a token revoked through one "
+                    "node is refused by every node of the region within about this long.")
     report_grace_ms: int = Field(default=DEFAULT_REPORT_GRACE_MS, ge=0)
     overprovisioning_factor: float = Field(default=DEFAULT_OVERPROVISIONING_FACTOR, ge=1.0)
     semantic_threshold: float | None = Field(

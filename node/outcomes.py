@@ -150,6 +150,10 @@ class OutcomeTracker:
             return 0.0
         return rate
 
+    def tracked(self) -> list[str]:
+        """The agents this tracker holds a breaker or an error rate for (the console shows them)."""
+        return list(self._agents)
+
     def forget(self, agent_id: str) -> None:
         self._agents.pop(agent_id, None)
 

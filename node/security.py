@@ -1,7 +1,8 @@
 """Identity: bearer tokens and route-ticket signatures, both HMAC-SHA256 with the cluster secret.
 
 A token is ``ar1.<base64url(claims JSON)>.<base64url(mac)>``; claims say who (``sub``), in
-which role (admin, agent, caller) and until when (``exp``, seconds). An agent token allows
+which role (admin, agent, caller), until when (``exp``, seconds) and which token it is (``jti``,
+what revoking it names: :mod:`node.revocation`). An agent token allows
 register/heartbeat/deregister of that agent_id only; any valid token may resolve, and the
 router sees the caller's identity. The secret is read from ``AGENT_REACH_SECRET``, or from the
 file named by ``AGENT_REACH_SECRET_FILE``; with neither, a local secret file is created once
@@ -55,6 +56,27 @@ def _unb64(text: str) -> bytes:
     if _b64(data) != text:
         raise ValueError("not canonical base64url")
     return data
+
+
+def new_token_id() -> str:
+    """A fresh token id (``jti``): 96 random bits, base64url (16 characters)."""
+    return secrets.token_urlsafe(12)
+
+
+def token_claims_unverified(token: str) -> TokenClaims:
+    """The claims a token states, WITHOUT checking its signature: for the side that names a token
+    to revoke it (``agent-reach token revoke``); a node never trusts claims read this way.
+
+    Raises:
+        ValueError: not an Agent-Reach token, or its claims do not parse.
+    """
+    parts = token.strip().split(".")
+    if len(parts) != 3 or parts[0] != _TOKEN_PREFIX:
+        raise ValueError(f"not an Agent-Reach token ({_TOKEN_PREFIX}.<claims>.<signature>)")
+    try:
+        return TokenClaims.model_validate_json(_unb64(parts[1]))
+    except (ValueError, ValidationError) as exc:
+        raise ValueError("the token's claims do not parse") from exc
 
 
 class SecretError(ValueError):
@@ -129,7 +151,7 @@ class Signer:
     def issue(self, subject: str, role: TokenRole, *, ttl_s: int = DEFAULT_TOKEN_TTL_S,
               now_s: int | None = None) -> str:
         issued = int(time.time()) if now_s is None else now_s
-        claims = TokenClaims(sub=subject, role=role, iat=issued, exp=issued + ttl_s)
+        claims = TokenClaims(sub=subject, role=role, iat=issued, exp=issued + ttl_s, jti=new_token_id())
         payload = _b64(claims.model_dump_json().encode())
         mac = _b64(hmac.new(self._token_key, payload.encode(), hashlib.sha256).digest())
         return f"{_TOKEN_PREFIX}.{payload}.{mac}"

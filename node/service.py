@@ -47,6 +47,7 @@ from .models import (
     OutcomeReport,
     RegisterResponse,
     Registration,
+    RevocationRequest,
     RouteRequest,
     RouteTicket,
     Scope,
@@ -54,7 +55,8 @@ from .models import (
     TokenClaims,
     TokenRole,
 )
-from .outcomes import OutcomeTracker
+from .outcomes import BreakerState, OutcomeTracker
+from .revocation import Revocation, RevocationList
 from .router import Decision, Router
 from .search import Searcher
 from .security import Signer, authorize_agent, may_see
@@ -114,6 +116,7 @@ class RegistryNode:
         self.watch = WatchHub()
         self.cache.subscribe(self.watch.publish)
         self.metrics = NodeMetrics(config.region)
+        self.revocations = RevocationList.of(self.store, poll_interval_ms=config.revocation_poll_interval_ms)
         self.extensions: list[Extension] = []
         self.searcher: Searcher | None = None
         self.state = NodeState.NEW
@@ -133,6 +136,7 @@ class RegistryNode:
         try:
             await self.cache.start()
             await self.keys.start()
+            await self.revocations.start()
             await self.leadership.start()
         except BaseException:
             await self.aclose()
@@ -146,6 +150,7 @@ class RegistryNode:
             return
         self.state = NodeState.CLOSED
         await self.leadership.aclose()
+        await self.revocations.aclose()
         await self.keys.aclose()
         await self.cache.aclose()
         await self.store.aclose()
@@ -164,14 +169,30 @@ class RegistryNode:
     # -- identity ----------------------------------------------------------------------------
 
     def authenticate(self, authorization: str | None) -> TokenClaims:
-        """The caller's claims from an ``Authorization`` header; raises :class:`Unauthorized`."""
+        """The caller's claims from an ``Authorization`` header; raises :class:`Unauthorized` for a
+        missing, forged, expired or revoked token (``node.revocation``)."""
         if not authorization:
             raise Unauthorized("send 'Authorization: Bearer <token>'; 'agent-reach token issue' prints one",
                                code="missing_token")
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("the Authorization header must be 'Bearer <token>'", code="invalid_token")
-        return self.signer.verify(token.strip())
+        claims = self.signer.verify(token.strip())
+        if claims.jti is not None and self.revocations.revoked(claims.jti):
+            raise Unauthorized("the token was revoked; ask for a new one ('agent-reach token issue')",
+                               code="token_revoked")
+        return claims
+
+    async def revoke_token(self, request: RevocationRequest, caller: TokenClaims) -> Revocation:
+        """Refuse the token ``request.jti`` on every node of this region until it expires (admins only)."""
+        if caller.role is not TokenRole.ADMIN:
+            raise Forbidden("revoking tokens is for admins", code="admins_only")
+        try:
+            revocation = await self.revocations.revoke(request.jti, expires_at_s=request.exp)
+        except ValueError as exc:
+            raise ValidationFailed(str(exc), field="exp") from None
+        log.info("region %s: token %s revoked until %d (by %s)", self.region, request.jti, request.exp, caller.sub)
+        return revocation
 
     # -- operations --------------------------------------------------------------------------
 
@@ -319,6 +340,19 @@ class RegistryNode:
                             now=now, too_old="the ticket is too old to report on")
         self.outcomes.record(report.agent_id, report.outcome, now_ms=now)
         self.metrics.reports(report.outcome.value).inc()
+
+    def breakers(self, caller: TokenClaims) -> list[dict[str, object]]:
+        """This node's breaker state and error factor of every agent it learnt about from reports
+        (a closed breaker with a clean record is left out) that ``caller`` may see."""
+        now, found = now_ms(), []
+        for agent_id in self.outcomes.tracked():
+            state = self.outcomes.state(agent_id, now_ms=now)
+            factor = self.outcomes.weight_factor(agent_id, now_ms=now)
+            record = self.find(agent_id)
+            if record is None or not self.visible(record, caller) or (state is BreakerState.CLOSED and factor >= 1.0):
+                continue
+            found.append({"agent_id": agent_id, "state": state.value, "error_factor": round(factor, 4)})
+        return sorted(found, key=lambda entry: str(entry["agent_id"]))
 
     def issue_credential(self, request: CredentialRequest, caller: TokenClaims) -> IssuedCredential:
         """The route credential for one of a ticket's alternates (``POST /v1/credentials``).

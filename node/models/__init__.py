@@ -95,10 +95,12 @@ from .routing import (
 from .search import SearchHit, SearchResponse
 from .tokens import (
     KEY_ID_PATTERN,
+    TOKEN_ID_PATTERN,
     CallClaims,
     ErrorBody,
     KeySet,
     PublicKey,
+    RevocationRequest,
     TokenClaims,
     TokenRole,
     caller_may_call,
@@ -117,7 +119,7 @@ __all__ = [
     "JsonValue", "KEY_ID_PATTERN", "KeySet", "LABEL_KEY_PATTERN", "Load", "Locality", "LongText", "MAX_JSON_DEPTH", "MAX_LEASE_TTL_MS",
     "MIN_LEASE_TTL_MS", "MULTI_LINE_PATTERN", "Match", "MatchKind", "Millis", "Outcome", "OutcomeReport",
     "OutcomeReports", "Probe", "PublicKey", "REGION_PATTERN", "ROUTABLE_STATUSES", "Region", "RegisterResponse", "Registration",
-    "RouteRequest", "RouteTarget", "RouteTicket", "SINGLE_LINE_PATTERN", "Scope", "SearchHit", "SearchResponse",
-    "ShortText", "Snapshot", "Status", "Strict", "TRACE_ID_PATTERN", "TRANSPORT_PATTERN", "TokenClaims", "TokenRole",
+    "RevocationRequest", "RouteRequest", "RouteTarget", "RouteTicket", "SINGLE_LINE_PATTERN", "Scope", "SearchHit",
+    "SearchResponse", "ShortText", "Snapshot", "Status", "Strict", "TOKEN_ID_PATTERN", "TRACE_ID_PATTERN", "TRANSPORT_PATTERN", "TokenClaims", "TokenRole",
     "VersionConstraint", "caller_may_call", "check_json_value", "compile_pattern", "key_region", "parse_version", "usable_keys", "version_constraint",
 ]

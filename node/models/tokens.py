@@ -1,6 +1,6 @@
 """Who a request is from and what it is told when refused: a bearer token's claims and role, the
 claims of a route credential (what a called agent is told about its caller), who may call an
-agent, and the JSON error body every route answers with. This module does no I/O.
+agent, what revoking a token names, and the JSON error body every route answers with. This module does no I/O.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .fields import SINGLE_LINE_PATTERN, AgentId, Count, Region, Strict, compile_pattern
 
+TOKEN_ID_PATTERN = r"^[A-Za-z0-9_-]{8,64}$"
+"""A bearer token's id (``jti``): what revoking it names; base64url, 8 to 64 characters."""
+MAX_TOKEN_EXPIRY_S = 253_402_300_799  # 9999-12-31T23:59:59Z: in ms still exact as a double (Redis scores, Lua)
 
 class ErrorBody(Strict):
     error: str = Field(description="snake_case code, e.g. no_agent_available")
@@ -37,6 +40,18 @@ class TokenClaims(Strict):
     role: TokenRole
     exp: Count = Field(description="Expiry, seconds since the epoch.")
     iat: Count
+    jti: str | None = Field(default=None, pattern=TOKEN_ID_PATTERN,
+                            description="The token's id: what revoking it names (tokens issued before ids were "
+                                        "introduced have none and cannot be revoked one by one).")
+
+
+class RevocationRequest(Strict):
+    """``POST /v1/admin/tokens/revoke``: refuse the token ``jti`` in this region from now until ``exp``."""
+
+    jti: str = Field(pattern=TOKEN_ID_PATTERN, description="The token's id (its jti claim).")
+    exp: int = Field(ge=0, le=MAX_TOKEN_EXPIRY_S,
+                     description="The token's expiry, seconds since the epoch (its exp claim): the deny-list entry "
+                                 "ends then, when the token is refused as expired anyway.")
 
 
 class CallClaims(Strict):

@@ -25,6 +25,7 @@ from ..models import (
     OutcomeReports,
     RegisterResponse,
     Registration,
+    RevocationRequest,
     RouteRequest,
     RouteTicket,
     SearchResponse,
@@ -34,6 +35,7 @@ from .patterns import AGENT_PATTERN, JSON_VALUE, MULTI_LINE, SINGLE_LINE, STORED
 from .refinements import CARD_REFINEMENTS, REFINEMENTS, close_pattern_properties, refine
 from .shapes import (
     Accepted,
+    Breakers,
     Deregistered,
     ExportedAgentCard,
     FederationStatus,
@@ -42,6 +44,7 @@ from .shapes import (
     QuarantineList,
     Ready,
     Regions,
+    TokenRevoked,
     Unready,
     VectorRequest,
     VectorResponse,
@@ -53,7 +56,7 @@ _MODELS: list[type[BaseModel]] = [
     RouteTicket, OutcomeReport, OutcomeReports, Snapshot, ErrorBody, SearchResponse, CardRegistration, Envelope,
     SendAccepted, RouteEvents, Trace, Policy, ChangeEvent, Deregistered, Accepted, Regions, QuarantineList,
     VectorRequest, VectorResponse, FederationStatus, ExportedAgentCard, Health, Ready, Unready, WatchHello,
-    WatchOverflow, CredentialRequest, IssuedCredential, KeySet, KeyRotated,
+    WatchOverflow, CredentialRequest, IssuedCredential, KeySet, KeyRotated, Breakers, TokenRevoked, RevocationRequest,
 ]
 
 

@@ -4,6 +4,7 @@ statuses it can answer. ``build_openapi`` leaves out what a node does not serve.
 
 from __future__ import annotations
 
+from ..console import console_files
 from ..credentials import JWKS_PATH
 from ..models import INT64_MAX, KEY_ID_PATTERN, Scope
 from ..search import DEFAULT_SEARCH_K, MAX_SEARCH_K
@@ -15,6 +16,7 @@ from .operations import (
     TRACE_ID,
     json_answer,
     operation,
+    path_parameter,
     query,
     ref,
     scope_query,
@@ -157,6 +159,15 @@ def _feeds() -> Paths:
                               "credentials it signed expired", {"200": json_answer("KeyRotated", "Rotated")},
                               errors=(403, 503), notes={403: "Admin tokens only"}),
         },
+        "/v1/breakers": {
+            "get": operation("This node's open, half-open or penalised agents, learnt from call outcome reports",
+                             {"200": json_answer("Breakers", "The agents the caller may see")}),
+        },
+        "/v1/admin/tokens/revoke": {
+            "post": operation("Refuse a bearer token on every node of this region until it expires",
+                              {"200": json_answer("TokenRevoked", "Revoked")}, body="RevocationRequest",
+                              errors=(403, 503), notes={403: "Admin tokens only"}),
+        },
         "/v1/admin/quarantine": {
             "get": operation("Stored records and events that do not parse, skipped by every reader",
                              {"200": json_answer("QuarantineList", "OK")}, errors=(403,),
@@ -211,6 +222,29 @@ def _proxy() -> Paths:
     }
 
 
+def _console() -> Paths:
+    """The web console's files (``node.console``): public; its data comes from the API with a token."""
+    html = {"content": {"text/html": {"schema": {"type": "string"}}}}
+    redirect = {"302": {"description": "To /ui/ (a URL fragment such as #token=… is kept by the browser)",
+                        "headers": {"Location": {"schema": {"type": "string", "const": "/ui/"}}}}}
+    return {
+        "/": {"get": operation("The console", redirect, public=True)},
+        "/ui": {"get": operation("The console", redirect, public=True)},
+        "/ui/": {"get": operation("The console's page (never cached)",
+                                  {"200": {"description": "The console", **html}}, public=True)},
+        "/ui/{name}": {"get": operation(
+            "One of the console's files (revalidated by ETag)",
+            {"200": {"description": "The file",
+                     "content": {"text/javascript": {"schema": {"type": "string"}},
+                                 "text/css": {"schema": {"type": "string"}},
+                                 "image/svg+xml": {"schema": {"type": "string"}}}},
+             "304": {"description": "Unchanged since the ETag in If-None-Match"}},
+            errors=(404,), public=True,
+            parameters=[path_parameter("name", {"type": "string", "enum": console_files()}, "The file's name")],
+            notes={404: "The console has no such file"})},
+    }
+
+
 def _service() -> Paths:
     """The public routes: this document, liveness, readiness, metrics."""
     return {
@@ -223,6 +257,7 @@ def _service() -> Paths:
                 query("kid", {"type": "string", "pattern": KEY_ID_PATTERN},
                       "A key the caller needs: a peer's key this node does not hold yet is fetched from that peer "
                       "first")])},
+        **_console(),
         "/healthz": {"get": operation("Process liveness", {"200": json_answer("Health", "Alive")}, public=True)},
         "/readyz": {"get": operation("Readiness (cache loaded, Redis reachable)",
                                      {"200": json_answer("Ready", "Ready"),

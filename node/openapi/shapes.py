@@ -36,6 +36,31 @@ class KeyRotated(Shape):
     rotations: int = Field(ge=0, description="Rotations by this node since it started")
 
 
+class BreakerEntry(Shape):
+    agent_id: str
+    state: Literal["closed", "open", "half_open"]
+    error_factor: float = Field(ge=0, le=1, description="The routing weight's factor from reported errors (1 = clean)")
+
+
+class Breakers(Shape):
+    """``GET /v1/breakers``: what this node learnt from call outcome reports (each replica its own)."""
+
+    region: str
+    node_id: str
+    breakers: list[BreakerEntry]
+
+
+class TokenRevoked(Shape):
+    """``POST /v1/admin/tokens/revoke``: the token is refused in this region until it expires."""
+
+    region: str
+    jti: str
+    revoked_until_ms: int = Field(description="The deny-list entry ends with the token (its exp, in ms)")
+    new: bool = Field(description="False when the token was on the list already, or has expired")
+    expired: bool = Field(description="The token had expired already: nothing to refuse")
+    poll_interval_ms: int = Field(description="Every node of the region refuses it within about this long")
+
+
 class Regions(Shape):
     """``GET /v1/regions``: this node and, with federation, its view of every peer."""
 

@@ -1,4 +1,5 @@
-"""``agent-reach token issue``: print a bearer token signed with the cluster secret.
+"""``agent-reach token issue``: print a bearer token signed with the cluster secret;
+``agent-reach token revoke`` (:mod:`.revoke`): refuse one before it expires.
 
 Every token the command line issues — ``token issue`` for any role, the admin token ``up`` and
 ``node --print-admin-token`` print — lasts ``DEFAULT_TOKEN_TTL_S`` (30 days) unless ``--ttl-s``
@@ -11,14 +12,14 @@ import argparse
 import sys
 
 from node.models import AGENT_ID_RE, TokenRole
-from node.security import DEFAULT_TOKEN_TTL_S, SecretError, Signer, load_secret
+from node.security import DEFAULT_TOKEN_TTL_S, SecretError, Signer, load_secret, token_claims_unverified
 
-from . import console
+from . import console, revoke
 from .options import add_secret_options
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    token = commands.add_parser("token", help="issue bearer tokens")
+    token = commands.add_parser("token", help="issue or revoke bearer tokens")
     actions = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
     issue = actions.add_parser("issue", help="print a token")
     who = issue.add_mutually_exclusive_group(required=True)
@@ -29,6 +30,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                        help=f"lifetime in seconds (default {DEFAULT_TOKEN_TTL_S}: {lifetime(DEFAULT_TOKEN_TTL_S)})")
     add_secret_options(issue)
     issue.set_defaults(func=issue_token)
+    revoke.add_parser(actions)
 
 
 def issue_token(args: argparse.Namespace) -> int:
@@ -49,9 +51,11 @@ def issue_token(args: argparse.Namespace) -> int:
         subject, role = args.agent, TokenRole.AGENT
     else:
         subject, role = args.caller, TokenRole.CALLER
-    print(Signer(secret).issue(subject, role, ttl_s=args.ttl_s))
-    print(f"({role.value} token for {subject}, valid {lifetime(args.ttl_s)}; signed with the secret from {source})",
-          file=sys.stderr)
+    token = Signer(secret).issue(subject, role, ttl_s=args.ttl_s)
+    print(token)
+    claims = token_claims_unverified(token)
+    print(f"({role.value} token for {subject}, id {claims.jti}, valid {lifetime(args.ttl_s)}; signed with the "
+          f"secret from {source})", file=sys.stderr)
     return 0
 
 

@@ -19,6 +19,7 @@ import asyncio
 import logging
 from pathlib import Path
 
+from node.console import console_link
 from node.errors import NodeError
 from node.security import SecretError, load_secret
 
@@ -101,7 +102,10 @@ async def _main(args: argparse.Namespace, topology: Topology, *, secret: bytes, 
             console.say(cluster.summary())
             console.say(f"  data {data_dir if data_dir is not None else '(ephemeral: removed on exit)'}")
             console.say(f"  secret {source}")
-            console.say(admin_token_line(cluster.admin_token()))
+            admin_token = cluster.admin_token()
+            console.say(admin_token_line(admin_token))
+            for name in cluster.nodes:  # signed in: the token rides in the fragment, never sent to a server
+                console.say(f"  console {name}  {console_link(cluster.url(name), admin_token)}")
             if args.demo:
                 try:
                     demo = await signals.run(_start_demo(cluster))
