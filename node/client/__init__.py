@@ -44,7 +44,10 @@ What it guarantees:
   already tried only when nobody else is left (a sole instance restarted within the deadline is
   reached); a breaker per target skips agents that keep failing; every attempt carries the
   target's route credential (``Authorization: Bearer``); redirects are
-  never followed; answers beyond ``max_response_bytes`` fail the attempt. Every attempt's
+  never followed; answers beyond ``max_response_bytes`` fail the attempt. An agent registered
+  from its A2A card is called in its binding (:mod:`node.client.a2a_wire`: JSON-RPC
+  ``SendMessage``/``message/send`` or HTTP+JSON ``message:send``); a JSON-RPC error is a failed
+  call, and a binding the SDK does not speak is refused with :class:`UnsupportedBinding`. Every attempt's
   outcome goes to ``/v1/reports`` in the background, batched.
 
 Errors (the node's tree, :mod:`node.errors`, plus)::
@@ -57,6 +60,7 @@ Errors (the node's tree, :mod:`node.errors`, plus)::
         └── CallFailed            502 no attempt of call() succeeded; ``.attempts`` says why each failed
             ├── CallRejected      the target answered 4xx (not retried: the request is wrong)
             └── CallTimeout       504 the overall request timeout passed
+    UnsupportedBinding            502 the agent speaks an A2A binding this SDK does not (GRPC); nothing was sent
     ValidationFailed
     └── AgentConfigError          422 the agent configuration (TOML or keywords) is invalid; names the key
 
@@ -117,6 +121,7 @@ from ._heartbeat import HeartbeatStats
 from ._http import SendResult
 from ._reach_client import ClientState, ReachClient
 from ._retry import RetryPolicy
+from .a2a_wire import UnsupportedBinding
 from .verifier import CallVerifier, CredentialRejected
 
 __all__ = [
@@ -151,6 +156,7 @@ __all__ = [
     "CallFailed",
     "CallRejected",
     "CallTimeout",
+    "UnsupportedBinding",
     "AgentConfigError",
     "node_error",
     "NodeError",

@@ -296,18 +296,21 @@ class ReachClient:
                       pattern: str | None = None, version: str | None = None, labels: Mapping[str, str] | None = None,
                       conversation_id: str | None = None, scope: Scope | str | None = None,
                       preferred_region: str | None = None, exclude: list[str] | None = None,
-                      trace_id: str | None = None, semantic: bool | None = None, fresh: bool = False) -> RouteTicket:
+                      trace_id: str | None = None, semantic: bool | None = None, tags: list[str] | None = None,
+                      fresh: bool = False) -> RouteTicket:
         """A route ticket, from the cache while it is valid (``fresh`` or ``exclude`` skip the cache).
 
         ``semantic=False``: no semantic fallback, only an agent with the capability by name
-        (default: the ``semantic`` client setting, true). The ticket's target carries its route
-        credential; ``ticket.match`` says how it was found. Raises :class:`NoAgentAvailable`
+        (default: the ``semantic`` client setting, true). ``tags``: only an agent whose capability
+        (an A2A skill) carries them all; alone, any such agent. The ticket's target carries its route
+        credential and, for an A2A agent, its ``binding``; ``ticket.match`` says how it was found. Raises :class:`NoAgentAvailable`
         (with the node's reason per stage), :class:`NodeUnreachable`.
         """
         request = route_request(capability=capability, agent_id=agent_id, pattern=pattern, version=version,
                                       labels=labels, conversation_id=conversation_id, scope=scope,
                                       preferred_region=preferred_region, exclude=exclude, trace_id=trace_id,
-                                      semantic=self.settings.semantic if semantic is None else semantic)
+                                      semantic=self.settings.semantic if semantic is None else semantic,
+                                      tags=tags)
         return await self._resolve(request, fresh=fresh)
 
     async def search(self, query: str, *, k: int | None = None, scope: Scope | str | None = None,

@@ -45,7 +45,11 @@ The decisions, written once:
   pass the deadline ends the delivery as :attr:`End.TIMED_OUT`, and so does a deadline passed
   before an attempt. Each attempt's total timeout is what remains of the deadline, with the
   connect and read timeouts of :class:`AttemptLimits` inside it.
-* **What is sent.** Envelope transports get the envelope with ``target_agent`` set to the agent
+* **What is sent.** A target whose ticket names an A2A binding gets an A2A request in it
+  (:mod:`node.client.a2a_wire`: JSON-RPC ``SendMessage``/``message/send``, or HTTP+JSON
+  ``message:send``), and a JSON-RPC error in a 2xx answer is a ``failure``; a binding the SDK
+  does not speak (GRPC) raises :class:`~node.client.a2a_wire.UnsupportedBinding` before sending.
+  Envelope transports get the envelope with ``target_agent`` set to the agent
   tried; ``passthrough`` targets get the raw payload. Headers: ``Authorization: Bearer <route
   credential>`` (the target's, from the ticket; an alternate's is issued when it is picked, by
   the caller's ``issue``), ``Content-Type``, ``X-Reach-Trace-Id``, ``X-Reach-Envelope-Id`` and
@@ -77,6 +81,7 @@ from ..envelope import PASSTHROUGH, Envelope, raw_payload
 from ..errors import NoAgentAvailable, NodeError
 from ..models import Outcome, RouteRequest, RouteTarget, RouteTicket
 from ._retry import RetryPolicy, Sleep
+from .a2a_wire import A2A_JSON_TYPES, UnsupportedBinding, a2a_request, jsonrpc_result
 
 MAX_RESOLVES_PER_PICK = 3
 MAX_EXCLUDE = 64  # RouteRequest.exclude's limit
@@ -155,13 +160,18 @@ async def attempt(session: aiohttp.ClientSession, target: RouteTarget, envelope:
     ``remaining_s`` caps the whole attempt. Returns a 2xx or 4xx answer; raises
     :class:`AttemptError` for everything that should be tried elsewhere.
     """
-    if target.transport == PASSTHROUGH:
+    wire = a2a_request(target, envelope)  # raises UnsupportedBinding before anything is sent
+    url = target.endpoint if wire is None else wire.url
+    if wire is not None:
+        data, content_type = wire.body, "application/json"
+    elif target.transport == PASSTHROUGH:
         data, content_type = raw_payload(envelope.payload)
     else:
         data = envelope.model_copy(update={"target_agent": target.agent_id}).to_json()
         content_type = "application/json"
     headers = {"Content-Type": content_type, "X-Reach-Trace-Id": envelope.trace_id,
-               "X-Reach-Envelope-Id": envelope.id, "X-Reach-Hop-Count": str(envelope.hop_count)}
+               "X-Reach-Envelope-Id": envelope.id, "X-Reach-Hop-Count": str(envelope.hop_count),
+               **(wire.headers if wire is not None else {})}
     if target.credential is not None:
         headers["Authorization"] = f"Bearer {target.credential}"
     timeout = aiohttp.ClientTimeout(total=remaining_s, sock_connect=limits.connect_timeout_s,
@@ -172,7 +182,7 @@ async def attempt(session: aiohttp.ClientSession, target: RouteTarget, envelope:
         except NodeError as denied:
             raise AttemptError(Outcome.FAILURE, f"{denied.code}: {denied.message}", denied=denied) from denied
     try:
-        async with session.post(target.endpoint, data=data, headers=headers, timeout=timeout,
+        async with session.post(url, data=data, headers=headers, timeout=timeout,
                                 allow_redirects=False) as response:
             status = response.status
             if 300 <= status < 400:
@@ -180,7 +190,7 @@ async def attempt(session: aiohttp.ClientSession, target: RouteTarget, envelope:
                                    f"{_location(response)}; {REDIRECT_ADVICE}", status=status)
             body = await _read_bounded(response, limits.max_response_bytes)
             answer = TargetAnswer(status, response.headers.get("Content-Type", "application/octet-stream"), body,
-                                  response.content_type == "application/json")
+                                  response.content_type in (A2A_JSON_TYPES if wire else ("application/json",)))
     except asyncio.CancelledError:
         raise
     except _TooLarge as exc:
@@ -198,6 +208,11 @@ async def attempt(session: aiohttp.ClientSession, target: RouteTarget, envelope:
         raise AttemptError(Outcome.REJECTED, "HTTP 429 (the target is overloaded)", status=status)
     if status >= 500 or status == 408:
         raise AttemptError(Outcome.FAILURE, f"HTTP {status}", status=status)
+    if wire is not None and target.binding == "JSONRPC" and not answer.rejected:
+        result, why = jsonrpc_result(answer.body)
+        if result is None:  # a JSON-RPC error is a failure, whatever the HTTP status said
+            raise AttemptError(Outcome.FAILURE, f"HTTP {status} with {why}", status=status)
+        answer = TargetAnswer(status, "application/json", result, True)
     return answer
 
 
@@ -410,8 +425,9 @@ async def deliver(envelope: Envelope, failover: Failover, *, session: Callable[[
                   on_attempt: Callable[[Tried], None], guard: EgressGuard | None = None) -> Delivery:
     """Deliver ``envelope`` (already forwarded: its hop counted) to the targets ``failover`` picks.
 
-    ``deadline`` is on ``pacing.clock``. Raises only the first decision's error and what
-    ``session()`` raises (the caller is closed); every other failure is in the answer.
+    ``deadline`` is on ``pacing.clock``. Raises only the first decision's error, what
+    ``session()`` raises (the caller is closed) and :class:`UnsupportedBinding`; every other
+    failure is in the answer.
     """
     delivery = Delivery(End.EXHAUSTED)
     for index in range(max_attempts):
@@ -449,5 +465,6 @@ async def deliver(envelope: Envelope, failover: Failover, *, session: Callable[[
 
 
 __all__ = ["MAX_EXCLUDE", "MAX_RESOLVES_PER_PICK", "AttemptError", "AttemptLimits", "Breakers", "Delivery",
+           "UnsupportedBinding",
            "EgressGuard", "End", "Failover", "Issue", "Pacing", "Pick", "Resolve", "TargetAnswer", "Tried", "attempt",
            "deliver"]
