@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install up test test-unit bench bench-resolve bench-federation bench-semantic bench-routing clean
+.PHONY: install browser up test test-unit bench bench-resolve bench-federation bench-semantic bench-routing clean
 
 install: $(STAMP)
 
@@ -25,8 +25,15 @@ $(STAMP): pyproject.toml
 up: install
 	$(BIN)/agent-reach up $(TOPOLOGY)
 
-test: install
+test: install browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The console's browser test (tests/test_console_browser.py) drives Debian's headless Chromium
+# and its driver; installed here when missing (as root). Where they cannot be, the test is skipped.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; } || \
+	  echo "make: chromium and chromium-driver could not be installed; the browser test will be skipped"
 
 # The unit tests alone (no server, socket, subprocess or model): a few seconds.
 test-unit: install
