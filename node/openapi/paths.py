@@ -245,52 +245,6 @@ def _console() -> Paths:
     }
 
 
-def _console() -> Paths:
-    """The web console's files (``node.console``): public; its data comes from the API with a token."""
-    html = {"content": {"text/html": {"schema": {"type": "string"}}}}
-    redirect = {"302": {"description": "To /ui/ (a URL fragment such as #token=… is kept by the browser)",
-                        "headers": {"Location": {"schema": {"type": "string", "const": "/ui/"}}}}}
-    return {
-        "/": {"get": operation("The console", redirect, public=True)},
-        "/ui": {"get": operation("The console", redirect, public=True)},
-        "/ui/": {"get": operation("The console's page (never cached)",
-                                  {"200": {"description": "The console", **html}}, public=True)},
-        "/ui/{name}": {"get": operation(
-            "One of the console's files (revalidated by ETag)",
-            {"200": {"description": "The file",
-                     "content": {"text/javascript": {"schema": {"type": "string"}},
-                                 "text/css": {"schema": {"type": "string"}},
-                                 "image/svg+xml": {"schema": {"type": "string"}}}},
-             "304": {"description": "Unchanged since the ETag in If-None-Match"}},
-            errors=(404,), public=True,
-            parameters=[path_parameter("name", {"type": "string", "enum": console_files()}, "The file's name")],
-            notes={404: "The console has no such file"})},
-    }
-
-
-def _console() -> Paths:
-    """The web console's files (``node.console``): public; its data comes from the API with a token."""
-    html = {"content": {"text/html": {"schema": {"type": "string"}}}}
-    redirect = {"302": {"description": "To /ui/ (a URL fragment such as #token=… is kept by the browser)",
-                        "headers": {"Location": {"schema": {"type": "string", "const": "/ui/"}}}}}
-    return {
-        "/": {"get": operation("The console", redirect, public=True)},
-        "/ui": {"get": operation("The console", redirect, public=True)},
-        "/ui/": {"get": operation("The console's page (never cached)",
-                                  {"200": {"description": "The console", **html}}, public=True)},
-        "/ui/{name}": {"get": operation(
-            "One of the console's files (revalidated by ETag)",
-            {"200": {"description": "The file",
-                     "content": {"text/javascript": {"schema": {"type": "string"}},
-                                 "text/css": {"schema": {"type": "string"}},
-                                 "image/svg+xml": {"schema": {"type": "string"}}}},
-             "304": {"description": "Unchanged since the ETag in If-None-Match"}},
-            errors=(404,), public=True,
-            parameters=[path_parameter("name", {"type": "string", "enum": console_files()}, "The file's name")],
-            notes={404: "The console has no such file"})},
-    }
-
-
 def _service() -> Paths:
     """The public routes: this document, liveness, readiness, metrics."""
     return {
