@@ -49,6 +49,7 @@ from .http import (
     query_pattern,
     read_body,
 )
+from .logs import ACCESS_LOGGER, FIELDS, access_line
 from .models import (
     KEY_ID_PATTERN,
     AgentList,
@@ -89,55 +90,77 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # -- the middleware --------------------------------------------------------------------------
 
 def guard(node: RegistryNode) -> Middleware:
-    """Authentication, the per-caller rate limit, the JSON error shape and the request count."""
+    """Authentication, the per-caller rate limit, the JSON error shape, the request count and
+    latency, and the access log (``NodeConfig.access_log``, logger ``agent_reach.access``)."""
     limiter = RateLimiter(rate_per_s=node.config.rate_limit_rps, burst=node.config.rate_limit_burst)
+    access_log = logging.getLogger(ACCESS_LOGGER) if node.config.access_log else None
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.perf_counter()
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
-        try:
-            if not public_path(request.path) and not _anonymous_card(request):
-                caller = node.authenticate(request.headers.get("Authorization"))
-                if not limiter.allow(caller.sub):
-                    raise RateLimited(f"caller {caller.sub} exceeded {limiter.rate_per_s:g} requests/s; slow down")
-                request[CALLER] = caller
-            response = await handler(request)
-        except NodeError as exc:
-            response = error_response(exc)
-        except web.HTTPRequestEntityTooLarge:
-            response = error_response(PayloadTooLarge(f"the body exceeds {node.config.max_body_bytes} bytes"))
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
-            response = json_response({"error": code, "message": f"{request.method} {request.path}: {exc.reason}",
-                                      "field": None}, status=exc.status)
-        except asyncio.CancelledError:
-            raise
-        except ConnectionResetError:
-            # The client went away mid-request (mid-body): nobody reads the answer, nothing to log.
-            log.debug("client of %s %s went away", request.method, request.path)
-            response = error_response(BadRequest("the client closed the connection mid-request",
-                                                 code="client_closed"))
-        except Exception:
-            log.exception("unhandled error in %s %s", request.method, request.path)
-            response = json_response({"error": "internal_error", "message": "the node failed; see its log",
-                                      "field": None}, status=500)
-        node.metrics.count(node.metrics.requests, route, str(response.status))
+        response = await _guarded(node, limiter, request, handler)
+        status = str(response.status)
+        elapsed = time.perf_counter() - started
+        node.metrics.count(node.metrics.requests, route, status)
+        node.metrics.observe(node.metrics.http_seconds, elapsed, route, request.method, status)
+        if access_log is not None:
+            caller = request.get(CALLER)
+            message, fields = access_line(method=request.method, path=request.path, route=route,
+                                          status=response.status, duration_s=elapsed, remote=request.remote,
+                                          caller=caller.sub if caller is not None else None,
+                                          trace_id=response.headers.get("X-Reach-Trace-Id"))
+            access_log.info(message, extra={FIELDS: fields})
         return response
 
     return middleware
+
+
+async def _guarded(node: RegistryNode, limiter: RateLimiter, request: web.Request,
+                   handler: Handler) -> web.StreamResponse:
+    """The handler's answer, or the JSON error shape for whatever it (or authentication) raised."""
+    try:
+        if not public_path(request.path) and not _anonymous_card(request):
+            caller = node.authenticate(request.headers.get("Authorization"))
+            if not limiter.allow(caller.sub):
+                raise RateLimited(f"caller {caller.sub} exceeded {limiter.rate_per_s:g} requests/s; slow down")
+            request[CALLER] = caller
+        response = await handler(request)
+    except NodeError as exc:
+        if exc.status == 401:
+            node.metrics.count(node.metrics.auth_refusals, exc.code)
+        response = error_response(exc)
+    except web.HTTPRequestEntityTooLarge:
+        response = error_response(PayloadTooLarge(f"the body exceeds {node.config.max_body_bytes} bytes"))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
+        response = json_response({"error": code, "message": f"{request.method} {request.path}: {exc.reason}",
+                                  "field": None}, status=exc.status)
+    except asyncio.CancelledError:
+        raise
+    except ConnectionResetError:
+        # The client went away mid-request (mid-body): nobody reads the answer, nothing to log.
+        log.debug("client of %s %s went away", request.method, request.path)
+        response = error_response(BadRequest("the client closed the connection mid-request",
+                                             code="client_closed"))
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        response = json_response({"error": "internal_error", "message": "the node failed; see its log",
+                                  "field": None}, status=500)
+    return response
+
+
+def public_path(path: str) -> bool:
+    """Whether ``path`` is served without a bearer token (the console's data comes from the API, with one)."""
+    return path in PUBLIC_PATHS or is_console_path(path)
 
 
 def _anonymous_card(request: web.Request) -> bool:
     """An agent card's well-known URL asked for without a token: its handler decides (node.a2a.routes)."""
     resource = request.match_info.route.resource
     return resource is not None and resource.canonical == AGENT_CARD_ROUTE and "Authorization" not in request.headers
-
-
-def public_path(path: str) -> bool:
-    """Whether ``path`` is served without a bearer token (the console's data comes from the API, with one)."""
-    return path in PUBLIC_PATHS or is_console_path(path)
 
 
 def _node(request: web.Request) -> RegistryNode:
@@ -169,6 +192,15 @@ async def deregister(request: web.Request) -> web.Response:
 
 async def get_agent(request: web.Request) -> web.Response:
     return json_response(_node(request).get(request.match_info["agent_id"], _caller(request)))
+
+
+async def agent_decisions(request: web.Request) -> web.Response:
+    """This node's recent route decisions and outcomes about one agent (``node.decisions``)."""
+    agent_id = request.match_info["agent_id"]
+    node = _node(request)
+    entries = node.recent_decisions(agent_id, _caller(request))
+    return json_response({"agent_id": agent_id, "region": node.region, "node_id": node.node_id,
+                          "count": len(entries), "decisions": entries})
 
 
 async def register_card(request: web.Request) -> web.Response:
@@ -401,6 +433,7 @@ ROUTES: tuple[web.RouteDef, ...] = (
     web.delete("/v1/agents/{agent_id}", deregister),
     web.get("/v1/agents/{agent_id}", get_agent),
     web.get("/v1/agents/{agent_id}/agent-card.json", v1_agent_card),
+    web.get("/v1/agents/{agent_id}/decisions", agent_decisions),
     web.post("/v1/agent-cards", register_card),
     web.get("/v1/search", search),
     web.get("/v1/agents", list_agents),

@@ -58,20 +58,29 @@ class ProxySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_hops: int = Field(default=DEFAULT_MAX_HOPS, ge=1, le=MAX_HOPS_CEILING)
-    connect_timeout_ms: int = Field(default=3_000, ge=1)
-    read_timeout_ms: int = Field(default=30_000, ge=1)
+    max_hops: int = Field(default=DEFAULT_MAX_HOPS, ge=1, le=MAX_HOPS_CEILING,
+                          description="Hops an envelope may take (agent to agent through proxies) before it is "
+                                      "refused.")
+    connect_timeout_ms: int = Field(default=3_000, ge=1, description="Connecting to a target agent.")
+    read_timeout_ms: int = Field(default=30_000, ge=1, description="Waiting for a target's answer.")
     request_timeout_ms: int = Field(default=30_000, ge=1, description="Budget of one send, all attempts included.")
     max_attempts: int = Field(default=3, ge=1, le=10, description="For idempotent envelopes; others get one.")
-    retry_initial_backoff_ms: int = Field(default=100, ge=0)
-    retry_max_backoff_ms: int = Field(default=2_000, ge=0)
-    retry_multiplier: float = Field(default=2.0, ge=1.0)
-    jitter_ratio: float = Field(default=0.2, ge=0.0, lt=1.0)
-    idempotency_ttl_ms: int = Field(default=DEFAULT_IDEMPOTENCY_TTL_MS, ge=1_000)
-    idempotency_max_body_bytes: int = Field(default=DEFAULT_IDEMPOTENCY_MAX_BODY_BYTES, ge=0)
-    trace_ttl_ms: int = Field(default=DEFAULT_TRACE_TTL_MS, ge=1_000)
-    trace_max_events: int = Field(default=DEFAULT_TRACE_MAX_EVENTS, ge=1, le=100_000)
-    callback_attempts: int = Field(default=3, ge=1, le=10)
+    retry_initial_backoff_ms: int = Field(default=100, ge=0,
+                                          description="Backoff before the first retry of an idempotent send.")
+    retry_max_backoff_ms: int = Field(default=2_000, ge=0, description="Longest backoff between retries.")
+    retry_multiplier: float = Field(default=2.0, ge=1.0, description="Backoff growth per retry.")
+    jitter_ratio: float = Field(default=0.2, ge=0.0, lt=1.0, description="Random share of each backoff.")
+    idempotency_ttl_ms: int = Field(default=DEFAULT_IDEMPOTENCY_TTL_MS, ge=1_000,
+                                    description="How long an envelope id is remembered (a resend within it is answered "
+                                                "once).")
+    idempotency_max_body_bytes: int = Field(default=DEFAULT_IDEMPOTENCY_MAX_BODY_BYTES, ge=0,
+                                            description="Answers up to this size are kept for resends of the same "
+                                                        "envelope id.")
+    trace_ttl_ms: int = Field(default=DEFAULT_TRACE_TTL_MS, ge=1_000,
+                              description="How long a trace (/v1/traces) is kept.")
+    trace_max_events: int = Field(default=DEFAULT_TRACE_MAX_EVENTS, ge=1, le=100_000,
+                                  description="Events one trace keeps.")
+    callback_attempts: int = Field(default=3, ge=1, le=10, description="Attempts to deliver a callback-mode result.")
     max_background: int = Field(default=DEFAULT_MAX_BACKGROUND, ge=1,
                                 description="Callback-mode deliveries in flight; beyond it sends get 429.")
     max_response_bytes: int = Field(default=DEFAULT_PROXY_MAX_RESPONSE_BYTES, ge=1,
@@ -88,24 +97,45 @@ class NodeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    region: str = Field(pattern=REGION_PATTERN)
-    redis_url: str
-    host: str = "127.0.0.1"
-    port: int = Field(default=DEFAULT_PORT, ge=0, le=65_535)
-    node_id: str | None = None
+    region: str = Field(pattern=REGION_PATTERN,
+                        description="This node's region (its Redis keys, topic and tickets carry it).")
+    redis_url: str = Field(description="The region's Redis, e.g. redis://10.0.0.5:6379/0 (rediss:// for TLS, "
+                                       "unix:// for a socket).")
+    host: str = Field(default="127.0.0.1", description="Listen address.")
+    port: int = Field(default=DEFAULT_PORT, ge=0, le=65_535, description="HTTP port (0 = any free port).")
+    node_id: str | None = Field(default=None,
+                                description="This replica's id (leader lease, key ids); None = generated at start.")
     advertise_url: str | None = Field(default=None, description="How peers reach this node; derived if unset.")
-    key_prefix: str = DEFAULT_KEY_PREFIX
-    change_stream_maxlen: int = Field(default=DEFAULT_CHANGE_STREAM_MAXLEN, ge=100)
-    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1_024)
+    key_prefix: str = Field(default=DEFAULT_KEY_PREFIX,
+                            description="Prefix of every Redis key (and of the federation's replica keys).")
+    change_stream_maxlen: int = Field(default=DEFAULT_CHANGE_STREAM_MAXLEN, ge=100,
+                                      description="Entries the region's change stream keeps (about; peers heal a "
+                                                  "longer gap by anti-entropy).")
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1_024,
+                                description="Largest request body; beyond it 413.")
     allowed_transports: list[str] | None = Field(default=None, description="None = any transport.")
-    leader_ttl_ms: int = Field(default=DEFAULT_LEADER_TTL_MS, ge=300)
-    sweep_interval_ms: int = Field(default=DEFAULT_SWEEP_INTERVAL_MS, ge=10)
-    max_expire_fraction: float = Field(default=DEFAULT_MAX_EXPIRE_FRACTION, gt=0, le=1)
-    protection_max_hold_ms: int = Field(default=DEFAULT_PROTECTION_MAX_HOLD_MS, ge=0)
-    protect_min_agents: int = Field(default=DEFAULT_PRESERVE_MIN_AGENTS, ge=1)
-    lease_sync_interval_ms: int = Field(default=DEFAULT_LEASE_SYNC_INTERVAL_MS, ge=10)
-    preserve_fraction: float = Field(default=DEFAULT_PRESERVE_FRACTION, gt=0, le=1)
-    max_concurrent_probes: int = Field(default=DEFAULT_MAX_CONCURRENT_PROBES, ge=1)
+    leader_ttl_ms: int = Field(default=DEFAULT_LEADER_TTL_MS, ge=300,
+                               description="Lease of the singleton duties (sweeper, prober, publisher, consumer); a "
+                                           "dead leader is replaced within about this long.")
+    sweep_interval_ms: int = Field(default=DEFAULT_SWEEP_INTERVAL_MS, ge=10,
+                                   description="How often the leader expires passed leases.")
+    max_expire_fraction: float = Field(default=DEFAULT_MAX_EXPIRE_FRACTION, gt=0, le=1,
+                                       description="Self-preservation: a sweep that would expire more than this share "
+                                                   "of the agents is held back.")
+    protection_max_hold_ms: int = Field(default=DEFAULT_PROTECTION_MAX_HOLD_MS, ge=0,
+                                        description="How long self-preservation may hold expiry back before sweeping "
+                                                    "anyway.")
+    protect_min_agents: int = Field(default=DEFAULT_PRESERVE_MIN_AGENTS, ge=1,
+                                    description="Self-preservation applies only to regions with at least this many "
+                                                "agents.")
+    lease_sync_interval_ms: int = Field(default=DEFAULT_LEASE_SYNC_INTERVAL_MS, ge=10,
+                                        description="How often each replica re-reads the leases about to end "
+                                                    "(heartbeats through other replicas).")
+    preserve_fraction: float = Field(default=DEFAULT_PRESERVE_FRACTION, gt=0, le=1,
+                                     description="The cache suspends lazy expiry when more than this share of leases "
+                                                 "pass at once.")
+    max_concurrent_probes: int = Field(default=DEFAULT_MAX_CONCURRENT_PROBES, ge=1,
+                                       description="Liveness/readiness probes in flight at once (leader).")
     ticket_ttl_ms: int = Field(default=DEFAULT_TICKET_TTL_MS, ge=100,
                                description="A route ticket and its route credentials expire this long after issue.")
     # Route credentials (node.credentials): the key this node signs them with.
@@ -121,8 +151,12 @@ class NodeConfig(BaseModel):
         default=DEFAULT_REVOCATION_POLL_INTERVAL_MS, ge=10,
         description="How often the node reads the region's token deny list again: a token revoked through one "
                     "node is refused by every node of the region within about this long.")
-    report_grace_ms: int = Field(default=DEFAULT_REPORT_GRACE_MS, ge=0)
-    overprovisioning_factor: float = Field(default=DEFAULT_OVERPROVISIONING_FACTOR, ge=1.0)
+    report_grace_ms: int = Field(default=DEFAULT_REPORT_GRACE_MS, ge=0,
+                                 description="Outcome reports on a ticket are accepted until this long after it "
+                                             "expired.")
+    overprovisioning_factor: float = Field(default=DEFAULT_OVERPROVISIONING_FACTOR, ge=1.0,
+                                           description="A priority level takes traffic in proportion to its healthy "
+                                                       "share times this; the rest spills to the next.")
     semantic_threshold: float | None = Field(
         default=None, ge=-1.0, le=1.0,
         description="Score a semantic fallback match needs; None = the matcher's suggestion for its mode.")
@@ -137,11 +171,15 @@ class NodeConfig(BaseModel):
         default=None, min_length=1,
         description="A local model directory, an installed model package or a locally cached model name; "
                     "None = the packaged all-MiniLM-L6-v2 (English only). A topology's [semantic] model.")
-    breaker_failures: int = Field(default=DEFAULT_BREAKER_FAILURES, ge=1)
-    breaker_window_ms: int = Field(default=DEFAULT_BREAKER_WINDOW_MS, ge=1)
-    breaker_cooldown_ms: int = Field(default=DEFAULT_BREAKER_COOLDOWN_MS, ge=1)
+    breaker_failures: int = Field(default=DEFAULT_BREAKER_FAILURES, ge=1,
+                                  description="Failures within breaker_window_ms that open an agent's circuit breaker.")
+    breaker_window_ms: int = Field(default=DEFAULT_BREAKER_WINDOW_MS, ge=1,
+                                   description="The window breaker_failures are counted in.")
+    breaker_cooldown_ms: int = Field(default=DEFAULT_BREAKER_COOLDOWN_MS, ge=1,
+                                     description="How long an open breaker waits before letting a trial call through.")
     rate_limit_rps: float = Field(default=DEFAULT_RATE_LIMIT_RPS, ge=0, description="Per caller; 0 = unlimited.")
-    rate_limit_burst: int = Field(default=100, ge=1)
+    rate_limit_burst: int = Field(default=100, ge=1,
+                                  description="Requests a caller may send at once above rate_limit_rps.")
     body_read_timeout_ms: int = Field(default=DEFAULT_BODY_READ_TIMEOUT_MS, ge=1,
                                       description="A request body must arrive within this long; else 408.")
     # HTTP server limits (node.server): what one client connection may cost the node.
@@ -156,6 +194,13 @@ class NodeConfig(BaseModel):
     http_error_log_interval_ms: int = Field(
         default=DEFAULT_ERROR_LOG_INTERVAL_MS, ge=1,
         description="At most one log line per kind of malformed request (or refusal) per interval.")
+    # Operations: the access log (node.logs) and the decision log (node.decisions).
+    access_log: bool = Field(default=False, description="One log line per HTTP request (logger agent_reach.access).")
+    decision_log: str | None = Field(
+        default=None, min_length=1,
+        description='Route decisions and outcomes as JSON lines keyed by trace_id: "stdout", "stderr" or a file '
+                    "path (appended to); None = not written (GET /v1/agents/{id}/decisions still serves the "
+                    "recent ones).")
     # Egress (node.egress): what the node itself may contact — proxy deliveries, callbacks, probes.
     egress: EgressPolicy = Field(
         default_factory=EgressPolicy,

@@ -1,10 +1,63 @@
-"""Prometheus metrics of one node, on a registry of its own (several nodes may share a process)."""
+"""Prometheus metrics of one node, on a registry of its own (several nodes may share a process).
+
+Families the node updates as things happen (counters, histograms) and families read when
+``/metrics`` is scraped: :meth:`NodeMetrics.gauge` (a level) and :meth:`NodeMetrics.counter_from`
+(a running count kept by a component, exposed as a counter with ``_total``, never as a gauge).
+The registry also carries the process collector (CPU, memory, file descriptors, start time), the
+Python platform collector and the garbage collector's counts. Attachments (federation) add their
+own collectors to :attr:`NodeMetrics.registry`.
+
+Names follow Prometheus' conventions, checked by ``tests/test_metrics.py`` with ``promtool check
+metrics`` (or the same rules in Python where promtool is missing): counters end in ``_total``,
+durations are ``_seconds``, every family has help text.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from collections.abc import Callable, Iterator
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["HTTP_LATENCY_BUCKETS_S", "NodeMetrics"]
 
 _LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+# HTTP answers range from a cached resolve (well under a millisecond) to a proxied send that
+# waits on an agent (seconds); a long /v1/watch stream lands in +Inf.
+HTTP_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# A lexical search takes about a millisecond, a hybrid one embeds the query first (tens of ms).
+_SEARCH_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class _ScrapeCounter(Collector):
+    """One counter whose running count lives in a component (its stats), read at scrape time."""
+
+    def __init__(self, name: str, documentation: str, labels: dict[str, str], function: Callable[[], float]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labels = labels
+        self._function = function
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self._name, self._documentation, labels=list(self._labels))
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        family.add_metric(list(self._labels.values()), self._function())
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
+        yield self._family()  # the name, for the registry's duplicate check; nothing is read
 
 
 class NodeMetrics:
@@ -12,13 +65,23 @@ class NodeMetrics:
 
     def __init__(self, region: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         labels = {"region": region}
         self.requests = Counter("agent_reach_http_requests", "HTTP requests by route and status",
                                 ["route", "status"], registry=self.registry).labels
+        self.http_seconds = Histogram("agent_reach_http_request_duration_seconds",
+                                      "HTTP request latency inside the node (until the answer's head), by route, "
+                                      "method and status", ["route", "method", "status"],
+                                      buckets=HTTP_LATENCY_BUCKETS_S, registry=self.registry).labels
         self.resolves = Counter("agent_reach_resolves", "Resolve outcomes",
                                 ["result", "match", "locality"], registry=self.registry).labels
         self.resolve_seconds = Histogram("agent_reach_resolve_seconds", "Resolve latency inside the node",
                                          buckets=_LATENCY_BUCKETS_S, registry=self.registry)
+        self.search_seconds = Histogram("agent_reach_search_duration_seconds",
+                                        "Natural-language search latency (GET /v1/search), by mode",
+                                        ["mode"], buckets=_SEARCH_BUCKETS_S, registry=self.registry).labels
         self.registrations = Counter("agent_reach_registrations", "Registrations accepted",
                                      registry=self.registry)
         self.heartbeats = Counter("agent_reach_heartbeats", "Heartbeats by effect",
@@ -28,9 +91,11 @@ class NodeMetrics:
                                ["outcome"], registry=self.registry).labels
         self.proxy_sends = Counter("agent_reach_proxy_sends", "Proxy-mode sends by result",
                                    ["result"], registry=self.registry).labels
+        self.auth_refusals = Counter("agent_reach_auth_refusals", "Requests refused 401, by error code",
+                                     ["code"], registry=self.registry).labels
         self.gauges: dict[str, Gauge] = {}
         self._labels = labels
-        self._children: dict[tuple[str, ...], Counter] = {}
+        self._children: dict[tuple[object, ...], object] = {}
 
     def count(self, family, *labels: str) -> None:
         """Increment ``family`` (e.g. ``self.requests``) for ``labels``; children are cached.
@@ -38,17 +103,28 @@ class NodeMetrics:
         prometheus-client's ``labels()`` takes a lock and builds a key on every call, which
         shows on the resolve hot path.
         """
-        key = (id(family.__self__), *labels)  # family is a bound Counter.labels
+        self._child(family, labels).inc()
+
+    def observe(self, family, value: float, *labels: str) -> None:
+        """Observe ``value`` in the histogram ``family`` (e.g. ``self.http_seconds``) for ``labels``."""
+        self._child(family, labels).observe(value)
+
+    def _child(self, family, labels: tuple[str, ...]):
+        key = (id(family.__self__), *labels)  # family is a bound metric's .labels
         child = self._children.get(key)
         if child is None:
             child = self._children[key] = family(*labels)
-        child.inc()
+        return child
 
-    def gauge(self, name: str, documentation: str, function) -> None:  # function: Callable[[], float]
-        """A gauge read from ``function`` at scrape time."""
+    def gauge(self, name: str, documentation: str, function: Callable[[], float]) -> None:
+        """A gauge read from ``function`` at scrape time (a level: agents, open breakers …)."""
         gauge = Gauge(name, documentation, list(self._labels), registry=self.registry).labels(**self._labels)
         gauge.set_function(function)
         self.gauges[name] = gauge
+
+    def counter_from(self, name: str, documentation: str, function: Callable[[], float]) -> None:
+        """A counter (exposed as ``{name}_total``) whose running count ``function`` returns at scrape time."""
+        self.registry.register(_ScrapeCounter(name, documentation, self._labels, function))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,9 +22,11 @@ from .cache import CacheState, RegionCache
 from .clock import now_ms
 from .config import NodeConfig
 from .credentials import RegionKeys
+from .decisions import DecisionLog
 from .egress import EgressDenied
 from .errors import (
     Forbidden,
+    NodeError,
     NotFound,
     SearchUnavailable,
     Unauthorized,
@@ -117,6 +120,7 @@ class RegistryNode:
         self.cache.subscribe(self.watch.publish)
         self.metrics = NodeMetrics(config.region)
         self.revocations = RevocationList.of(self.store, poll_interval_ms=config.revocation_poll_interval_ms)
+        self.decisions = DecisionLog(config.decision_log, region=config.region)
         self.extensions: list[Extension] = []
         self.searcher: Searcher | None = None
         self.state = NodeState.NEW
@@ -154,6 +158,7 @@ class RegistryNode:
         await self.keys.aclose()
         await self.cache.aclose()
         await self.store.aclose()
+        self.decisions.close()
 
     def begin_drain(self) -> None:
         """Report not-ready from now on (load balancers stop sending) while requests are still served."""
@@ -298,7 +303,7 @@ class RegistryNode:
         return None
 
     async def resolve(self, request: RouteRequest, caller: TokenClaims) -> RouteTicket:
-        return await self.router.resolve(request, caller)
+        return (await self.decide(request, caller)).ticket()
 
     async def search(self, query: str, *, k: int, scope: Scope, routable_only: bool,
                      caller: TokenClaims) -> SearchResponse:
@@ -307,8 +312,11 @@ class RegistryNode:
         if self.searcher is None:
             raise SearchUnavailable("natural-language search is not attached to this node "
                                     "(run it with 'agent-reach node', which attaches it)")
-        return await self.searcher.search(query, k=k, scope=scope, routable_only=routable_only,
-                                          visible=lambda record: self.visible(record, caller))
+        started = time.perf_counter()
+        response = await self.searcher.search(query, k=k, scope=scope, routable_only=routable_only,
+                                              visible=lambda record: self.visible(record, caller))
+        self.metrics.observe(self.metrics.search_seconds, time.perf_counter() - started, response.mode)
+        return response
 
     async def register_card(self, request: CardRegistration, caller: TokenClaims) -> tuple[RegisterResponse, bool]:
         """Register an agent from its A2A card (see :mod:`node.a2a`)."""
@@ -330,16 +338,40 @@ class RegistryNode:
             raise EgressDenied(f"{field}: {message}", address=denied.address, rule=denied.rule, field=field) from None
 
     async def decide(self, request: RouteRequest, caller: TokenClaims) -> Decision:
-        """Like :meth:`resolve`, as the router's :class:`Decision` (``to_json()`` is cheap)."""
-        return await self.router.decide(request, caller)
+        """Like :meth:`resolve`, as the router's :class:`Decision` (``to_json()`` is cheap); the
+        decision, or why there is none, goes to the decision log (:mod:`node.decisions`)."""
+        try:
+            decision = await self.router.decide(request, caller)
+        except NodeError as exc:
+            self.decisions.refused(request, caller, exc, at_ms=now_ms())
+            raise
+        self.decisions.decided(decision, at_ms=decision.issued_at_ms)
+        return decision
+
+    def recent_decisions(self, agent_id: str, caller: TokenClaims) -> list[dict[str, object]]:
+        """This node's recent decisions and outcomes about an agent ``caller`` may see (newest
+        first; only the caller's own unless admin, peer or the agent); :class:`NotFound` otherwise."""
+        record = self.find(agent_id)
+        if record is not None and not self.visible(record, caller):
+            record = None
+        entries = self.decisions.recent(agent_id, caller)
+        if record is None and not (entries and caller.role is TokenRole.ADMIN):
+            raise NotFound(f"no agent {agent_id} in region {self.region} or its peers", field="agent_id",
+                           code="unknown_agent")
+        return entries
 
     def report(self, report: OutcomeReport, caller: TokenClaims) -> None:
         """Feed one call outcome into the error penalty and breaker of the agent called."""
         now = now_ms()
-        self._ticket_claims(report.signature, report.agent_id, caller, deadline_ms=lambda e: e + self.config.report_grace_ms,
-                            now=now, too_old="the ticket is too old to report on")
+        claims = self._ticket_claims(report.signature, report.agent_id, caller,
+                                     deadline_ms=lambda e: e + self.config.report_grace_ms, now=now,
+                                     too_old="the ticket is too old to report on")
         self.outcomes.record(report.agent_id, report.outcome, now_ms=now)
         self.metrics.reports(report.outcome.value).inc()
+        ticket_id = claims.get("t")
+        self.decisions.outcome(at_ms=now, ticket_id=ticket_id if isinstance(ticket_id, str) else None,
+                               caller=caller.sub, agent_id=report.agent_id, outcome=report.outcome.value,
+                               latency_ms=report.latency_ms)
 
     def breakers(self, caller: TokenClaims) -> list[dict[str, object]]:
         """This node's breaker state and error factor of every agent it learnt about from reports
@@ -407,23 +439,24 @@ class RegistryNode:
         return self.store.vet_record_json(agent_id, raw)
 
     def _register_gauges(self) -> None:
-        gauge = self.metrics.gauge
+        gauge, counter = self.metrics.gauge, self.metrics.counter_from
         gauge("agent_reach_agents", "Agents registered in this region (cache)", lambda: len(self.cache.index))
         gauge("agent_reach_region_version", "Region version this node's cache is at", lambda: self.cache.index.version)
         gauge("agent_reach_leader", "1 if this replica holds the singleton duties", lambda: int(self.leadership.is_leader))
-        gauge("agent_reach_sweeper_held_back", "Sweeps held back by self-preservation",
-              lambda: self.sweeper.stats.held_back)
-        gauge("agent_reach_leases_expired", "Leases expired by this node's sweeper", lambda: self.sweeper.stats.expired)
+        counter("agent_reach_sweeper_held_back", "Sweeps held back by self-preservation",
+                lambda: self.sweeper.stats.held_back)
+        counter("agent_reach_leases_expired", "Leases expired by this node's sweeper (missed heartbeats)",
+                lambda: self.sweeper.stats.expired)
         gauge("agent_reach_self_preservation", "1 while lazy lease expiry is suspended",
               lambda: int(self.cache.preserving))
         gauge("agent_reach_breakers_open", "Agents whose circuit breaker is open or half-open",
               lambda: self.outcomes.open_count(now_ms=now_ms()))
-        gauge("agent_reach_probe_flips", "Probe verdict changes", lambda: self.prober.flips)
-        gauge("agent_reach_cache_reloads", "Snapshot reloads of the cache", lambda: self.cache.reloads)
+        counter("agent_reach_probe_flips", "Probe verdict changes", lambda: self.prober.flips)
+        counter("agent_reach_cache_reloads", "Snapshot reloads of the cache", lambda: self.cache.reloads)
         gauge("agent_reach_quarantined", "Stored records and events that do not parse, skipped (open entries)",
               lambda: len(self.store.quarantine))
-        gauge("agent_reach_quarantined_total", "Stored values quarantined since start",
-              lambda: self.store.quarantine.total)
+        counter("agent_reach_quarantined_values", "Stored values quarantined since start",
+                lambda: self.store.quarantine.total)
 
 
 __all__ = ["RegistryNode", "NodeState"]

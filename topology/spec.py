@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -57,6 +58,7 @@ from federation.config import (
 )
 from node.config import NodeConfig
 from node.egress import EgressPolicy
+from node.envconfig import merge_settings
 from node.errors import first_problem
 from node.models import REGION_PATTERN, TRANSPORT_PATTERN
 
@@ -256,8 +258,9 @@ class Topology(_Model):
         return sorted(others, key=lambda r: order.get(r.name, len(order)))
 
     def node_config(self, name: str, *, redis_url: str | None = None, host: str | None = None,
-                    port: int | None = None) -> NodeConfig:
-        """The NodeConfig of region ``name`` (``redis_url`` overrides the file's, e.g. an embedded one)."""
+                    port: int | None = None, overrides: Mapping[str, Any] | None = None) -> NodeConfig:
+        """The NodeConfig of region ``name``: the file's settings, then ``overrides`` (the environment's,
+        :mod:`node.envconfig`), then ``redis_url`` (e.g. an embedded one), ``host`` and ``port`` (flags)."""
         region = self.region(name)
         url = redis_url or region.redis_url
         if url is None:
@@ -265,12 +268,20 @@ class Topology(_Model):
                                 "'agent-reach up' which starts an embedded Redis per region")
         listen_host, listen_port = region.listen
         settings: dict[str, Any] = {**self.semantic.node_settings(), **self.node, **region.node}
-        settings.update(region=name, redis_url=url, host=host or listen_host,
-                        port=listen_port if port is None else port, advertise_url=region.node_urls[0])
+        settings.update(region=name, redis_url=url, host=listen_host, port=listen_port,
+                        advertise_url=region.node_urls[0])
         if region.policy.allowed_transports is not None:
             settings["allowed_transports"] = region.policy.allowed_transports
         if region.policy.egress is not None:
             settings["egress"] = region.policy.egress
+        settings = merge_settings(settings, {key: value for key, value in (overrides or {}).items()
+                                             if key not in ("region", "redis_url")})
+        if redis_url:
+            settings["redis_url"] = redis_url
+        if host:
+            settings["host"] = host
+        if port is not None:
+            settings["port"] = port
         return NodeConfig(**settings)
 
     def federation_config(self, name: str, *, bootstrap_servers: str | None = None) -> FederationConfig:

@@ -35,6 +35,7 @@ from .patterns import AGENT_PATTERN, JSON_VALUE, MULTI_LINE, SINGLE_LINE, STORED
 from .refinements import CARD_REFINEMENTS, REFINEMENTS, close_pattern_properties, refine
 from .shapes import (
     Accepted,
+    AgentDecisions,
     Breakers,
     Deregistered,
     ExportedAgentCard,
@@ -56,7 +57,7 @@ _MODELS: list[type[BaseModel]] = [
     RouteTicket, OutcomeReport, OutcomeReports, Snapshot, ErrorBody, SearchResponse, CardRegistration, Envelope,
     SendAccepted, RouteEvents, Trace, Policy, ChangeEvent, Deregistered, Accepted, Regions, QuarantineList,
     VectorRequest, VectorResponse, FederationStatus, ExportedAgentCard, Health, Ready, Unready, WatchHello,
-    WatchOverflow, CredentialRequest, IssuedCredential, KeySet, KeyRotated, Breakers, TokenRevoked, RevocationRequest,
+    WatchOverflow, CredentialRequest, IssuedCredential, KeySet, KeyRotated, Breakers, TokenRevoked, RevocationRequest, AgentDecisions,
 ]
 
 
@@ -73,7 +74,8 @@ def components(max_hops: int) -> dict[str, Schema]:
     refine(schemas, CARD_REFINEMENTS)
     schemas["JsonValue"] = copy.deepcopy(JSON_VALUE)
     # node.models.RouteRequest._one_selector: a non-empty capability, agent_id or pattern.
-    schemas["RouteRequest"]["anyOf"] = [_non_empty("capability"), _non_empty("agent_id"), _non_empty("pattern")]
+    schemas["RouteRequest"]["anyOf"] = [_non_empty("capability"), _non_empty("agent_id"), _non_empty("pattern"),
+                                        {"required": ["tags"], "properties": {"tags": {"type": "array", "minItems": 1}}}]
     schemas["AgentCard"]["anyOf"] = [
         {"required": ["supportedInterfaces"], "properties": {"supportedInterfaces": {"type": "array", "minItems": 1}}},
         _non_empty("url")]

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from importlib import metadata
 
+from node.logs import LOG_FORMATS, formatter
 from node.redact import CredentialFilter
 
 from . import agents, lookup, preflight, register, sidecar, tokens, up, watch
 from . import node as node_command
 from .operator import exit_codes_epilog
+from .options import LOG_FORMAT_ENV, log_format_help
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main", "version"]
 
@@ -26,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
                                             + exit_codes_epilog())
     parser.add_argument("--version", action="version", version=f"agent-reach {version()}")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING … (default INFO)")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default=os.environ.get(LOG_FORMAT_ENV) or "text",
+                        help=log_format_help())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMAND_MODULES:
         getattr(module, "add_parser", getattr(module, "add_parsers", None))(commands)
@@ -42,11 +47,15 @@ def version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # On the handlers, not the root logger: a handler's filter sees every propagated record.
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(CredentialFilter())
+    if args.log_format not in LOG_FORMATS:  # from the environment: argparse checks only the flag
+        print(f"agent-reach: error: {LOG_FORMAT_ENV}={args.log_format!r}: use one of {', '.join(LOG_FORMATS)}",
+              file=sys.stderr)
+        return 2
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(args.log_format))
+    # On the handler, not the root logger: a handler's filter sees every propagated record.
+    handler.addFilter(CredentialFilter())
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:  # Ctrl-C before a command installed its own handling

@@ -23,11 +23,13 @@ import contextlib
 import errno
 import gc
 import logging
+import os
 import shutil
 import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -36,6 +38,7 @@ from node.api import bound_port, serve
 from node.config import DEFAULT_PORT, NodeConfig
 from node.credentials import SigningKeyError
 from node.egress import EgressPolicy
+from node.envconfig import merge_settings, settings_from_env, variable_of
 from node.errors import NodeError, first_problem
 from node.models import TokenRole
 from node.redact import mask_url
@@ -55,7 +58,7 @@ from ..launcher import ServiceChild, Supervisor
 from ..spec import Topology, TopologyError, load_topology
 from . import console
 from .drain import Drain
-from .options import add_secret_options, add_storage_options
+from .options import add_log_format_option, add_secret_options, add_storage_options
 from .runtime import run
 from .signals import Interrupted, StopSignals
 from .tokens import admin_token_line, lifetime
@@ -72,7 +75,7 @@ DEFAULT_DRAIN_TIMEOUT_MS = 10_000
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("node", help="run one region's registry node")
-    parser.add_argument("--region", required=True, help="region name, e.g. eu-west")
+    parser.add_argument("--region", default=None, help="region name, e.g. eu-west (default: $AGENT_REACH_REGION)")
     parser.add_argument("--topology", metavar="FILE",
                         help="topology file (TOML or JSON): region settings, peers and Kafka for federation")
     parser.add_argument("--redis", metavar="URL", help="the region's Redis (default: the topology's, else an "
@@ -81,6 +84,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default=None, help="listen address (default: the topology's, else 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None,
                         help=f"HTTP port (default: the topology's, else {DEFAULT_PORT}; 0 = any)")
+    add_log_format_option(parser)
     add_storage_options(parser, data_dir_help="where the embedded Redis keeps its data (default: "
                                               "~/.agent-reach/data/<region>); one node per directory")
     add_secret_options(parser)
@@ -108,7 +112,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 class _Plan:
     """Everything decided before the event loop starts."""
 
+    region: str
     topology: Topology | None
+    env: dict[str, Any]  # node settings from AGENT_REACH_* (node.envconfig): below the flags, above the file
     secret: bytes
     secret_source: str
     redis_url: str | None  # None: an embedded Redis
@@ -140,7 +146,11 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     except ValidationError as exc:  # a setting the node's config refuses (e.g. the region's name)
         first = first_problem(exc)
-        console.error(f"invalid node setting {first.field}: {first.message}")
+        variable = variable_of(first.location)
+        if variable is not None and _set_in(plan.env, first.location):
+            console.error(f"{variable}: {first.message}")
+        else:
+            console.error(f"invalid node setting {first.field}: {first.message}")
         return 2
     except NodeError as exc:  # e.g. Redis unreachable at start: say so, without a traceback
         console.error(exc.message)
@@ -148,13 +158,17 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
+    env = settings_from_env(os.environ)  # EnvConfigError (a ValueError) names the variable
+    region = args.region or env.get("region")
+    if not region:
+        raise ValueError("which region? give --region NAME (or set AGENT_REACH_REGION)")
     topology = None
     if args.topology:
         topology = load_topology(args.topology)
-        topology.region(args.region)
+        topology.region(region)
     if args.drain_grace_ms < 0 or args.drain_timeout_ms < 0:
         raise ValueError("--drain-grace-ms and --drain-timeout-ms must be >= 0")
-    redis_url = args.redis or (topology.region(args.region).redis_url if topology else None)
+    redis_url = args.redis or env.get("redis_url") or (topology.region(region).redis_url if topology else None)
     if redis_url is not None and args.data_dir:
         raise ValueError(f"--data-dir is where the embedded Redis keeps its data, but this node uses the Redis at "
                          f"{mask_url(redis_url)}; drop --data-dir (that Redis keeps its own data)")
@@ -165,9 +179,9 @@ def _plan(args: argparse.Namespace) -> _Plan:
     secret, source = load_secret(secret_file=args.secret_file, create=args.create_secret)
     data_dir = None
     if redis_url is None and not args.ephemeral:
-        data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_node_data_dir(args.region)
-    return _Plan(topology=topology, secret=secret, secret_source=source, redis_url=redis_url, data_dir=data_dir,
-                 ephemeral=redis_url is None and args.ephemeral)
+        data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_node_data_dir(region)
+    return _Plan(region=region, topology=topology, env=env, secret=secret, secret_source=source, redis_url=redis_url,
+                 data_dir=data_dir, ephemeral=redis_url is None and args.ephemeral)
 
 
 async def _main(args: argparse.Namespace, plan: _Plan) -> int:
@@ -175,7 +189,7 @@ async def _main(args: argparse.Namespace, plan: _Plan) -> int:
         try:
             started = await signals.run(_start(args, plan, stack))
         except Interrupted:
-            log.info("stop signal while starting the node of region %s; stopped", args.region)
+            log.info("stop signal while starting the node of region %s; stopped", plan.region)
             return 0
         if started is None:  # could not listen; already said why
             return 1
@@ -196,12 +210,8 @@ async def _start(args: argparse.Namespace, plan: _Plan,
     redis_url = plan.redis_url
     data_note = ""
     if redis_url is None:
-        redis_url, data_note = await _start_embedded_redis(args.region, plan, stack)
-    if plan.topology is not None:
-        config = plan.topology.node_config(args.region, redis_url=redis_url, host=args.host, port=args.port)
-    else:
-        config = NodeConfig(region=args.region, redis_url=redis_url, host=args.host or "127.0.0.1",
-                            port=DEFAULT_PORT if args.port is None else args.port)
+        redis_url, data_note = await _start_embedded_redis(plan.region, plan, stack)
+    config = _node_config(args, plan, redis_url)
     if args.semantic is not None:
         config = config.model_copy(update={"semantic_enabled": args.semantic})
     if args.signing_key_file:
@@ -223,17 +233,44 @@ async def _start(args: argparse.Namespace, plan: _Plan,
         console.error(_describe_listen_error(config.host, config.port, exc))
         return None
     stack.push_async_callback(runner.cleanup)
-    line = (f"agent-reach node region={args.region} url=http://{config.host}:{bound_port(runner)} "
+    line = (f"agent-reach node region={plan.region} url=http://{config.host}:{bound_port(runner)} "
             f"redis={mask_url(redis_url)}{data_note}")
     return node, runner, drain, line
 
 
-def _listen_address(args: argparse.Namespace, plan: _Plan) -> tuple[str, int]:
-    """Where the node will listen: the flags, else the topology's first node URL, else the defaults."""
+def _node_config(args: argparse.Namespace, plan: _Plan, redis_url: str) -> NodeConfig:
+    """Flags > environment > topology file > defaults (the flags that add to a setting are applied after)."""
     if plan.topology is not None:
-        host, port = plan.topology.region(args.region).listen
-        return args.host or host, port if args.port is None else args.port
-    return args.host or "127.0.0.1", DEFAULT_PORT if args.port is None else args.port
+        return plan.topology.node_config(plan.region, redis_url=redis_url, host=args.host, port=args.port,
+                                         overrides=plan.env)
+    settings = merge_settings({"host": "127.0.0.1", "port": DEFAULT_PORT}, plan.env)
+    settings.update(region=plan.region, redis_url=redis_url)
+    if args.host:
+        settings["host"] = args.host
+    if args.port is not None:
+        settings["port"] = args.port
+    return NodeConfig(**settings)
+
+
+def _set_in(settings: dict[str, Any], location: tuple[str | int, ...]) -> bool:
+    """Whether the nested ``settings`` hold the value at ``location`` (or a value containing it)."""
+    current: Any = settings
+    for depth, part in enumerate(location):
+        if not isinstance(current, dict):
+            return depth > 0  # a list set in full holds its items
+        if part not in current:
+            return False
+        current = current[part]
+    return True
+
+
+def _listen_address(args: argparse.Namespace, plan: _Plan) -> tuple[str, int]:
+    """Where the node will listen: the flags, else the environment, else the topology's first node URL,
+    else the defaults."""
+    host, port = plan.topology.region(plan.region).listen if plan.topology is not None else ("127.0.0.1",
+                                                                                             DEFAULT_PORT)
+    host, port = plan.env.get("host", host), plan.env.get("port", port)
+    return args.host or host, port if args.port is None else args.port
 
 
 def _listen_problem(host: str, port: int) -> str | None:

@@ -4,7 +4,22 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_secret_options", "add_storage_options"]
+from node.logs import LOG_FORMATS
+
+__all__ = ["LOG_FORMAT_ENV", "add_log_format_option", "add_secret_options", "add_storage_options", "log_format_help"]
+
+LOG_FORMAT_ENV = "AGENT_REACH_LOG_FORMAT"
+
+
+def log_format_help() -> str:
+    return (f"log lines as text or as one JSON object each (default: ${LOG_FORMAT_ENV}, else text; 'up' passes "
+            "it to its nodes)")
+
+
+def add_log_format_option(parser: argparse.ArgumentParser) -> None:
+    """``--log-format`` after the command too (``agent-reach node --log-format json``); the global one's
+    value stays when it is not given here."""
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default=argparse.SUPPRESS, help=log_format_help())
 
 
 def add_secret_options(parser: argparse.ArgumentParser) -> None:

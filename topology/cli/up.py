@@ -28,7 +28,7 @@ from ..embedded import default_up_data_dir
 from ..launcher import LauncherError, LocalCluster
 from ..spec import DEFAULT_TOPOLOGY_FILE, Topology, TopologyError, load_topology
 from . import console
-from .options import add_secret_options, add_storage_options
+from .options import add_log_format_option, add_secret_options, add_storage_options
 from .signals import Interrupted, StopSignals
 from .tokens import admin_token_line
 
@@ -53,6 +53,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                         help="listen on free ports instead of the topology's node URLs")
     parser.add_argument("--log-dir", metavar="DIR", help="keep node logs here (default: a temporary directory "
                                                          "removed on exit)")
+    add_log_format_option(parser)
     add_storage_options(parser, data_dir_help="keep the embedded Redis data here, one subdirectory per region "
                                               "(default: ~/.agent-reach/up/<topology name>)")
     add_secret_options(parser)
@@ -84,6 +85,7 @@ async def _main(args: argparse.Namespace, topology: Topology, *, secret: bytes, 
         cluster = LocalCluster(topology, secret=secret, any_port=args.any_port,
                                run_dir=Path(args.log_dir) if args.log_dir else None, data_dir=data_dir,
                                log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+                               log_format=args.log_format,
                                say=lambda line: console.notice(f"agent-reach up: {line}"),
                                node_stop_timeout_s=UP_NODE_STOP_TIMEOUT_S,
                                node_drain_timeout_ms=UP_NODE_DRAIN_TIMEOUT_MS,

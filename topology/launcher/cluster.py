@@ -46,6 +46,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
+from node.envconfig import without_per_node_settings
 from node.models import TokenRole
 from node.redact import mask_url
 from node.security import DEFAULT_TOKEN_TTL_S, SECRET_ENV, Signer
@@ -134,7 +135,8 @@ class LocalCluster:
     """
 
     def __init__(self, topology: Topology, *, secret: bytes, any_port: bool = False, run_dir: Path | None = None,
-                 data_dir: Path | None = None, log_level: str = "INFO", supervise: bool = True,
+                 data_dir: Path | None = None, log_level: str = "INFO", log_format: str = "text",
+                 supervise: bool = True,
                  restart_policy: RestartPolicy | None = None, say: Callable[[str], None] | None = None,
                  node_start_timeout_s: float = DEFAULT_NODE_START_TIMEOUT_S,
                  node_stop_timeout_s: float = DEFAULT_NODE_STOP_TIMEOUT_S,
@@ -151,6 +153,7 @@ class LocalCluster:
         self.secret = secret
         self.any_port = any_port
         self.log_level = log_level
+        self.log_format = log_format
         self.supervise = supervise
         self.node_start_timeout_s = node_start_timeout_s
         self.node_stop_timeout_s = node_stop_timeout_s
@@ -339,8 +342,9 @@ class LocalCluster:
         async with node.lock:
             if node.running and node.process is not None:
                 return node.process.pid
-            env = {**os.environ, SECRET_ENV: self.secret.decode()}
-            command = [sys.executable, "-m", "topology.cli", "--log-level", self.log_level, "node",
+            env = {**without_per_node_settings(os.environ), SECRET_ENV: self.secret.decode()}
+            command = [sys.executable, "-m", "topology.cli", "--log-level", self.log_level,
+                       "--log-format", self.log_format, "node",
                        "--topology", str(self.topology_file), "--region", node.region,
                        "--drain-grace-ms", "0", "--drain-timeout-ms", str(self.node_drain_timeout_ms)]
             with open(node.log_path, "ab") as log_file:

@@ -1,0 +1,138 @@
+"""The decision log: every route decision and reported outcome as a JSON line keyed by trace_id.
+
+Each resolve this node decides (``kind: "decision"``, ``result: "ok"`` or the error code of a
+refusal) and each outcome report it accepts (``kind: "outcome"``) becomes one JSON object per
+line in the configured sink (``NodeConfig.decision_log``: ``"stdout"``, ``"stderr"`` or a file
+path, appended to), so a collaboration can be followed across log pipelines by its
+``trace_id``. A decision names its ticket; an outcome names the ticket it reports on, and its
+trace_id is looked up in a bounded table of the tickets this node issued, so outcomes join their
+decisions (an outcome on a ticket of another replica carries the ticket id alone).
+
+Whatever the sink, the last :data:`RECENT_PER_AGENT` entries per agent stay in memory (for at most
+:data:`MAX_AGENTS` agents, the least recently touched forgotten first): ``GET
+/v1/agents/{agent_id}/decisions`` serves them (the console's agent page). They are this node
+process's, not the region's.
+
+Writing is synchronous and line-buffered (a line is complete when the call returns); a sink that
+cannot be written is reported once and then skipped, never failing a request.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections import OrderedDict, deque
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import orjson
+
+from .errors import NodeError
+from .models import RouteRequest, TokenClaims, TokenRole
+
+if TYPE_CHECKING:
+    from .router import Decision
+
+__all__ = ["DecisionLog", "MAX_AGENTS", "RECENT_PER_AGENT", "STDERR_SINK", "STDOUT_SINK"]
+
+log = logging.getLogger(__name__)
+
+STDOUT_SINK = "stdout"
+STDERR_SINK = "stderr"
+RECENT_PER_AGENT = 50
+MAX_AGENTS = 10_000
+_MAX_TICKETS = 10_000
+_STREAMS = {STDOUT_SINK: lambda: sys.stdout, STDERR_SINK: lambda: sys.stderr}
+
+
+class DecisionLog:
+    """Decisions and outcomes to a JSON-lines sink and a per-agent memory; ``close()`` is idempotent."""
+
+    def __init__(self, sink: str | None, *, region: str) -> None:
+        self.sink = sink
+        self.region = region
+        self.written = 0
+        self._handle: IO[str] | None = None
+        self._failed = False
+        self._recent: OrderedDict[str, deque[dict[str, Any]]] = OrderedDict()
+        self._tickets: OrderedDict[str, str] = OrderedDict()
+
+    def decided(self, decision: Decision, *, at_ms: int) -> None:
+        """A ticket handed out."""
+        target, match = decision.target.target, decision.match
+        _remember(self._tickets, decision.ticket_id, decision.trace_id, _MAX_TICKETS)
+        self._write({"kind": "decision", "at_ms": at_ms, "trace_id": decision.trace_id,
+                     "ticket_id": decision.ticket_id, "node_region": self.region, "caller": decision.caller,
+                     "result": "ok", "agent_id": target["agent_id"], "region": target["region"],
+                     "locality": target["locality"], "match": match.get("kind"),
+                     "capability": match.get("capability"), "score": match.get("score"),
+                     "alternates": [candidate.target["agent_id"] for candidate in decision.alternates]})
+
+    def refused(self, request: RouteRequest, caller: TokenClaims, error: NodeError, *, at_ms: int) -> None:
+        """A resolve that found nobody (or was refused): ``result`` is the error's code."""
+        self._write({"kind": "decision", "at_ms": at_ms, "trace_id": request.trace_id, "node_region": self.region,
+                     "caller": caller.sub, "result": error.code, "agent_id": request.agent_id,
+                     "capability": request.capability, "detail": error.message[:500]})
+
+    def outcome(self, *, at_ms: int, ticket_id: str | None, caller: str, agent_id: str, outcome: str,
+                latency_ms: float | None) -> None:
+        """One reported call outcome; its trace_id is the ticket's when this node issued it."""
+        trace_id = self._tickets.get(ticket_id) if ticket_id is not None else None
+        self._write({"kind": "outcome", "at_ms": at_ms, "trace_id": trace_id, "ticket_id": ticket_id,
+                     "node_region": self.region, "caller": caller, "agent_id": agent_id, "outcome": outcome,
+                     "latency_ms": latency_ms})
+
+    def recent(self, agent_id: str, caller: TokenClaims) -> list[dict[str, Any]]:
+        """The agent's last entries this node holds, newest first, as ``caller`` may see them:
+        admins, peers and the agent itself see every caller's, anyone else only their own."""
+        entries = self._recent.get(agent_id)
+        if entries is None:
+            return []
+        everyone = caller.role in (TokenRole.ADMIN, TokenRole.PEER) or caller.sub == agent_id
+        return [entry for entry in reversed(entries) if everyone or entry.get("caller") == caller.sub]
+
+    def close(self) -> None:
+        if self._handle is not None and self.sink not in _STREAMS:
+            self._handle.close()
+        self._handle = None
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _write(self, entry: dict[str, Any]) -> None:
+        line = {key: value for key, value in entry.items() if value is not None}
+        agent_id = line.get("agent_id")
+        if agent_id is not None:
+            entries = self._recent.get(agent_id)
+            if entries is None:
+                entries = deque(maxlen=RECENT_PER_AGENT)
+            _remember(self._recent, agent_id, entries, MAX_AGENTS)
+            entries.append(line)
+        if self.sink is None or self._failed:
+            return
+        try:
+            handle = self._open()
+            handle.write(orjson.dumps(line).decode() + "\n")
+            handle.flush()
+            self.written += 1
+        except (OSError, ValueError) as exc:  # ValueError: a closed stream
+            self._failed = True
+            log.error("the decision log %s cannot be written (%s); decisions are no longer logged there",
+                      self.sink, getattr(exc, "strerror", None) or exc)
+
+    def _open(self) -> IO[str]:
+        if self._handle is None:
+            stream = _STREAMS.get(str(self.sink))
+            if stream is not None:
+                self._handle = stream()
+            else:
+                path = Path(str(self.sink)).expanduser()
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._handle = path.open("a", encoding="utf-8", buffering=1)
+        return self._handle
+
+
+def _remember(table: OrderedDict[str, Any], key: str, value: Any, limit: int) -> None:
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > limit:
+        table.popitem(last=False)
