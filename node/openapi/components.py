@@ -57,7 +57,8 @@ _MODELS: list[type[BaseModel]] = [
     RouteTicket, OutcomeReport, OutcomeReports, Snapshot, ErrorBody, SearchResponse, CardRegistration, Envelope,
     SendAccepted, RouteEvents, Trace, Policy, ChangeEvent, Deregistered, Accepted, Regions, QuarantineList,
     VectorRequest, VectorResponse, FederationStatus, ExportedAgentCard, Health, Ready, Unready, WatchHello,
-    WatchOverflow, CredentialRequest, IssuedCredential, KeySet, KeyRotated, Breakers, TokenRevoked, RevocationRequest, AgentDecisions,
+    WatchOverflow, CredentialRequest, IssuedCredential, KeySet, KeyRotated, Breakers, TokenRevoked, RevocationRequest,
+    AgentDecisions,
 ]
 
 
@@ -74,8 +75,7 @@ def components(max_hops: int) -> dict[str, Schema]:
     refine(schemas, CARD_REFINEMENTS)
     schemas["JsonValue"] = copy.deepcopy(JSON_VALUE)
     # node.models.RouteRequest._one_selector: a non-empty capability, agent_id or pattern.
-    schemas["RouteRequest"]["anyOf"] = [_non_empty("capability"), _non_empty("agent_id"), _non_empty("pattern"),
-                                        {"required": ["tags"], "properties": {"tags": {"type": "array", "minItems": 1}}}]
+    schemas["RouteRequest"]["anyOf"] = [_non_empty("capability"), _non_empty("agent_id"), _non_empty("pattern")]
     schemas["AgentCard"]["anyOf"] = [
         {"required": ["supportedInterfaces"], "properties": {"supportedInterfaces": {"type": "array", "minItems": 1}}},
         _non_empty("url")]
