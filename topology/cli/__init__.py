@@ -1,7 +1,9 @@
 """The ``agent-reach`` command line, one module per subcommand.
 
 Commands: ``node`` (:mod:`.node`: one region's node, drained on SIGTERM by :mod:`.drain`), ``up``
-(:mod:`.up`: a whole topology on this machine), ``token`` (:mod:`.tokens`), and the agent-side
+(:mod:`.up`: a whole topology on this machine), ``token`` (:mod:`.tokens`; ``token revoke``:
+:mod:`.revoke`), the operator commands ``agents`` (:mod:`.agents`), ``resolve`` and ``search``
+(:mod:`.lookup`) and ``watch`` (:mod:`.watch`) on :mod:`.operator` (client, exit codes, output), and the agent-side
 tools, which use only the SDK ``node.client``: ``register`` (:mod:`.register`), ``preflight``
 (:mod:`.preflight`) and ``sidecar`` (:mod:`.sidecar`). Shared by them: :mod:`.options` (secret and
 data-dir flags), :mod:`.console` (what is printed), :mod:`.signals` (SIGINT/SIGTERM — only the
