@@ -24,6 +24,7 @@ STARTUP_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 30.0
 REGION_LINE = re.compile(r"^\s+region (\S+)\s+url (\S+)")
 TOKEN_LINE = re.compile(r"^admin token \(valid 30 days\): (\S+)")
+CONSOLE_LINE = re.compile(r"^  console (\S+)  (\S+)$")
 
 
 async def test_up_runs_three_regions_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
@@ -35,6 +36,7 @@ async def test_up_runs_three_regions_and_ctrl_c_stops_everything(tmp_path: Path)
     assert process.stdout is not None
     urls: dict[str, str] = {}
     token = None
+    consoles: dict[str, str] = {}
     output: list[str] = []
     try:
         deadline = time.monotonic() + STARTUP_DEADLINE_S
@@ -48,16 +50,22 @@ async def test_up_runs_three_regions_and_ctrl_c_stops_everything(tmp_path: Path)
                 urls[match.group(1)] = match.group(2)
             if match := TOKEN_LINE.match(text):
                 token = match.group(1)
+            if match := CONSOLE_LINE.match(text):
+                consoles[match.group(1)] = match.group(2)
             if text.startswith("Ctrl-C stops everything"):
                 break
         print(f"\nagent-reach up: {len(urls)} regions ready in {time.perf_counter() - started:.1f} s")
         assert set(urls) == {"us-east", "us-west", "eu-west"}
         assert token is not None
+        # A signed-in console link per node: the admin token in the fragment.
+        assert consoles == {region: f"{url}/ui/#token={token}" for region, url in urls.items()}
         tree = descendants(process.pid)
         assert len(tree) >= 7, f"expected 3 nodes, 3 redis-servers and a broker under up, found {len(tree)}"
 
         headers = {"Authorization": f"Bearer {token}"}
         async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as session:
+            async with session.get(consoles["eu-west"].partition("#")[0]) as response:
+                assert response.status == 200 and response.content_type == "text/html"
             body = registration("demo.translate.east_01", capability="translate.text", lease_ttl_ms=60_000)
             async with session.post(urls["us-east"] + "/v1/agents", json=body) as response:
                 assert response.status == 201, await response.text()
