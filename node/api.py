@@ -222,8 +222,8 @@ async def list_agents(request: web.Request) -> web.Response:
             raise ValidationFailed("label must be key=value", field="label")
         labels[key] = value
     tags = query.getall("tag", [])
-    if any(not tag or len(tag) > 64 for tag in tags):
-        raise ValidationFailed("tag must be 1 to 64 characters (repeat it for several tags)", field="tag")
+    if len(tags) > 8 or any(not tag or len(tag) > 64 for tag in tags):
+        raise ValidationFailed("tag: at most 8 tags of 1 to 64 characters each", field="tag")
     routable_only = query_flag(request, "routable")
     caller = _caller(request)
     indexes = [node.cache.index]

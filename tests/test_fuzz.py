@@ -111,9 +111,14 @@ REFUSALS: dict[str, tuple[Refusal, ...]] = {
     "POST /v1/agent-cards": (
         Refusal(422, frozenset({"validation_failed"}), "two skills whose ids give the same capability name",
                 message="does not give a unique capability name"),
+        Refusal(422, frozenset({"validation_failed"}), "what a card's schema does not say: host:port on an interface "
+                "that is not GRPC, a port above 65535, one kind per security scheme, one OAuth flow in A2A 1.0, "
+                "the card's size and depth", message="only a GRPC interface|port above 65535|security scheme|"
+                                                     "has one flow|bytes of JSON|nested deeper"),
         _EGRESS),
     "GET /v1/agents/{agent_id}": (_UNKNOWN_AGENT,),
     "GET /v1/agents/{agent_id}/agent-card.json": (_UNKNOWN_AGENT,),
+    "GET /agents/{agent_id}/.well-known/agent-card.json": (_UNKNOWN_AGENT,),
     "GET /v1/agents/{agent_id}/decisions": (_UNKNOWN_AGENT,),
     "DELETE /v1/agents/{agent_id}": (_UNKNOWN_AGENT,),
     "PUT /v1/agents/{agent_id}/heartbeat": (_UNKNOWN_AGENT,),
@@ -140,6 +145,7 @@ UPSTREAM_FAILURES = {"POST /v1/send": ["502"]}
 REGISTERING = ("POST /v1/agents", "POST /v1/agent-cards")
 # Run again with the agents registered so far; deregistration last.
 ON_ONE_AGENT = ("GET /v1/agents/{agent_id}", "GET /v1/agents/{agent_id}/agent-card.json",
+                "GET /agents/{agent_id}/.well-known/agent-card.json",
                 "PUT /v1/agents/{agent_id}/heartbeat", "DELETE /v1/agents/{agent_id}")
 
 
@@ -374,6 +380,9 @@ def _explicit(run: FuzzRun) -> None:
     run.explicit("GET /v1/search", 200, query={"q": "fuzz echo", "routable": "true"})
     run.explicit("GET /v1/agents", 200, query={"capability": "fuzz.echo", "label": ["role=echo"]})
     run.explicit("GET /v1/agents/{agent_id}/agent-card.json", 200, path_parameters={"agent_id": ECHO})
+    run.explicit("GET /agents/{agent_id}/.well-known/agent-card.json", 200, path_parameters={"agent_id": ECHO})
+    run.explicit("GET /.well-known/agent-card.json", 200)
+    run.explicit("GET /v1/agents", 200, query={"tag": ["echo"]})
     run.explicit("GET /v1/agents/{agent_id}/decisions", 200, path_parameters={"agent_id": ECHO})
     run.explicit("GET /v1/watch", 200, query={"since": 0})
 

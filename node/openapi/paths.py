@@ -4,6 +4,7 @@ statuses it can answer. ``build_openapi`` leaves out what a node does not serve.
 
 from __future__ import annotations
 
+from ..a2a import AGENT_CARD_PATH, AGENT_CARD_ROUTE
 from ..console import console_files
 from ..credentials import JWKS_PATH
 from ..models import INT64_MAX, KEY_ID_PATTERN, Scope
@@ -51,6 +52,11 @@ def _agents() -> Paths:
                                  query("label", {"type": "array", "items": {"type": "string",
                                                                             "pattern": "^[^=]+=[\\s\\S]*$"}},
                                        "key=value; repeat it for several labels", style="form", explode=True),
+                                 query("tag", {"type": "array", "maxItems": 8,
+                                               "items": {"type": "string", "minLength": 1, "maxLength": 64}},
+                                       "Only agents with a capability (an A2A skill) carrying every tag, compared "
+                                       "case-insensitively (with capability: that capability); repeat it for several",
+                                       style="form", explode=True),
                                  scope_query(Scope.LOCAL_FIRST), ROUTABLE]),
         },
         "/v1/agents/{agent_id}": {
@@ -70,10 +76,21 @@ def _agents() -> Paths:
                              notes={404: "The agent has no lease in this region: register again"}),
         },
         "/v1/agents/{agent_id}/agent-card.json": {
-            "get": operation("The agent as an A2A Agent Card (v1.0)",
+            "get": operation("The agent as an A2A Agent Card (v1.0), as at /agents/{agent_id}" + AGENT_CARD_PATH,
                              {"200": json_answer("ExportedAgentCard", "The card")}, errors=agent_lookup,
                              parameters=[AGENT_ID]),
         },
+        AGENT_CARD_ROUTE: {"get": _optional_token(operation(
+            "The agent's A2A Agent Card where A2ACardResolver looks for it (base URL /agents/{agent_id})",
+            {"200": json_answer("ExportedAgentCard", "The card")}, errors=(401, 404, 429), public=True,
+            parameters=[AGENT_ID],
+            notes={401: "No token, and the card is not public (the registration asked for public_card, the region "
+                        "allows public cards, the agent has no allowed_callers and is registered here) — the same "
+                        "for an agent that does not exist; or a token that is not valid",
+                   404: "No such agent here or in a peer region (or the caller may not see it)"}))},
+        AGENT_CARD_PATH: {"get": operation(
+            "The registry's own A2A Agent Card: its skills resolve, search and list, its interface the v1 API",
+            {"200": json_answer("ExportedAgentCard", "The registry's card")}, public=True)},
         "/v1/agents/{agent_id}/decisions": {
             "get": operation("This node's recent route decisions and outcomes about an agent",
                              {"200": json_answer("AgentDecisions", "Newest first; callers other than admins, "
@@ -91,6 +108,11 @@ def _agents() -> Paths:
                             "capability name, an address the egress policy refuses (egress_denied)"}),
         },
     }
+
+
+def _optional_token(entry: Schema) -> Schema:
+    """An operation served with or without a bearer token (what it answers depends on which)."""
+    return {**entry, "security": [{}, {"bearer": []}]}
 
 
 def _routing() -> Paths:

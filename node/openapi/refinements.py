@@ -72,11 +72,15 @@ REFINEMENTS: dict[str, dict[str, Schema]] = {
 # its description the description, each skill a capability (tags, examples, and the skill's
 # name as the description when it has none), each interface an endpoint, protocol versions and
 # the provider labels. So the card's fields carry the registration's limits.
+_OPTIONAL_PROSE = {"anyOf": [{"type": "string", "maxLength": 4_000, **MULTI_LINE}, {"type": "null"}], "default": None}
+# gRPC's host:port, which a GRPC interface may give instead of a URL (node.a2a.card.card_url).
+HOST_PORT = {"type": "string", "maxLength": 2_000,
+             "pattern": "^(?:[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}|\\[[0-9A-Fa-f:.]{2,45}\\]):[0-9]{1,5}$"}
 CARD_REFINEMENTS: dict[str, dict[str, Schema]] = {
     "AgentCard": {
         "name": {**SHORT_TEXT, "minLength": 1},
-        "description": {"type": "string", "maxLength": 4_000, **MULTI_LINE, "default": ""},
-        "url": {"anyOf": [ENDPOINT_URL, {"type": "null"}], "default": None},
+        "description": _OPTIONAL_PROSE,
+        "url": {"anyOf": [ENDPOINT_URL, HOST_PORT, {"type": "null"}], "default": None},
         "protocolVersion": {"anyOf": [{"type": "string", "maxLength": 32, **SINGLE_LINE}, {"type": "null"}],
                             "default": None},
         # One endpoint for the preferred interface, at most 16 in all.
@@ -85,20 +89,24 @@ CARD_REFINEMENTS: dict[str, dict[str, Schema]] = {
                                            {"type": "null"}], "default": None},
     },
     "AgentInterface": {
-        "url": ENDPOINT_URL,
+        "url": {"anyOf": [ENDPOINT_URL, HOST_PORT],
+                "description": "An absolute URL; a GRPC interface may give host:port"},
         "protocolVersion": {"anyOf": [{"type": "string", "maxLength": 32, **SINGLE_LINE}, {"type": "null"}],
                             "default": None},
     },
     "AgentSkill": {
-        "description": {"type": "string", "maxLength": 4_000, **MULTI_LINE, "default": ""},
-        "tags": {"type": "array", "maxItems": 32, "default": [],
-                 "items": {"type": "string", "maxLength": 64, **SINGLE_LINE}},
-        "examples": {"type": "array", "maxItems": 16, "default": [],
-                     "items": {"type": "string", "maxLength": 500, **MULTI_LINE}},
+        "description": _OPTIONAL_PROSE,
+        "tags": {"anyOf": [{"type": "array", "maxItems": 32, "items": {"type": "string", "maxLength": 64,
+                                                                         **SINGLE_LINE}}, {"type": "null"}],
+                 "default": None},
+        "examples": {"anyOf": [{"type": "array", "maxItems": 16, "items": {"type": "string", "maxLength": 500,
+                                                                             **MULTI_LINE}}, {"type": "null"}],
+                     "default": None},
     },
     "AgentProvider": {"organization": {**SHORT_TEXT}},
     # Two labels are added: a2a.protocol_version and a2a.provider.
-    "CardRegistration": {"labels": {**LABELS, "maxProperties": 62, "default": {}}},
+    "CardRegistration": {"labels": {**LABELS, "maxProperties": 62, "default": {}},
+                         "allowed_callers": _REGISTRATION_REFINEMENTS["allowed_callers"]},
 }
 
 

@@ -150,36 +150,18 @@ class FederationStatus(BaseModel):
     peers: list[dict[str, Any]]
 
 
-class ExportedInterface(Shape):
-    url: str
-    protocolBinding: str
-    protocolVersion: str
+class ExportedAgentCard(BaseModel):
+    """An A2A Agent Card (v1.0) as the registry serves it: the card the agent registered as it was
+    given (a v0.3 card converted as the A2A SDK reads it) with the registry's extension
+    (urn:agent-reach:a2a:registry:v1) appended to ``capabilities.extensions`` — unless the card is
+    signed, which is served exactly as registered — or, for an agent registered by hand, a card
+    made from its record; the registry's own card at ``/.well-known/agent-card.json``."""
 
-
-class ExportedSkill(Shape):
-    id: str
-    name: str
-    description: str
-    tags: list[str]
-    examples: list[str]
-
-
-class ExportedProvider(Shape):
-    organization: str
-
-
-class ExportedAgentCard(Shape):
-    """The v1.0 A2A Agent Card ``GET /v1/agents/{agent_id}/agent-card.json`` writes."""
+    model_config = ConfigDict(extra="allow")
 
     name: str
-    description: str
-    version: str
-    supportedInterfaces: list[ExportedInterface] = Field(min_length=1)
-    capabilities: dict[str, Any]
-    defaultInputModes: list[str]
-    defaultOutputModes: list[str]
-    skills: list[ExportedSkill] = Field(description="Empty for an agent without capabilities.")
-    provider: ExportedProvider | None = None
+    supportedInterfaces: list[dict[str, Any]] = Field(min_length=1)
+    skills: list[dict[str, Any]] = Field(description="Empty for an agent registered without capabilities.")
 
 
 class Health(Shape):
