@@ -5,7 +5,8 @@ The stream opens with ``hello`` (the region and its version), replays the change
 ``since=`` when asked, then sends each change the watcher asked for (capability, pattern) and
 may see (the record's audience), with ``: keep-alive`` comments while idle. A watcher that falls
 behind gets ``overflow`` and the end of the stream; so does every watcher when the app shuts
-down (:func:`end_watches`). The events are documented in ``node.openapi.watch_events``.
+down (:func:`end_watches`). A stream whose token is revoked meanwhile (``node.revocation``) gets
+``revoked`` and ends at its next event or keep-alive. The events are documented in ``node.openapi.watch_events``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .models import INT64_MAX, ChangeEvent
 from .security import may_see
 
 SSE_KEEPALIVE_S = 15.0
+_IDLE = object()  # no event within SSE_KEEPALIVE_S
 WATCH_REPLAY_MAX = 10_000
 
 
@@ -49,6 +51,11 @@ async def watch(request: web.Request) -> web.StreamResponse:
             try:
                 event = await asyncio.wait_for(subscription.queue.get(), timeout=SSE_KEEPALIVE_S)
             except TimeoutError:
+                event = _IDLE
+            if _revoked(node, request):
+                await response.write(_sse("revoked", {"message": "the token was revoked"}))
+                break
+            if event is _IDLE:
                 await response.write(b": keep-alive\n\n")
                 continue
             if event is None:
@@ -65,6 +72,11 @@ async def watch(request: web.Request) -> web.StreamResponse:
     with contextlib.suppress(ConnectionResetError):
         await response.write_eof()
     return response
+
+
+def _revoked(node: object, request: web.Request) -> bool:
+    claims = request[CALLER]
+    return claims.jti is not None and node.revocations.revoked(claims.jti)  # type: ignore[attr-defined]
 
 
 def _since(request: web.Request) -> int | None:

@@ -152,3 +152,19 @@ node_urls = ["{there.url}"]
     code, _, err = await _cli("token", "revoke", other, "--token", here.token("reader.cli.three", TokenRole.CALLER),
                               env=env)
     assert code == 1 and "admins_only" in err
+
+
+async def test_a_watch_opened_with_a_revoked_token_ends_at_its_next_event(node_factory: NodeFactory) -> None:
+    from .helpers import Watcher, registration
+
+    here = await node_factory(revocation_poll_interval_ms=POLL_MS)
+    replica = await node_factory(revocation_poll_interval_ms=POLL_MS)
+    doomed = here.token("reader.watch.one", TokenRole.CALLER)
+    async with Watcher(replica.session, "/v1/watch", doomed) as watcher:
+        assert watcher.kinds() == ["hello"]
+        status, _ = await _revoke(here, doomed)
+        assert status == 200
+        await wait_for(lambda: _refused(replica, doomed), timeout_s=5, message="the replica refusing the token")
+        await here.register(registration("lang.translate.after"))
+        await wait_for(lambda: watcher.ended, timeout_s=5, message="the stream ending")
+        assert watcher.kinds() == ["hello", "revoked"]  # the change after the revocation is not sent

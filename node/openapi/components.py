@@ -50,14 +50,14 @@ from .shapes import (
     VectorRequest,
     VectorResponse,
 )
-from .watch_events import WatchHello, WatchOverflow, watch_event_schema
+from .watch_events import WatchHello, WatchOverflow, WatchRevoked, watch_event_schema
 
 _MODELS: list[type[BaseModel]] = [
     Registration, RegisterResponse, Heartbeat, HeartbeatResponse, AgentRecord, AgentList, RouteRequest,
     RouteTicket, OutcomeReport, OutcomeReports, Snapshot, ErrorBody, SearchResponse, CardRegistration, Envelope,
     SendAccepted, RouteEvents, Trace, Policy, ChangeEvent, Deregistered, Accepted, Regions, QuarantineList,
     VectorRequest, VectorResponse, FederationStatus, ExportedAgentCard, Health, Ready, Unready, WatchHello,
-    WatchOverflow, CredentialRequest, IssuedCredential, KeySet, KeyRotated, Breakers, TokenRevoked, RevocationRequest,
+    WatchOverflow, WatchRevoked, CredentialRequest, IssuedCredential, KeySet, KeyRotated, Breakers, TokenRevoked, RevocationRequest,
     AgentDecisions,
 ]
 

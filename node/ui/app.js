@@ -232,6 +232,8 @@ async function onEvent(event) {
     render();
   } else if (event.event === 'overflow') {
     setLive('off');
+  } else if (event.event === 'revoked') {
+    signOut('The token was revoked; sign in with another one.');
   }
 }
 

@@ -3,7 +3,8 @@
 One line per change the token may see (``upsert``, ``status``, ``delete``) until Ctrl-C, the
 node ends the stream, or ``--count`` changes were printed. ``--json`` prints one JSON object per
 line (``{"event": …, "data": …}``, the ``hello`` first), for ``jq`` and scripts. Exit codes in
-:mod:`.operator`; a watcher the node drops for falling behind (``overflow``) exits 1.
+:mod:`.operator`; a watcher the node drops for falling behind (``overflow``) or for a revoked token
+(``revoked``) exits 1.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ async def _watch(client: NodeClient, args: argparse.Namespace) -> int:
         if event == "overflow":
             raise NodeAnswered("the node ended the watch: this watcher fell behind (reconnect with --since)",
                                status=200)
+        if event == "revoked":
+            raise NodeAnswered("the node ended the watch: the token was revoked", status=401)
         if event == "change":
             changes += 1
             if args.count is not None and changes >= args.count:
