@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install browser up test test-unit bench bench-resolve bench-federation bench-semantic bench-routing clean
+.PHONY: install browser promtool up test test-unit bench bench-resolve bench-federation bench-semantic bench-routing clean
 
 install: $(STAMP)
 
@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 up: install
 	$(BIN)/agent-reach up $(TOPOLOGY)
 
-test: install browser
+test: install browser promtool
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 # The console's browser test (tests/test_console_browser.py) drives Debian's headless Chromium
@@ -38,6 +38,13 @@ browser:
 # The unit tests alone (no server, socket, subprocess or model): a few seconds.
 test-unit: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m unit
+
+# promtool (Debian's prometheus package) lints /metrics in tests/test_metrics.py; without it (not
+# root, no apt) the test lints with the same rules in Python only.
+promtool:
+	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } || \
+		echo "promtool not installed: tests/test_metrics.py lints /metrics in Python only"
 
 bench: bench-resolve bench-federation bench-semantic bench-routing
 

@@ -13,12 +13,20 @@ from .config import (
     DEFAULT_TOPIC_PREFIX,
     FederationConfig,
     PeerConfig,
+    beacon_topic_name,
     topic_name,
 )
 from .consumer import Consumer, ConsumerState, ConsumerStats
 from .digest import DigestTracker, RegionState, entry_hash, read_region_state, region_digest
-from .errors import BrokerUnavailable, FederationError, InvalidMessage, SnapshotUnavailable
-from .events import FederationMessage, RegionBeacon
+from .errors import BrokerUnavailable, FederationError, InvalidMessage, NewerSchema, SnapshotUnavailable
+from .events import (
+    BEACON_CONTENT_TYPE,
+    CHANGE_CONTENT_TYPE,
+    CONTENT_TYPE_HEADER,
+    SCHEMA_VERSION,
+    FederationMessage,
+    RegionBeacon,
+)
 from .keys import PeerKeys
 from .publisher import Publisher, PublisherState, PublisherStats
 from .replica import CatalogState, PeerCatalog, PeerReplica
@@ -50,6 +58,11 @@ __all__ = [
     "RegionState",
     "read_region_state",
     "topic_name",
+    "beacon_topic_name",
+    "SCHEMA_VERSION",
+    "CONTENT_TYPE_HEADER",
+    "CHANGE_CONTENT_TYPE",
+    "BEACON_CONTENT_TYPE",
     "STATUS_PATH",
     "DEFAULT_BEACON_INTERVAL_MS",
     "DEFAULT_STALE_AFTER_MS",
@@ -58,4 +71,5 @@ __all__ = [
     "BrokerUnavailable",
     "SnapshotUnavailable",
     "InvalidMessage",
+    "NewerSchema",
 ]

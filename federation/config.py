@@ -77,6 +77,10 @@ class FederationConfig(BaseModel):
         """The change topic of ``region``: ``{topic_prefix}.changes.{region}``."""
         return topic_name(self.topic_prefix, region)
 
+    def beacon_topic(self, region: str) -> str:
+        """The beacon topic of ``region``: ``{topic_prefix}.beacons.{region}``."""
+        return beacon_topic_name(self.topic_prefix, region)
+
     def peer(self, region: str) -> PeerConfig:
         for peer in self.peers:
             if peer.region == region:
@@ -86,3 +90,7 @@ class FederationConfig(BaseModel):
 
 def topic_name(prefix: str, region: str) -> str:
     return f"{prefix}.changes.{region}"
+
+
+def beacon_topic_name(prefix: str, region: str) -> str:
+    return f"{prefix}.beacons.{region}"

@@ -1,8 +1,17 @@
-"""The consumer: reads every peer's topic and applies it to this region's replica.
+"""The consumer: reads every peer's topics and applies them to this region's replica.
 
-Manual assignment (no consumer group) of partition 0 of each peer topic; the next offset to read
-is stored in the consuming region's Redis by the same script that applies the records, so the
-offset never runs ahead of the replica and a restart resumes exactly where it stopped.
+Manual assignment (no consumer group) of partition 0 of each peer's change topic and beacon topic;
+the next offset of a change topic is stored in the consuming region's Redis by the same script
+that applies the records, so the offset never runs ahead of the replica and a restart resumes
+exactly where it stopped. A beacon topic is read from its last record at every start (only the
+latest beacon matters). Tombstones (a null value after a deletion, for compaction) are skipped; so
+is a value of a newer schema version than this node reads (counted, logged at most once a
+minute: the node is older than its peer and must be upgraded to read it).
+
+A beacon is checked in place, against the replica at exactly the beacon's watermark: one that
+arrives before the changes it covers waits (one per peer, the latest) until the change topic
+reaches its watermark; if the change topic is read to its end and the watermark is still not
+reached, the changes are missing and it counts as a mismatch.
 Application is idempotent by version (see ``federation.replica``), so duplicates, replays and
 reordering change nothing.
 
@@ -31,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,7 +52,7 @@ from node.errors import StoreUnavailable
 
 from .antientropy import AntiEntropy
 from .config import FederationConfig
-from .errors import BrokerUnavailable, InvalidMessage, SnapshotUnavailable
+from .errors import BrokerUnavailable, InvalidMessage, NewerSchema, SnapshotUnavailable
 from .events import FederationMessage, RegionBeacon
 from .kafka import PARTITION, ensure_topics, make_consumer
 from .replica import PeerCatalog
@@ -51,6 +61,7 @@ from .replica_store import ReplicaStore
 log = logging.getLogger(__name__)
 
 _POLL_TIMEOUT_MS = 200
+_NEWER_SCHEMA_LOG_INTERVAL_S = 60.0
 
 
 class ConsumerState(enum.Enum):
@@ -68,8 +79,18 @@ class ConsumerStats:
     gaps: int = 0
     beacon_mismatches: int = 0
     broker_data_losses: int = 0
+    tombstones: int = 0
+    newer_schema: int = 0
     failures: int = 0
     last_error: str | None = None
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A peer's beacon read before the changes it covers."""
+
+    beacon: RegionBeacon
+    since_s: float  # time.monotonic() when a beacon of this peer started waiting
 
 
 class Consumer:
@@ -84,7 +105,17 @@ class Consumer:
         self.state = ConsumerState.IDLE
         self.stats = ConsumerStats()
         self.partitions = {TopicPartition(config.topic(peer.region), PARTITION): peer.region for peer in config.peers}
+        self.beacon_partitions = {TopicPartition(config.beacon_topic(peer.region), PARTITION): peer.region
+                                  for peer in config.peers}
+        self.change_partition = {peer: partition for partition, peer in self.partitions.items()}
         self.next_offsets: dict[TopicPartition, int] = {}
+        self.highwaters: dict[TopicPartition, int] = {}
+        self.last_change_at_ms: dict[str, int] = {}  # per peer: when the newest change applied happened there
+        self._beacon_offsets: dict[TopicPartition, int] = {}
+        self._pending: dict[str, _Pending] = {}
+        # A beacon ahead of a change topic read to its end has lost its changes after this long.
+        self._pending_grace_s = max(0.2, 5 * config.fetch_max_wait_ms / 1000)
+        self._newer_logged_s = -_NEWER_SCHEMA_LOG_INTERVAL_S
         self._backoff_ms = config.retry_backoff_ms
 
     @staticmethod
@@ -118,11 +149,12 @@ class Consumer:
         if not self.partitions:
             await asyncio.Event().wait()  # a region without peers has nothing to read
         self.state = ConsumerState.CONNECTING
-        await ensure_topics(self.config, [partition.topic for partition in self.partitions])
+        assigned = [*self.partitions, *self.beacon_partitions]
+        await ensure_topics(self.config, [partition.topic for partition in assigned])
         consumer = make_consumer(self.config)
         try:
             await consumer.start()
-            consumer.assign(list(self.partitions))
+            consumer.assign(assigned)
             stored = await self.replica_store.offsets()
             for partition, peer in self.partitions.items():
                 offset = stored.get(self.offset_name(partition))
@@ -130,15 +162,24 @@ class Consumer:
                     offset = await self._bootstrap(consumer, partition, peer)
                 consumer.seek(partition, offset)
                 self.next_offsets[partition] = offset
+            for partition in self.beacon_partitions:
+                start = (await consumer.beginning_offsets([partition]))[partition]
+                end = (await consumer.end_offsets([partition]))[partition]
+                self._beacon_offsets[partition] = max(start, end - 1)  # the latest beacon
+                consumer.seek(partition, self._beacon_offsets[partition])
+            self._pending.clear()
             self.state = ConsumerState.CONSUMING
             self._backoff_ms = self.config.retry_backoff_ms
             while True:
-                batches = await consumer.getmany(*self.partitions, timeout_ms=_POLL_TIMEOUT_MS,
+                batches = await consumer.getmany(*assigned, timeout_ms=_POLL_TIMEOUT_MS,
                                                  max_records=self.config.consume_batch_max)
                 for partition, records in batches.items():
-                    if records:
+                    if records and partition in self.partitions:
                         await self._apply(partition, records)
+                    elif records:
+                        await self._beacons(partition, records)
                 await self._check_loss(consumer)
+                await self._check_pending()
         finally:
             try:
                 await consumer.stop()
@@ -158,23 +199,19 @@ class Consumer:
             return start
 
     async def _apply(self, partition: TopicPartition, records: Sequence[ConsumerRecord]) -> None:
-        """Apply one partition's records, committing at each beacon so it is checked in place."""
+        """Apply one change partition's records, committing at each beacon so it is checked in place
+        (a waiting beacon from the beacon topic, or one a publisher of schema 1 put among the changes)."""
         peer = self.partitions[partition]
         replica = self.catalog.peer(peer)
         seen = replica.seen_version
         segment: list[FederationMessage] = []
         self.stats.records += len(records)
         for position, record in enumerate(records):
-            try:
-                message = FederationMessage.decode(record.value)
-                if message.region != peer:
-                    raise InvalidMessage(f"a message of region {message.region} on the topic of {peer}")
-            except InvalidMessage as exc:
-                self.stats.invalid += 1
-                self.replica_store.quarantine.add("kafka", f"{partition.topic}@{record.offset}", exc)
-                message = None
+            message = self._decode(partition, record)
             if message is not None and message.beacon is not None and _replayed(message.beacon, replica.beacon):
                 message = None  # an old beacon read again (replay, or re-reading after data loss)
+            beacon = message.beacon if message is not None else None
+            in_place = beacon is not None  # a schema-1 publisher's beacon, after the changes it covers
             if message is not None:
                 if message.change is not None:
                     version = message.change.version
@@ -183,11 +220,91 @@ class Consumer:
                         self.anti_entropy.request(peer, f"gap: version {version} after {seen}")
                     seen = max(seen, version)
                 segment.append(message)
-            if position == len(records) - 1 or (message is not None and message.beacon is not None):
+                pending = self._pending.get(peer)
+                if message.change is not None and pending is not None and seen >= pending.beacon.watermark:
+                    del self._pending[peer]
+                    beacon = pending.beacon
+                    segment.append(FederationMessage.of_beacon(beacon))
+            if position == len(records) - 1 or beacon is not None:
                 await self._commit(peer, partition, segment, next_offset=record.offset + 1)
-                if message is not None and message.beacon is not None:
-                    self._check_beacon(peer, message.beacon)
+                if beacon is not None and (in_place or beacon.watermark == seen):
+                    self._check_beacon(peer, beacon)
                 segment = []
+
+    async def _beacons(self, partition: TopicPartition, records: Sequence[ConsumerRecord]) -> None:
+        """A peer's beacons: each is checked when the replica is at its watermark (now, or once
+        the change topic gets there); one the replica is past already only says the peer is alive,
+        unless its watermark is below the last beacon's — then the peer's versions went back."""
+        peer = self.beacon_partitions[partition]
+        replica = self.catalog.peer(peer)
+        for record in records:
+            self._beacon_offsets[partition] = record.offset + 1
+            message = self._decode(partition, record)
+            if message is None:
+                continue
+            beacon = message.beacon
+            if beacon is None:
+                self._invalid(partition, record, InvalidMessage(f"a change on the beacon topic of {peer}"))
+                continue
+            pending = self._pending.get(peer)
+            if _replayed(beacon, replica.beacon) or (pending is not None and _replayed(beacon, pending.beacon)):
+                continue
+            if beacon.watermark > replica.seen_version:
+                self._pending[peer] = _Pending(beacon, pending.since_s if pending is not None else time.monotonic())
+                continue
+            self._pending.pop(peer, None)
+            went_back = replica.beacon is not None and beacon.watermark < replica.beacon.watermark
+            await self._commit_beacon(peer, beacon)
+            if beacon.watermark == replica.seen_version or went_back:
+                self._check_beacon(peer, beacon)
+
+    async def _check_pending(self) -> None:
+        """A waiting beacon whose watermark the change topic, read to its end, did not reach: the
+        changes between are missing (checked after a grace, as the two topics are fetched apart)."""
+        for peer, pending in list(self._pending.items()):
+            partition = self.change_partition[peer]
+            replica = self.catalog.peer(peer)
+            highwater = self.highwaters.get(partition)
+            caught_up = highwater is not None and self.next_offsets.get(partition, 0) >= highwater
+            reached = replica.seen_version >= pending.beacon.watermark  # e.g. by anti-entropy
+            if not reached and not (caught_up and time.monotonic() - pending.since_s >= self._pending_grace_s):
+                continue
+            del self._pending[peer]
+            await self._commit_beacon(peer, pending.beacon)
+            if replica.seen_version <= pending.beacon.watermark:
+                self._check_beacon(peer, pending.beacon)
+
+    async def _commit_beacon(self, peer: str, beacon: RegionBeacon) -> None:
+        partition = self.change_partition[peer]
+        await self._commit(peer, partition, [FederationMessage.of_beacon(beacon)],
+                           next_offset=self.next_offsets.get(partition, 0))
+
+    def _decode(self, partition: TopicPartition, record: ConsumerRecord) -> FederationMessage | None:
+        """The record's message; None for a tombstone, a newer schema or a value that does not parse."""
+        if record.value is None:
+            self.stats.tombstones += 1  # written for compaction after a deletion the change carried
+            return None
+        peer = self.partitions.get(partition) or self.beacon_partitions[partition]
+        try:
+            message = FederationMessage.decode(record.value)
+            if message.region != peer:
+                raise InvalidMessage(f"a message of region {message.region} on the topic of {peer}")
+        except NewerSchema as exc:
+            self.stats.newer_schema += 1
+            now = time.monotonic()
+            if now - self._newer_logged_s >= _NEWER_SCHEMA_LOG_INTERVAL_S:
+                self._newer_logged_s = now
+                log.warning("region %s: skipped %s@%d (and any more such within a minute): %s", self.config.region,
+                            partition.topic, record.offset, exc)
+            return None
+        except InvalidMessage as exc:
+            self._invalid(partition, record, exc)
+            return None
+        return message
+
+    def _invalid(self, partition: TopicPartition, record: ConsumerRecord, exc: InvalidMessage) -> None:
+        self.stats.invalid += 1
+        self.replica_store.quarantine.add("kafka", f"{partition.topic}@{record.offset}", exc)
 
     async def _commit(self, peer: str, partition: TopicPartition, messages: list[FederationMessage], *,
                       next_offset: int) -> None:
@@ -197,6 +314,8 @@ class Consumer:
         self.next_offsets[partition] = next_offset
         applied = [messages[number - 1] for number in result.applied]
         changes = [message.change for message in applied if message.change is not None]
+        if changes:
+            self.last_change_at_ms[peer] = max(self.last_change_at_ms.get(peer, 0), *(c.at_ms for c in changes))
         self.catalog.committed_changes(peer, changes, seen=result.seen, heard_at_ms=at)
         for message in applied:
             if message.beacon is not None:
@@ -224,9 +343,17 @@ class Consumer:
         embedded broker's ListOffsets answers the base offset of the last batch + 1, which
         under load lags the records already fetched.
         """
+        for partition in self.beacon_partitions:
+            highwater = consumer.highwater(partition)
+            if highwater is not None and highwater < self._beacon_offsets.get(partition, 0):
+                start = (await consumer.beginning_offsets([partition]))[partition]
+                consumer.seek(partition, start)  # the broker lost the beacons: read what it has now
+                self._beacon_offsets[partition] = start
         for partition, peer in self.partitions.items():
             highwater = consumer.highwater(partition)
             ours = self.next_offsets.get(partition, 0)
+            if highwater is not None:
+                self.highwaters[partition] = highwater
             if highwater is None or highwater >= ours:
                 continue
             self.stats.broker_data_losses += 1

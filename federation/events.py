@@ -1,24 +1,40 @@
-"""What travels on a region topic: change events and region beacons; the region digest.
+"""What travels between regions over Kafka: change events and region beacons (the contract).
 
-A region topic ``{prefix}.changes.{region}`` has ONE partition: the region's changes form a
-total order (its versions), so a beacon lands after every change it covers and a consumer can
-tell a gap (version ``n`` followed by ``n + 2``) from a duplicate. A registry changes at most
-thousands of times per second, which one partition carries easily. Records are keyed by
-agent_id (per-agent order on any future multi-partition layout) and beacons by ``~beacon``.
+Two topics per home region, each with ONE partition (``docs/events.md`` is the contract for
+third-party consumers):
+
+* ``{prefix}.changes.{region}``: the region's changes in version order, key = the agent_id, value
+  = a :class:`FederationMessage` carrying a ``change``; a deletion (deregistration, expiry,
+  quarantine) is followed by a tombstone, key = the agent_id and a null value, so the topic can be
+  compacted on real Kafka and a compacted replay keeps exactly the live agents. The versions are
+  consecutive, so a consumer tells a gap (``n`` then ``n + 2``) from a duplicate.
+* ``{prefix}.beacons.{region}``: the region's beacons, key = the region (a compacted topic keeps
+  the latest), value = a :class:`FederationMessage` carrying a ``beacon``. A beacon for watermark
+  ``W`` is sent only once every change up to ``W`` was acknowledged on the change topic.
+
+Every value carries ``schema_version`` (:data:`SCHEMA_VERSION`; values written before it existed
+read as version 1, the same shape) and every record with a value a ``content-type`` header
+(:data:`CHANGE_CONTENT_TYPE`, :data:`BEACON_CONTENT_TYPE`). A reader skips a value of a newer
+schema version than it knows (:class:`NewerSchema`) instead of failing: versions only grow when
+the shape changes incompatibly, and a node learns the newer ones when it is upgraded.
 
 A beacon carries the region's digest (``federation.digest``). This module does no I/O.
 """
 
 from __future__ import annotations
 
+import orjson
 from pydantic import Field, ValidationError, model_validator
 
 from node.errors import first_problem
 from node.models import ChangeEvent, Region, Strict
 
-from .errors import InvalidMessage
+from .errors import InvalidMessage, NewerSchema
 
-BEACON_KEY = b"~beacon"
+SCHEMA_VERSION = 2  # 1: no schema_version field, beacons on the change topic; 2: this layout
+CONTENT_TYPE_HEADER = "content-type"
+CHANGE_CONTENT_TYPE = f"application/vnd.agent-reach.change+json; version={SCHEMA_VERSION}"
+BEACON_CONTENT_TYPE = f"application/vnd.agent-reach.beacon+json; version={SCHEMA_VERSION}"
 
 
 class RegionBeacon(Strict):
@@ -39,10 +55,19 @@ class RegionBeacon(Strict):
 
 
 class FederationMessage(Strict):
-    """One record of a region topic: exactly one of ``change`` or ``beacon``."""
+    """One record's value: exactly one of ``change`` or ``beacon``, and the schema version."""
 
+    schema_version: int = Field(default=1, ge=1, description="The value's layout (SCHEMA_VERSION when written).")
     change: ChangeEvent | None = None
     beacon: RegionBeacon | None = None
+
+    @classmethod
+    def of_change(cls, event: ChangeEvent) -> FederationMessage:
+        return cls(schema_version=SCHEMA_VERSION, change=event)
+
+    @classmethod
+    def of_beacon(cls, beacon: RegionBeacon) -> FederationMessage:
+        return cls(schema_version=SCHEMA_VERSION, beacon=beacon)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> FederationMessage:
@@ -55,18 +80,38 @@ class FederationMessage(Strict):
         return self.change.region if self.change is not None else self.beacon.region  # type: ignore[union-attr]
 
     def key(self) -> bytes:
-        return self.change.agent_id.encode() if self.change is not None else BEACON_KEY
+        """The record key: the agent_id of a change, the region of a beacon."""
+        return (self.change.agent_id if self.change is not None else self.region).encode()
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        content_type = CHANGE_CONTENT_TYPE if self.change is not None else BEACON_CONTENT_TYPE
+        return [(CONTENT_TYPE_HEADER, content_type.encode())]
 
     def encode(self) -> bytes:
         return self.model_dump_json(exclude_none=True).encode()
 
     @classmethod
     def decode(cls, value: bytes | None) -> FederationMessage:
-        """Parse a record value; raises :class:`InvalidMessage` naming the first bad field."""
+        """Parse a record value; raises :class:`NewerSchema` for a schema version this code does not
+        know (skip it) and :class:`InvalidMessage` naming the first bad field. A tombstone (no value)
+        is not a message: check for it first."""
         if not value:
             raise InvalidMessage("empty record value")
+        version = _schema_version(value)
+        if version is not None and version > SCHEMA_VERSION:
+            raise NewerSchema(version, known=SCHEMA_VERSION)
         try:
             return cls.model_validate_json(value)
         except ValidationError as exc:
             first = first_problem(exc)
             raise InvalidMessage(f"{first.field or '(message)'}: {first.message}") from exc
+
+
+def _schema_version(value: bytes) -> int | None:
+    """The value's ``schema_version`` read without its schema (None when it has none or is no object)."""
+    try:
+        decoded = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    version = decoded.get("schema_version") if isinstance(decoded, dict) else None
+    return version if isinstance(version, int) and not isinstance(version, bool) else None

@@ -2,7 +2,8 @@
 
 Transactional outbox: a change is in the region's Redis stream the moment it happened; the
 publisher reads the stream after its acknowledged position, sends the entries to
-``{prefix}.changes.{region}`` (key = agent_id, the single partition) and only once Kafka has
+``{prefix}.changes.{region}`` (key = agent_id, the single partition; a deletion is followed by a
+null-value tombstone for the agent, so the topic can be compacted) and only once Kafka has
 acknowledged every one of them moves the position (``…:fed:published`` in the region's Redis).
 While Kafka is down nothing moves: the backlog waits in the stream and goes out in order when
 the broker is back — and a crash between send and acknowledgement only causes duplicates,
@@ -11,7 +12,8 @@ which consumers skip by version.
 Every ``beacon_interval_ms`` the publisher reads the region's version ``V``, sends every
 change up to exactly ``V`` and then a :class:`RegionBeacon` for ``V`` with the count and digest
 of its agents (no digest while a passed lease awaits the sweeper), so on the topic a beacon
-follows precisely the changes it covers. The digest is tracked from the changes it sends
+follows precisely the changes it covers — on its own topic ``{prefix}.beacons.{region}``,
+sent only once those changes were acknowledged. The digest is tracked from the changes it sends
 (``federation.digest.DigestTracker``), so a beacon costs two Redis reads, not a region scan.
 Before each beacon it re-creates the topic if the broker lost it (a restarted memory-only
 broker forgets its topics, and clients would otherwise write to ghost partitions that vanish
@@ -34,7 +36,7 @@ from aiokafka.errors import KafkaError
 
 from node.clock import now_ms
 from node.errors import StoreUnavailable
-from node.models import ChangeEvent
+from node.models import ChangeEvent, ChangeKind
 from node.store import RegionStore
 
 from .config import FederationConfig
@@ -65,6 +67,7 @@ class PublisherStats:
     beacons: int = 0
     failures: int = 0
     topic_recreated: int = 0
+    tombstones: int = 0
     position: int = 0
     last_error: str | None = None
 
@@ -77,6 +80,7 @@ class Publisher:
         self.store = store
         self.replica_store = replica_store
         self.topic = config.topic(config.region)
+        self.beacon_topic = config.beacon_topic(config.region)
         self.state = PublisherState.IDLE
         self.stats = PublisherStats()
         self._backoff_ms = config.retry_backoff_ms
@@ -105,7 +109,7 @@ class Publisher:
         producer = make_producer(self.config)
         try:
             await producer.start()
-            await ensure_topics(self.config, [self.topic])
+            await ensure_topics(self.config, [self.topic, self.beacon_topic])
             position = await self.replica_store.published_position()
             self.stats.position = position
             self.state = PublisherState.PUBLISHING
@@ -130,9 +134,14 @@ class Publisher:
     async def _publish(self, producer: AIOKafkaProducer, events: Sequence[ChangeEvent]) -> int:
         """Send ``events`` and move the position once Kafka acknowledged all of them."""
         futures = []
+        tombstones = 0
         for event in events:
-            message = FederationMessage(change=event)
-            futures.append(await producer.send(self.topic, message.encode(), key=message.key(), partition=PARTITION))
+            message = FederationMessage.of_change(event)
+            futures.append(await producer.send(self.topic, message.encode(), key=message.key(), partition=PARTITION,
+                                               headers=message.headers()))
+            if event.kind is ChangeKind.DELETE:  # compaction drops the key once the tombstone is the last value
+                futures.append(await producer.send(self.topic, None, key=message.key(), partition=PARTITION))
+                tombstones += 1
         results = await asyncio.gather(*futures, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
@@ -143,16 +152,17 @@ class Publisher:
         for event in events:
             self.digest.advance(event)
         self.stats.published += len(events)
+        self.stats.tombstones += tombstones
         self.stats.position = position
         return position
 
     async def _beacon(self, producer: AIOKafkaProducer, position: int) -> int:
         """Send everything up to the current version ``V``, then the beacon for ``V``."""
-        created = await ensure_topics(self.config, [self.topic])
+        created = await ensure_topics(self.config, [self.topic, self.beacon_topic])
         if created:
             self.stats.topic_recreated += 1
-            log.warning("region %s: topic %s was missing (the broker lost its data); re-created it — peers "
-                        "re-sync by anti-entropy", self.config.region, self.topic)
+            log.warning("region %s: topics %s were missing (the broker lost its data); re-created them — peers "
+                        "re-sync by anti-entropy", self.config.region, ", ".join(created))
         watermark = await self.store.version()
         if watermark < position:
             # The region's Redis lost its data and its versions started again: publish its new
@@ -178,9 +188,10 @@ class Publisher:
         live = len(self.digest.versions) - passed
         beacon = RegionBeacon(region=self.config.region, watermark=watermark, live_count=max(0, live),
                               digest=self.digest.digest if passed == 0 else None, sent_at_ms=at)
-        message = FederationMessage(beacon=beacon)
+        message = FederationMessage.of_beacon(beacon)
         try:
-            await producer.send_and_wait(self.topic, message.encode(), key=message.key(), partition=PARTITION)
+            await producer.send_and_wait(self.beacon_topic, message.encode(), key=message.key(), partition=PARTITION,
+                                         headers=message.headers())
         except KafkaError as exc:
             raise BrokerUnavailable(f"Kafka did not acknowledge the beacon of {self.config.region}: {exc!r}") from exc
         self.stats.beacons += 1

@@ -11,6 +11,7 @@ anti-entropy, and attaches them through the node's hooks only::
 * ``node.watch`` ← every applied remote change (``/v1/watch`` streams them);
 * ``node.keys.peers`` ← the peers' public signing keys (:class:`PeerKeys`), so route credentials
   issued in a peer region verify against this node's ``/.well-known/jwks.json``;
+* ``node.metrics.registry`` ← the federation's families (:mod:`federation.metrics`);
 * ``node.extensions`` ← the lifecycle of the catalog and the peer keys (an aiohttp cleanup
   context: loaded before the server accepts requests, closed with it) and
   ``GET /v1/federation/status``.
@@ -36,6 +37,7 @@ from .config import FederationConfig
 from .consumer import Consumer
 from .digest import read_region_state
 from .keys import PeerKeys
+from .metrics import FederationCollector
 from .publisher import Publisher
 from .replica import PeerCatalog
 from .replica_store import ReplicaStore
@@ -77,6 +79,7 @@ class Federation:
         self.catalog.subscribe(node.watch.publish)
         node.leadership.add_duty("federation-publisher", self.publisher.run)
         node.leadership.add_duty("federation-consumer", self.consumer.run)
+        node.metrics.registry.register(FederationCollector(self, region_version=lambda: node.cache.index.version))
         node.extensions.append(self._install)
 
     async def start(self) -> None:
@@ -102,17 +105,20 @@ class Federation:
         return {
             "region": self.config.region,
             "topic": self.config.topic(self.config.region),
+            "beacon_topic": self.config.beacon_topic(self.config.region),
             "watermark": state.version,
             "live_count": count,
             "digest": digest,
             "publisher": {"state": self.publisher.state.value, "position": publisher.position,
                           "published": publisher.published, "beacons": publisher.beacons,
                           "failures": publisher.failures, "topic_recreated": publisher.topic_recreated,
+                          "tombstones": publisher.tombstones,
                           "last_error": publisher.last_error},
             "consumer": {"state": self.consumer.state.value, "records": consumer.records,
                          "applied": consumer.applied, "invalid": consumer.invalid, "gaps": consumer.gaps,
                          "beacon_mismatches": consumer.beacon_mismatches,
                          "broker_data_losses": consumer.broker_data_losses, "failures": consumer.failures,
+                         "tombstones": consumer.tombstones, "newer_schema": consumer.newer_schema,
                          "last_error": consumer.last_error,
                          "offsets": {self.consumer.offset_name(p): o for p, o in self.consumer.next_offsets.items()}},
             "anti_entropy": {"runs": anti_entropy.runs, "failures": anti_entropy.failures,

@@ -184,7 +184,8 @@ def alive(pid: int) -> bool:
 
 
 async def topic_messages(bootstrap_servers: str, topic: str) -> list[FederationMessage]:
-    """Every message on ``topic`` (partition 0) up to its high watermark at the time of reading."""
+    """Every message on ``topic`` (partition 0) up to its high watermark at the time of reading
+    (tombstones left out)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=20)
     await consumer.start()
     try:
@@ -195,7 +196,8 @@ async def topic_messages(bootstrap_servers: str, topic: str) -> list[FederationM
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             batch = await consumer.getmany(partition, timeout_ms=100)
-            messages += [FederationMessage.decode(record.value) for record in batch.get(partition, [])]
+            messages += [FederationMessage.decode(record.value) for record in batch.get(partition, [])
+                         if record.value is not None]  # tombstones carry no message
             highwater = consumer.highwater(partition)
             if highwater is not None and await consumer.position(partition) >= highwater:
                 break

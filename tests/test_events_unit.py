@@ -85,3 +85,22 @@ def test_an_index_never_moves_a_record_backwards_whatever_the_order() -> None:
     index.apply(_upsert("lang.translate.a", 3))
     assert not index.apply(_upsert("lang.translate.a", 2))  # an older upsert arriving late
     assert index.get("lang.translate.a").version == 3
+
+
+def test_schema_versions_headers_and_keys() -> None:
+    """Schema 2 is written with its content type; schema 1 (no field) still reads; a newer one is
+    NewerSchema (skipped by consumers), never an invalid message; a beacon is keyed by its region."""
+    from federation import BEACON_CONTENT_TYPE, CHANGE_CONTENT_TYPE, SCHEMA_VERSION, NewerSchema
+
+    change = FederationMessage.of_change(_upsert("lang.translate.a", 3))
+    assert change.schema_version == SCHEMA_VERSION == 2
+    assert b'"schema_version":2' in change.encode()
+    assert change.headers() == [("content-type", CHANGE_CONTENT_TYPE.encode())]
+    beacon = FederationMessage.of_beacon(RegionBeacon(region="eu", watermark=3, live_count=1, sent_at_ms=5))
+    assert beacon.key() == b"eu" and beacon.headers() == [("content-type", BEACON_CONTENT_TYPE.encode())]
+    legacy = change.encode().replace(b'"schema_version":2,', b"")
+    assert FederationMessage.decode(legacy).schema_version == 1
+    newer = change.encode().replace(b'"schema_version":2', b'"schema_version":3').replace(b'"change"', b'"delta"')
+    with pytest.raises(NewerSchema) as raised:
+        FederationMessage.decode(newer)
+    assert raised.value.version == 3 and not isinstance(raised.value, InvalidMessage)

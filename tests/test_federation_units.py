@@ -377,7 +377,7 @@ async def test_publisher_holds_the_backlog_while_kafka_is_down_and_sends_it_in_o
             digest, count = region_digest(snapshot.records)
 
             async def beacon_at_version() -> bool:
-                found = await topic_messages(kafka.bootstrap_servers, config.topic(region))
+                found = await topic_messages(kafka.bootstrap_servers, config.beacon_topic(region))
                 return any(m.beacon is not None and m.beacon.watermark == version and m.beacon.digest == digest
                            and m.beacon.live_count == count for m in found)
 

@@ -141,6 +141,7 @@ class FederationStatus(BaseModel):
 
     region: str
     topic: str
+    beacon_topic: str
     watermark: int
     live_count: int
     digest: str
