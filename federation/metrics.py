@@ -112,12 +112,7 @@ class FederationCollector(Collector):
             ("agent_reach_federation_publisher_failures", "Publisher sessions that failed (Kafka or Redis)",
              stats.failures),
         ]
-        families: list[Metric] = [backlog]
-        for name, documentation, value in counters:
-            family = CounterMetricFamily(name, documentation, labels=_REGION)
-            if with_samples:
-                family.add_metric(region, value)
-            families.append(family)
+        families: list[Metric] = [backlog, *_region_counters(counters, region, with_samples)]
         if with_samples and publisher.state is not PublisherState.IDLE:
             backlog.add_metric(region, max(0, self._region_version() - stats.position))
         return families
@@ -137,12 +132,7 @@ class FederationCollector(Collector):
             ("agent_reach_federation_anti_entropy_failures", "Anti-entropy runs that failed",
              federation.anti_entropy.stats.failures),
         ]
-        families: list[Metric] = []
-        for name, documentation, value in counters:
-            family = CounterMetricFamily(name, documentation, labels=_REGION)
-            if with_samples:
-                family.add_metric(region, value)
-            families.append(family)
+        families = _region_counters(counters, region, with_samples)
         skipped = CounterMetricFamily("agent_reach_federation_records_skipped", "Records of peers' topics skipped, "
                                       "by reason (invalid: quarantined; newer_schema: written by a newer node; "
                                       "tombstone: compaction markers)", labels=["region", "reason"])
@@ -152,3 +142,14 @@ class FederationCollector(Collector):
                 skipped.add_metric([*region, reason], value)
         families.append(skipped)
         return families
+
+
+def _region_counters(counters: list[tuple[str, str, int]], region: list[str], with_samples: bool) -> list[Metric]:
+    """One counter family per ``(name, documentation, value)``, labelled with the region."""
+    families: list[Metric] = []
+    for name, documentation, value in counters:
+        family = CounterMetricFamily(name, documentation, labels=_REGION)
+        if with_samples:
+            family.add_metric(region, value)
+        families.append(family)
+    return families

@@ -9,7 +9,8 @@ trace_id is looked up in a bounded table of the tickets this node issued, so out
 decisions (an outcome on a ticket of another replica carries the ticket id alone).
 
 Whatever the sink, the last :data:`RECENT_PER_AGENT` entries per agent stay in memory (for at most
-:data:`MAX_AGENTS` agents, the least recently touched forgotten first): ``GET
+:data:`MAX_AGENTS` agents, the first seen forgotten first), a decision as a tuple made into its
+line only when read, as this runs on every resolve: ``GET
 /v1/agents/{agent_id}/decisions`` serves them (the console's agent page). They are this node
 process's, not the region's.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections import OrderedDict, deque
+from collections import deque
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -54,19 +55,19 @@ class DecisionLog:
         self.written = 0
         self._handle: IO[str] | None = None
         self._failed = False
-        self._recent: OrderedDict[str, deque[dict[str, Any]]] = OrderedDict()
-        self._tickets: OrderedDict[str, str] = OrderedDict()
+        self._recent: dict[str, deque[dict[str, Any] | tuple[Any, ...]]] = {}
+        self._tickets: dict[str, str] = {}
 
     def decided(self, decision: Decision, *, at_ms: int) -> None:
         """A ticket handed out."""
         target, match = decision.target.target, decision.match
         _remember(self._tickets, decision.ticket_id, decision.trace_id, _MAX_TICKETS)
-        self._write({"kind": "decision", "at_ms": at_ms, "trace_id": decision.trace_id,
-                     "ticket_id": decision.ticket_id, "node_region": self.region, "caller": decision.caller,
-                     "result": "ok", "agent_id": target["agent_id"], "region": target["region"],
-                     "locality": target["locality"], "match": match.get("kind"),
-                     "capability": match.get("capability"), "score": match.get("score"),
-                     "alternates": [candidate.target["agent_id"] for candidate in decision.alternates]})
+        row = (at_ms, decision.trace_id, decision.ticket_id, decision.caller, target["agent_id"], target["region"],
+               target["locality"], match.get("kind"), match.get("capability"), match.get("score"),
+               [candidate.target["agent_id"] for candidate in decision.alternates])
+        self._keep(row[4], row)
+        if self.sink is not None:
+            self._sink(self._decision_line(row))
 
     def refused(self, request: RouteRequest, caller: TokenClaims, error: NodeError, *, at_ms: int) -> None:
         """A resolve that found nobody (or was refused): ``result`` is the error's code."""
@@ -89,7 +90,8 @@ class DecisionLog:
         if entries is None:
             return []
         everyone = caller.role in (TokenRole.ADMIN, TokenRole.PEER) or caller.sub == agent_id
-        return [entry for entry in reversed(entries) if everyone or entry.get("caller") == caller.sub]
+        lines = (entry if isinstance(entry, dict) else self._decision_line(entry) for entry in reversed(entries))
+        return [line for line in lines if everyone or line.get("caller") == caller.sub]
 
     def close(self) -> None:
         if self._handle is not None and self.sink not in _STREAMS:
@@ -98,16 +100,29 @@ class DecisionLog:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _decision_line(self, row: tuple[Any, ...]) -> dict[str, Any]:
+        names = ("at_ms", "trace_id", "ticket_id", "caller", "agent_id", "region", "locality", "match",
+                 "capability", "score", "alternates")
+        fields = {name: value for name, value in zip(names, row, strict=True) if value is not None}
+        return {"kind": "decision", "node_region": self.region, "result": "ok", **fields}
+
     def _write(self, entry: dict[str, Any]) -> None:
         line = {key: value for key, value in entry.items() if value is not None}
         agent_id = line.get("agent_id")
         if agent_id is not None:
-            entries = self._recent.get(agent_id)
-            if entries is None:
-                entries = deque(maxlen=RECENT_PER_AGENT)
+            self._keep(agent_id, line)
+        if self.sink is not None:
+            self._sink(line)
+
+    def _keep(self, agent_id: str, entry: dict[str, Any] | tuple[Any, ...]) -> None:
+        entries = self._recent.get(agent_id)
+        if entries is None:
+            entries = deque(maxlen=RECENT_PER_AGENT)
             _remember(self._recent, agent_id, entries, MAX_AGENTS)
-            entries.append(line)
-        if self.sink is None or self._failed:
+        entries.append(entry)
+
+    def _sink(self, line: dict[str, Any]) -> None:
+        if self._failed:
             return
         try:
             handle = self._open()
@@ -131,8 +146,8 @@ class DecisionLog:
         return self._handle
 
 
-def _remember(table: OrderedDict[str, Any], key: str, value: Any, limit: int) -> None:
+def _remember(table: dict[str, Any], key: str, value: Any, limit: int) -> None:
+    """Add ``key``; beyond ``limit`` keys the first added goes (dicts keep insertion order)."""
     table[key] = value
-    table.move_to_end(key)
-    while len(table) > limit:
-        table.popitem(last=False)
+    if len(table) > limit:
+        del table[next(iter(table))]

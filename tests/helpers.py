@@ -183,27 +183,31 @@ def alive(pid: int) -> bool:
         return False
 
 
-async def topic_messages(bootstrap_servers: str, topic: str) -> list[FederationMessage]:
-    """Every message on ``topic`` (partition 0) up to its high watermark at the time of reading
-    (tombstones left out)."""
+async def topic_records(bootstrap_servers: str, topic: str) -> list[Any]:
+    """Every record of ``topic`` (partition 0), tombstones included, up to its high watermark at the
+    time of reading."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=20)
     await consumer.start()
     try:
         partition = TopicPartition(topic, 0)
         consumer.assign([partition])
         consumer.seek(partition, 0)
-        messages: list[FederationMessage] = []
+        records: list[Any] = []
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            batch = await consumer.getmany(partition, timeout_ms=100)
-            messages += [FederationMessage.decode(record.value) for record in batch.get(partition, [])
-                         if record.value is not None]  # tombstones carry no message
+            records += (await consumer.getmany(partition, timeout_ms=100)).get(partition, [])
             highwater = consumer.highwater(partition)
             if highwater is not None and await consumer.position(partition) >= highwater:
                 break
-        return messages
+        return records
     finally:
         await consumer.stop()
+
+
+async def topic_messages(bootstrap_servers: str, topic: str) -> list[FederationMessage]:
+    """Every message on ``topic`` (partition 0), tombstones left out (:func:`topic_records`)."""
+    return [FederationMessage.decode(record.value) for record in await topic_records(bootstrap_servers, topic)
+            if record.value is not None]
 
 
 def free_port() -> int:

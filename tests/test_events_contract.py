@@ -15,35 +15,16 @@ import sys
 from pathlib import Path
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
-from federation import BEACON_CONTENT_TYPE, CHANGE_CONTENT_TYPE, SCHEMA_VERSION
+from federation import BEACON_CONTENT_TYPE, CHANGE_CONTENT_TYPE, SCHEMA_VERSION, ConsumerState
 from topology import EmbeddedKafka
 
 from .conftest import TEST_SECRET
-from .helpers import Pair, registration, wait_for
+from .helpers import Pair, registration, topic_records, wait_for
 from .metrics_lint import lint, parse_samples, promtool_problems
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-async def _records(bootstrap: str, topic: str) -> list:
-    """Every record of ``topic`` (partition 0), tombstones included."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=20)
-    await consumer.start()
-    try:
-        partition = TopicPartition(topic, 0)
-        consumer.assign([partition])
-        consumer.seek(partition, 0)
-        found: list = []
-        for _ in range(100):  # bounded: at most 100 polls
-            found += (await consumer.getmany(partition, timeout_ms=100)).get(partition, [])
-            highwater = consumer.highwater(partition)
-            if highwater is not None and await consumer.position(partition) >= highwater:
-                break
-        return found
-    finally:
-        await consumer.stop()
 
 
 def _compacted(records: list) -> dict[str, bytes]:
@@ -80,6 +61,10 @@ async def test_contract_compaction_newer_schema_and_federation_metrics(redis_url
         try:
             node_x, federation_x = await pair.start(x)
             node_y, federation_y = await pair.start(y)
+            # y has bootstrapped x (an empty snapshot) and reads x's topics from here on: every change
+            # below arrives over Kafka.
+            await wait_for(lambda: federation_y.consumer.state is ConsumerState.CONSUMING, timeout_s=10,
+                           message="y's consumer running")
             for n in range(6):
                 await node_x.register(registration(f"kept.grp.a{n}", lease_ttl_ms=600_000))
             await node_x.register(registration("gone.grp.deregistered", lease_ttl_ms=600_000))
@@ -97,7 +82,7 @@ async def test_contract_compaction_newer_schema_and_federation_metrics(redis_url
             await wait_for(lambda: sorted(r.agent_id for r in federation_y.catalog.peer(x).index) == live, timeout_s=10,
                            message="y's replica of x is the live set")
 
-            changes = await _records(kafka.bootstrap_servers, federation_x.config.topic(x))
+            changes = await topic_records(kafka.bootstrap_servers, federation_x.config.topic(x))
             values = [record for record in changes if record.value is not None]
             tombstones = [record.key.decode() for record in changes if record.value is None]
             assert sorted(tombstones) == ["gone.grp.deregistered", "gone.grp.expired"]
@@ -118,7 +103,7 @@ async def test_contract_compaction_newer_schema_and_federation_metrics(redis_url
             assert all(rebuilt[agent_id]["version"] == node_x.node.cache.index.get(agent_id).version
                        for agent_id in live)
 
-            beacons = await _records(kafka.bootstrap_servers, federation_x.config.beacon_topic(x))
+            beacons = await topic_records(kafka.bootstrap_servers, federation_x.config.beacon_topic(x))
             assert beacons and all(dict(record.headers)["content-type"] == BEACON_CONTENT_TYPE.encode()
                                    and record.key == x.encode() for record in beacons)
             assert all("beacon" in orjson.loads(record.value) for record in beacons)
