@@ -95,10 +95,11 @@ def wait_http(url: str, timeout_s: float = 30.0) -> None:
     raise SystemExit(f"{url} did not come up within {timeout_s}s")
 
 
-async def populate(redis_url: str, agents: int) -> None:
+async def populate(redis_url: str, agents: int, *, lease_ttl_ms: int = 3_600_000) -> None:
+    """``agents`` records over CAPABILITIES capabilities, written straight into the region's Redis."""
     store = RegionStore.from_url(redis_url, region=REGION)
     now = now_ms()
-    lease = now + 3_600_000
+    lease = now + lease_ttl_ms
     await store.redis.delete(store.key_agents, store.key_leases, store.key_version, store.key_changes)
     for start in range(0, agents, 50):
         batch = []
@@ -106,7 +107,7 @@ async def populate(redis_url: str, agents: int) -> None:
             record = AgentRecord(
                 agent_id=f"bench.pool{i % 50}.a{i}", region=REGION, display_name=f"agent {i}",
                 description="benchmark agent", capabilities=[Capability(name=f"cap.c{i % CAPABILITIES}", version="1")],
-                endpoints={"primary": f"http://127.0.0.1:{10_000 + i % 50_000}"}, lease_ttl_ms=3_600_000,
+                endpoints={"primary": f"http://127.0.0.1:{10_000 + i % 50_000}"}, lease_ttl_ms=lease_ttl_ms,
                 weight=100, registered_at_ms=now, updated_at_ms=now, lease_expires_at_ms=lease,
             )
             batch.append(store.register(record, at_ms=now))
@@ -114,9 +115,15 @@ async def populate(redis_url: str, agents: int) -> None:
     await store.aclose()
 
 
-def run_wrk(url: str, token: str, *, seconds: int, connections: int) -> dict[str, float]:
+def resolve_script(token: str) -> str:
+    """The wrk script posting a resolve of a random capability with ``token``."""
+    return WRK_SCRIPT % (CAPABILITIES, token)
+
+
+def run_wrk(url: str, lua: str, *, seconds: int, connections: int) -> dict[str, float]:
+    """wrk -t1 against ``url`` with the script ``lua`` (whose done() prints NON2XX, P50.. and RPS)."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(WRK_SCRIPT % (CAPABILITIES, token))
+        script.write(lua)
     try:
         output = subprocess.run(
             ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "2s", "-s", script.name, url],
@@ -165,9 +172,9 @@ def main() -> None:
     baseline_port = free_port()
     baseline = spawn([sys.executable, "-c", BASELINE_APP, str(baseline_port)])
     try:
-        _wait_port(baseline_port)
-        run_wrk(f"http://127.0.0.1:{baseline_port}", token, seconds=2, connections=args.connections)  # warm-up
-        base = run_wrk(f"http://127.0.0.1:{baseline_port}", token, seconds=args.seconds, connections=args.connections)
+        wait_port(baseline_port)
+        run_wrk(f"http://127.0.0.1:{baseline_port}", resolve_script(token), seconds=2, connections=args.connections)  # warm-up
+        base = run_wrk(f"http://127.0.0.1:{baseline_port}", resolve_script(token), seconds=args.seconds, connections=args.connections)
     finally:
         stop(baseline)
     print(line("bare aiohttp handler", base))
@@ -184,8 +191,8 @@ def main() -> None:
             try:
                 wait_http(f"http://127.0.0.1:{port}/readyz")
                 url = f"http://127.0.0.1:{port}"
-                run_wrk(url, token, seconds=2, connections=args.connections)  # warm-up
-                figures = run_wrk(url, token, seconds=args.seconds, connections=args.connections)
+                run_wrk(url, resolve_script(token), seconds=2, connections=args.connections)  # warm-up
+                figures = run_wrk(url, resolve_script(token), seconds=args.seconds, connections=args.connections)
             finally:
                 stop(node)
             print(line(f"resolve @ {agents:,} agents", figures)
@@ -194,7 +201,7 @@ def main() -> None:
         redis.stop_sync()
 
 
-def _wait_port(port: int, timeout_s: float = 15.0) -> None:
+def wait_port(port: int, timeout_s: float = 15.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:

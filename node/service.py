@@ -36,6 +36,7 @@ from .errors import (
 )
 from .health import Prober
 from .leader import Leadership, new_node_id
+from .loopwatch import LoopWatch
 from .metrics import NodeMetrics
 from .models import (
     AgentRecord,
@@ -121,6 +122,7 @@ class RegistryNode:
         self.metrics = NodeMetrics(config.region)
         self.revocations = RevocationList.of(self.store, poll_interval_ms=config.revocation_poll_interval_ms)
         self.decisions = DecisionLog(config.decision_log, region=config.region)
+        self.loop_watch = LoopWatch(self.metrics.registry)
         self.extensions: list[Extension] = []
         self.searcher: Searcher | None = None
         self.state = NodeState.NEW
@@ -142,6 +144,7 @@ class RegistryNode:
             await self.keys.start()
             await self.revocations.start()
             await self.leadership.start()
+            self.loop_watch.start()
         except BaseException:
             await self.aclose()
             raise
@@ -153,6 +156,7 @@ class RegistryNode:
         if self.state is NodeState.CLOSED:
             return
         self.state = NodeState.CLOSED
+        await self.loop_watch.aclose()
         await self.leadership.aclose()
         await self.revocations.aclose()
         await self.keys.aclose()

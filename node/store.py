@@ -12,7 +12,9 @@ the layout works on Redis Cluster)::
 Every mutation is ONE Lua script (``node.store_scripts``): bump the version, write the record,
 move the lease and append the change entry, so a change is in Redis and in the stream or
 nowhere (transactional outbox). A heartbeat that changes nothing but the lease only moves the
-lease. Only Redis 6.2 commands.
+lease. Concurrent registrations and updates (heartbeats, probe verdicts) are coalesced into one
+script call per batch (``node.batch``: group commit, no waiting at low load); each keeps its own
+answer and its own error. Only Redis 6.2 commands.
 
 Lease expiry in the records is not rewritten by heartbeats: the ``leases`` sorted set is the
 truth, and readers merge it into the records they load.
@@ -37,6 +39,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .batch import Coalescer
 from .clock import now_ms
 from .errors import Conflict, StoreUnavailable, UnknownAgent, first_problem
 from .models import AGENT_ID_RE, AgentRecord, ChangeEvent, ChangeKind, DeleteReason
@@ -104,6 +107,10 @@ class RegionStore:
         self._mutation_keys = [self.key_agents, self.key_leases, self.key_version, self.key_changes]
         self._register = redis.register_script(REGISTER)
         self._update = redis.register_script(UPDATE)
+        self._registers: Coalescer[list[object], tuple[int, bool]] = Coalescer(
+            self._flush_registers, name=f"store-registers-{region}")
+        self._updates: Coalescer[list[object], tuple[int, str]] = Coalescer(
+            self._flush_updates, name=f"store-updates-{region}")
         self._delete = redis.register_script(DELETE)
         self._acquire = redis.register_script(ACQUIRE)
         self._release = redis.register_script(RELEASE)
@@ -138,12 +145,8 @@ class RegionStore:
         and whether no record of that agent was stored (decided inside the script, so of
         concurrent first registrations exactly one is new)."""
         body = record.model_dump_json(exclude={"version"})
-        async with self._translate():
-            version, created = await self._register(
-                keys=self._mutation_keys,
-                args=[record.agent_id, body, record.lease_expires_at_ms, at_ms, self.change_stream_maxlen],
-            )
-        return record.model_copy(update={"version": int(version)}), bool(created)
+        version, created = await self._registers.submit([record.agent_id, body, record.lease_expires_at_ms, at_ms])
+        return record.model_copy(update={"version": version}), created
 
     async def update(self, agent_id: str, mutate: Callable[[AgentRecord], AgentRecord | None], *,
                      at_ms: int, known: AgentRecord | None = None, renew_lease: bool = False) -> HeartbeatResult:
@@ -173,26 +176,36 @@ class RegionStore:
             else:
                 changed = changed.model_copy(update={"updated_at_ms": at_ms})
                 expected, body = str(current.version), changed.model_dump_json(exclude={"version"})
-            async with self._translate():
-                reply = await self._update(
-                    keys=self._mutation_keys,
-                    args=[agent_id, expected, body, "" if lease_expires_at_ms is None else lease_expires_at_ms,
-                          at_ms, self.change_stream_maxlen, "1" if renew_lease else "0"],
-                )
-            outcome = int(reply[0])
+            outcome, value = await self._updates.submit(
+                [agent_id, expected, body, "" if lease_expires_at_ms is None else lease_expires_at_ms, at_ms,
+                 "1" if renew_lease else "0"])
             if outcome == 0:
                 raise UnknownAgent(f"agent {agent_id} has no lease in region {self.region}: register again",
                                    field="agent_id")
             if outcome == 1:
-                return HeartbeatResult(current.model_copy(update={"version": int(reply[1])}), changed=False)
+                return HeartbeatResult(current.model_copy(update={"version": int(value)}), changed=False)
             if outcome == 2:
-                return HeartbeatResult(changed.model_copy(update={"version": int(reply[1])}),  # type: ignore[union-attr]
+                return HeartbeatResult(changed.model_copy(update={"version": int(value)}),  # type: ignore[union-attr]
                                        changed=True)
-            current = self._parse_record(agent_id, reply[1], lease_expires_at_ms=current.lease_expires_at_ms)
+            current = self._parse_record(agent_id, value, lease_expires_at_ms=current.lease_expires_at_ms)
             if current is None:
                 raise UnknownAgent(f"the stored record of {agent_id} in region {self.region} does not parse "
                                    "(quarantined): register again", field="agent_id")
         raise Conflict(f"agent {agent_id} kept changing under concurrent updates; retry")
+
+    async def _flush_registers(self, items: list[list[object]]) -> list[tuple[int, bool] | BaseException]:
+        """One REGISTER call for a batch of ``[agent_id, body, lease expiry, at]``."""
+        async with self._translate():
+            reply = await self._register(keys=self._mutation_keys,
+                                         args=[self.change_stream_maxlen, *(v for item in items for v in item)])
+        return [(int(reply[i]), bool(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+    async def _flush_updates(self, items: list[list[object]]) -> list[tuple[int, str] | BaseException]:
+        """One UPDATE call for a batch of ``[agent_id, expected, body, lease, at, require lease]``."""
+        async with self._translate():
+            reply = await self._update(keys=self._mutation_keys,
+                                       args=[self.change_stream_maxlen, *(v for item in items for v in item)])
+        return [(int(reply[i]), reply[i + 1]) for i in range(0, len(reply), 2)]
 
     async def deregister(self, agent_id: str, *, at_ms: int,
                          reason: DeleteReason = DeleteReason.DEREGISTERED) -> int | None:

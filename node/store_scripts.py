@@ -5,46 +5,71 @@ and the change stream together or in none of them (the transactional outbox of `
 Every key a script touches carries the region's hash tag, so each stays single-slot on Redis
 Cluster. Only Redis 6.2 commands. The record JSON a script writes starts with its version
 (``{"version":N,…``): ``node.store.stored_version`` reads it back without parsing the record, and
-``UPDATE`` compares it. This module does no I/O; the store registers the scripts.
+``UPDATE`` compares it. ``REGISTER`` and ``UPDATE`` take many records at once: the store
+coalesces concurrent writes into one script call (``node.batch``). This module does no I/O; the
+store registers the scripts.
 """
 
 from __future__ import annotations
 
-# KEYS: agents, leases, version, changes. ARGV: agent_id, body (record JSON without version),
-# lease expiry ms, now ms, stream maxlen. Returns {version, 1 if the agent was not stored}.
+# KEYS: agents, leases, version, changes. ARGV: stream maxlen, then per record 4 values: agent_id,
+# body (record JSON without version), lease expiry ms, now ms. Returns per record 2 values:
+# its version and 1 if the agent was not stored (decided here, so of concurrent first
+# registrations exactly one is new; the same agent twice in one batch: the first).
 REGISTER = """
-local v = redis.call('INCR', KEYS[3])
-local rec = '{"version":' .. v .. ',' .. string.sub(ARGV[2], 2)
-local created = redis.call('HSET', KEYS[1], ARGV[1], rec)
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], v .. '-0',
-           'kind', 'upsert', 'agent_id', ARGV[1], 'at', ARGV[4], 'record', rec)
-return {v, created}
+local out = {}
+for i = 2, #ARGV, 4 do
+  local id = ARGV[i]
+  local v = redis.call('INCR', KEYS[3])
+  local rec = '{"version":' .. v .. ',' .. string.sub(ARGV[i + 1], 2)
+  local created = redis.call('HSET', KEYS[1], id, rec)
+  redis.call('ZADD', KEYS[2], ARGV[i + 2], id)
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[1], v .. '-0',
+             'kind', 'upsert', 'agent_id', id, 'at', ARGV[i + 3], 'record', rec)
+  out[#out + 1] = v
+  out[#out + 1] = created
+end
+return out
 """
 
-# KEYS: agents, leases, version, changes. ARGV: agent_id, expected version ('' = lease only),
-# body, new lease expiry ms ('' = keep), now ms, stream maxlen, require a live lease ('1'/'0').
-# Returns {0} unknown, {1, version} lease moved, {2, version} changed, {-1, current} conflict.
+# KEYS: agents, leases, version, changes. ARGV: stream maxlen, then per update 6 values: agent_id,
+# expected version ('' = lease only), body, new lease expiry ms ('' = keep), now ms, require a
+# live lease ('1'/'0'). Returns per update 2 values: {0, ''} unknown (or its lease has passed),
+# {1, version} lease moved, {2, version} changed, {-1, current record} conflict.
 UPDATE = """
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if not cur then return {0} end
-if ARGV[7] == '1' then
-  local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
-  if (not score) or tonumber(score) <= tonumber(ARGV[5]) then return {0} end
+local out = {}
+for i = 2, #ARGV, 6 do
+  local id, expected, body, lease, now = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  local cur = redis.call('HGET', KEYS[1], id)
+  if cur and ARGV[i + 5] == '1' then
+    local score = redis.call('ZSCORE', KEYS[2], id)
+    if (not score) or tonumber(score) <= tonumber(now) then cur = false end
+  end
+  if not cur then
+    out[#out + 1] = 0
+    out[#out + 1] = ''
+  else
+    local cv = tonumber(string.match(cur, '^{"version":(%d+),'))
+    if expected == '' then
+      if lease ~= '' then redis.call('ZADD', KEYS[2], lease, id) end
+      out[#out + 1] = 1
+      out[#out + 1] = cv
+    elseif cv ~= tonumber(expected) then
+      out[#out + 1] = -1
+      out[#out + 1] = cur
+    else
+      local v = redis.call('INCR', KEYS[3])
+      local rec = '{"version":' .. v .. ',' .. string.sub(body, 2)
+      redis.call('HSET', KEYS[1], id, rec)
+      if lease ~= '' then redis.call('ZADD', KEYS[2], lease, id) end
+      redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[1], v .. '-0',
+                 'kind', 'status', 'agent_id', id, 'at', now, 'record', rec)
+      out[#out + 1] = 2
+      out[#out + 1] = v
+    end
+  end
 end
-local cv = tonumber(string.match(cur, '^{"version":(%d+),'))
-if ARGV[2] == '' then
-  if ARGV[4] ~= '' then redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1]) end
-  return {1, cv}
-end
-if cv ~= tonumber(ARGV[2]) then return {-1, cur} end
-local v = redis.call('INCR', KEYS[3])
-local rec = '{"version":' .. v .. ',' .. string.sub(ARGV[3], 2)
-redis.call('HSET', KEYS[1], ARGV[1], rec)
-if ARGV[4] ~= '' then redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1]) end
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], v .. '-0',
-           'kind', 'status', 'agent_id', ARGV[1], 'at', ARGV[5], 'record', rec)
-return {2, v}
+return out
 """
 
 # KEYS: agents, leases, version, changes. ARGV: now ms, stream maxlen, reason, only-if-expired

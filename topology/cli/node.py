@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import gc
 import logging
 import os
 import shutil
@@ -40,6 +39,7 @@ from node.credentials import SigningKeyError
 from node.egress import EgressPolicy
 from node.envconfig import merge_settings, settings_from_env, variable_of
 from node.errors import NodeError, first_problem
+from node.loopwatch import tune_gc
 from node.models import TokenRole
 from node.redact import mask_url
 from node.security import DEFAULT_TOKEN_TTL_S, SecretError, Signer, load_secret
@@ -225,8 +225,9 @@ async def _start(args: argparse.Namespace, plan: _Plan,
     built.extensions.append(drain.install)
     node = await stack.enter_async_context(built)
     # The records loaded at start live as long as the process: keep the cyclic collector from
-    # re-scanning them on every full collection (a 10k-agent region showed ~15 ms pauses).
-    gc.freeze()
+    # re-scanning them on every full collection (a 10k-agent region showed ~15 ms pauses), and
+    # collect less often (node.loopwatch.tune_gc; agent_reach_gc_pause_seconds shows the effect).
+    tune_gc()
     try:
         runner = await serve(node)
     except OSError as exc:

@@ -1,0 +1,318 @@
+"""Agent-Reach next to etcd on the same three workloads, in the same run: heartbeat, register, resolve.
+
+Everything on this machine over 127.0.0.1, each side its own process, wrk (-t1) driving both
+from a third: the node (``agent-reach node --no-semantic`` over an embedded redis-server) and
+etcd 3.4 (Debian's ``etcd-server``, through its HTTP/JSON gateway, data on a temporary
+directory: it fsyncs every write, Redis here does not persist). A bare aiohttp handler is the
+same run's ceiling for Python HTTP on this machine.
+
+=========================  ================================  ==========================================
+workload                   Agent-Reach                       etcd
+=========================  ================================  ==========================================
+heartbeat (lease only)     PUT /v1/agents/{id}/heartbeat     POST /v3/lease/keepalive of its lease
+heartbeat (with load)      the same, body {"load": {...}}    (no equivalent: etcd leases carry no data)
+register                   POST /v1/agents, a new agent      POST /v3/kv/put of a new key with a lease
+resolve                    POST /v1/resolve of a capability  POST /v3/kv/range over its prefix
+=========================  ================================  ==========================================
+
+Agents (and etcd keys, one lease each) rotate at random over ``--agents`` (10,000 over 100
+capabilities by default). The ratio column is Agent-Reach / etcd (> 1: Agent-Reach is faster).
+
+Run from the repository root: ``make bench-peers`` (installs wrk and etcd-server if absent) or
+``.venv/bin/python -m bench.peers``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import shutil
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import aiohttp
+
+from node.models import TokenRole
+from node.security import Signer
+from topology.embedded import EmbeddedRedis
+
+from .resolve import (
+    BASELINE_APP,
+    CAPABILITIES,
+    REGION,
+    SECRET,
+    free_port,
+    line,
+    populate,
+    run_wrk,
+    spawn,
+    stop,
+    wait_http,
+    wait_port,
+)
+
+# The wrk scripts: one request builder each, and the same report as bench.resolve's.
+_COMMON = textwrap.dedent("""
+    wrk.headers["Content-Type"] = "application/json"
+    %s
+    response = function(status, headers, body)
+        if status ~= 200 and status ~= 201 then wrk.thread:set("bad", (wrk.thread:get("bad") or 0) + 1) end
+    end
+    done = function(summary, latency, requests)
+        io.write(string.format("NON2XX %%d\\n", summary.errors.status))
+        for _, p in pairs({50, 90, 99, 99.9}) do
+            io.write(string.format("P%%g %%d\\n", p, latency:percentile(p)))
+        end
+        io.write(string.format("RPS %%.1f\\n", summary.requests / (summary.duration / 1e6)))
+    end
+""")
+
+HEARTBEAT = """
+    wrk.method = "PUT"
+    wrk.headers["Authorization"] = "Bearer {token}"
+    local counter = 0
+    request = function()
+        local i = math.random(0, {agents} - 1)
+        counter = counter + 1
+        local body = {body}
+        return wrk.format(nil, string.format("/v1/agents/bench.pool%d.a%d/heartbeat", i % 50, i), nil, body)
+    end
+"""
+HEARTBEAT_LEASE_BODY = '""'
+HEARTBEAT_LOAD_BODY = 'string.format(\'{"load": {"inflight": %d, "queued": 0, "rps": 1.5}}\', counter % 7)'
+
+REGISTER = """
+    wrk.method = "POST"
+    wrk.headers["Authorization"] = "Bearer {token}"
+    local counter = 0
+    request = function()
+        counter = counter + 1
+        local body = string.format('{{"agent_id": "bench.new.n%d", "display_name": "new agent %d", '
+            .. '"capabilities": [{{"name": "cap.c%d", "version": "1"}}], '
+            .. '"endpoints": {{"primary": "http://127.0.0.1:%d"}}, "lease_ttl_ms": 600000}}',
+            counter, counter, counter % {capabilities}, 20000 + counter % 40000)
+        return wrk.format(nil, "/v1/agents", nil, body)
+    end
+"""
+
+RESOLVE = """
+    wrk.method = "POST"
+    wrk.headers["Authorization"] = "Bearer {token}"
+    request = function()
+        return wrk.format(nil, "/v1/resolve", nil,
+                          string.format('{{"capability":"cap.c%d"}}', math.random(0, {capabilities} - 1)))
+    end
+"""
+
+ETCD_KEEPALIVE = """
+    wrk.method = "POST"
+    local leases = {{{leases}}}
+    request = function()
+        return wrk.format(nil, "/v3/lease/keepalive", nil,
+                          string.format('{{"ID": "%s"}}', leases[math.random(1, #leases)]))
+    end
+"""
+
+ETCD_PUT = """
+    wrk.method = "POST"
+    local leases = {{{leases}}}
+    local counter = 0
+    local b64 = function(data)
+        local chars = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/'
+        return ((data:gsub('.', function(x)
+            local r, b = '', x:byte()
+            for i = 8, 1, -1 do r = r .. (b % 2 ^ i - b % 2 ^ (i - 1) > 0 and '1' or '0') end
+            return r
+        end) .. '0000'):gsub('%d%d?%d?%d?%d?%d?', function(x)
+            if (#x < 6) then return '' end
+            local c = 0
+            for i = 1, 6 do c = c + (x:sub(i, i) == '1' and 2 ^ (6 - i) or 0) end
+            return chars:sub(c + 1, c + 1)
+        end) .. ({{ '', '==', '=' }})[#data % 3 + 1])
+    end
+    local value = b64('{record}')
+    request = function()
+        counter = counter + 1
+        local key = b64(string.format("agents/cap.c%d/bench.new.n%d", counter % {capabilities}, counter))
+        return wrk.format(nil, "/v3/kv/put", nil, string.format(
+            '{{"key": "%s", "value": "%s", "lease": "%s"}}', key, value, leases[math.random(1, #leases)]))
+    end
+"""
+
+ETCD_RANGE = """
+    wrk.method = "POST"
+    local ranges = {{{ranges}}}
+    request = function()
+        local r = ranges[math.random(1, #ranges)]
+        return wrk.format(nil, "/v3/kv/range", nil, string.format('{{"key": "%s", "range_end": "%s"}}', r[1], r[2]))
+    end
+"""
+
+# A record of the size the node stores for a benchmark agent, as etcd's value.
+RECORD = ('{"agent_id":"bench.new.n1","region":"bench","display_name":"new agent 1","capabilities":'
+          '[{"name":"cap.c1","version":"1"}],"endpoints":{"primary":"http://127.0.0.1:20001"},'
+          '"lease_ttl_ms":600000,"weight":100,"status":"ready"}')
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def script(template: str, **values: object) -> str:
+    return _COMMON % textwrap.dedent(template).format(**values)
+
+
+class Etcd:
+    """etcd on free ports over a temporary data directory; the populated leases and prefixes."""
+
+    def __init__(self) -> None:
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.url = f"http://127.0.0.1:{self.client_port}"
+        self.directory = tempfile.mkdtemp(prefix="bench-etcd-")
+        self.process = spawn([
+            "etcd", "--name", "bench", "--data-dir", self.directory, "--log-level", "error",
+            "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+            "--listen-peer-urls", f"http://127.0.0.1:{self.peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_port}",
+            "--initial-cluster", f"bench=http://127.0.0.1:{self.peer_port}",
+        ])
+        self.leases: list[str] = []
+
+    def stop(self) -> None:
+        stop(self.process)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    async def populate(self, agents: int) -> None:
+        """``agents`` keys under ``agents/<capability>/``, each with a lease of its own."""
+        async with aiohttp.ClientSession(base_url=self.url) as session:
+            semaphore = asyncio.Semaphore(32)
+
+            async def one(i: int) -> str:
+                async with semaphore:
+                    async with session.post("/v3/lease/grant", json={"TTL": 3600}) as response:
+                        lease = (await response.json())["ID"]
+                    key = f"agents/cap.c{i % CAPABILITIES}/bench.pool{i % 50}.a{i}"
+                    async with session.post("/v3/kv/put", json={"key": _b64(key), "value": _b64(RECORD),
+                                                                "lease": lease}) as response:
+                        response.raise_for_status()
+                    return lease
+
+            self.leases = await asyncio.gather(*(one(i) for i in range(agents)))
+
+    def ranges(self) -> str:
+        pairs = []
+        for c in range(CAPABILITIES):
+            prefix = f"agents/cap.c{c}/"
+            pairs.append(f'{{"{_b64(prefix)}", "{_b64(prefix[:-1] + chr(ord(prefix[-1]) + 1))}"}}')
+        return ", ".join(pairs)
+
+    def lease_list(self, limit: int = 2_000) -> str:
+        return ", ".join(f'"{lease}"' for lease in self.leases[:limit])
+
+
+def measure(url: str, body: str, *, seconds: int, connections: int, warmup: bool = True) -> dict[str, float]:
+    if warmup:
+        run_wrk(url, body, seconds=1, connections=connections)
+    return run_wrk(url, body, seconds=seconds, connections=connections)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--agents", type=int, default=10_000)
+    parser.add_argument("--workers", type=int, default=1, help="agent-reach node --workers")
+    args = parser.parse_args()
+    for tool, package in (("wrk", "wrk"), ("etcd", "etcd-server")):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} is not installed: `make bench-peers` installs it (apt-get install {package})")
+    token = Signer(SECRET.encode()).issue("admin", TokenRole.ADMIN, ttl_s=3600)
+    print(f"peer benchmark: wrk -t1 -c{args.connections} -d{args.seconds}s, {args.agents:,} agents over "
+          f"{CAPABILITIES} capabilities; {os.cpu_count()} cores shared by server, wrk and the store")
+
+    baseline_port = free_port()
+    baseline = spawn([sys.executable, "-c", BASELINE_APP, str(baseline_port)])
+    try:
+        wait_port(baseline_port)
+        base = measure(f"http://127.0.0.1:{baseline_port}", script(RESOLVE, token=token, capabilities=CAPABILITIES),
+                       seconds=args.seconds, connections=args.connections)
+    finally:
+        stop(baseline)
+    print(line("bare aiohttp handler", base))
+
+    ours = _measure_node(args, token)
+    etcd = Etcd()
+    try:
+        wait_http(f"{etcd.url}/health")
+        asyncio.run(etcd.populate(args.agents))
+        theirs = {
+            "heartbeat (lease only)": measure(etcd.url, script(ETCD_KEEPALIVE, leases=etcd.lease_list()),
+                                              seconds=args.seconds, connections=args.connections),
+            "register": measure(etcd.url, script(ETCD_PUT, leases=etcd.lease_list(), record=RECORD,
+                                                 capabilities=CAPABILITIES),
+                                seconds=args.seconds, connections=args.connections),
+            "resolve": measure(etcd.url, script(ETCD_RANGE, ranges=etcd.ranges()),
+                               seconds=args.seconds, connections=args.connections),
+        }
+    finally:
+        etcd.stop()
+    print(f"\n{'workload':<26} {'Agent-Reach':>40}   {'etcd 3.4 (HTTP gateway)':>40}   ratio")
+    for name, figures in ours.items():
+        other = theirs.get(name)
+        left = _short(figures)
+        right = _short(other) if other else "(no equivalent)"
+        ratio = f"{figures['RPS'] / other['RPS']:.2f}" if other else "—"
+        print(f"{name:<26} {left:>40}   {right:>40}   {ratio}")
+    print(f"{'bare aiohttp handler':<26} {_short(base):>40}")
+    resolve = ours["resolve"]
+    print(f"\nresolve / bare handler: {resolve['RPS'] / base['RPS']:.2f} of its throughput, "
+          f"p99 {resolve['P99'] / max(base['P99'], 1):.1f} x its p99")
+
+
+def _measure_node(args: argparse.Namespace, token: str) -> dict[str, dict[str, float]]:
+    redis = EmbeddedRedis()
+    redis.start_sync()
+    try:
+        asyncio.run(populate(redis.url, args.agents, lease_ttl_ms=3_600_000))
+        port = free_port()
+        env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
+        command = [str(Path(sys.executable).with_name("agent-reach")), "--log-level", "WARNING", "node",
+                   "--region", REGION, "--redis", redis.url, "--port", str(port), "--no-semantic",
+                   "--egress-allow", "loopback"]
+        if args.workers > 1:
+            command += ["--workers", str(args.workers)]
+        node = spawn(command, env=env)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/readyz")
+            url = f"http://127.0.0.1:{port}"
+            options = {"seconds": args.seconds, "connections": args.connections}
+            figures = {
+                "heartbeat (lease only)": measure(url, script(HEARTBEAT, token=token, agents=args.agents,
+                                                              body=HEARTBEAT_LEASE_BODY), **options),
+                "heartbeat (with load)": measure(url, script(HEARTBEAT, token=token, agents=args.agents,
+                                                             body=HEARTBEAT_LOAD_BODY), **options),
+                "register": measure(url, script(REGISTER, token=token, capabilities=CAPABILITIES), warmup=False,
+                                    **options),
+                "resolve": measure(url, script(RESOLVE, token=token, capabilities=CAPABILITIES), **options),
+            }
+        finally:
+            stop(node)
+    finally:
+        redis.stop_sync()
+    for name, value in figures.items():
+        print(line(f"agent-reach {name}", value))
+    return figures
+
+
+def _short(figures: dict[str, float]) -> str:
+    bad = f" non-2xx {int(figures['NON2XX'])}" if figures["NON2XX"] else ""
+    return f"{figures['RPS']:>8,.0f}/s p50 {figures['P50'] / 1000:5.2f} p99 {figures['P99'] / 1000:6.2f} ms{bad}"
+
+
+if __name__ == "__main__":
+    main()
