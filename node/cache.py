@@ -23,6 +23,7 @@ from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from .clock import now_ms
+from .compact import compact
 from .errors import StoreUnavailable
 from .follower import FollowerState, StreamFollower
 from .models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
@@ -61,7 +62,8 @@ class AgentIndex:
         return self.by_capability.get(name, {})
 
     def put(self, record: AgentRecord) -> AgentRecord | None:
-        """Insert or replace; returns the record it replaced."""
+        """Insert or replace (the record made compact: ``node.compact``); returns the record it replaced."""
+        compact(record)
         previous = self.records.get(record.agent_id)
         if previous is not None:
             self._unindex(previous)
@@ -189,7 +191,11 @@ class RegionCache(StreamFollower[ChangeEvent]):
         return snapshot.version, changes
 
     async def _read(self, *, after: int) -> list[ChangeEvent]:
-        return await self.store.read_changes(after_version=after, block_ms=self.tail_block_ms)
+        return await self.store.read_changes(after_version=after, block_ms=self.tail_block_ms, held=self._held)
+
+    def _held(self, agent_id: str) -> int:
+        record = self.index.records.get(agent_id)
+        return -1 if record is None else record.version
 
     def _number(self, entry: ChangeEvent) -> int:
         return entry.version

@@ -50,6 +50,7 @@ DEFAULT_KEY_PREFIX = "ar"
 DEFAULT_CHANGE_STREAM_MAXLEN = 100_000
 _CAS_ATTEMPTS = 8
 _LEASE_BATCH = 1_000
+_WRITTEN_MAX = 10_000
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_POOL_TIMEOUT_S = 5.0
 
@@ -111,6 +112,10 @@ class RegionStore:
             self._flush_registers, name=f"store-registers-{region}")
         self._updates: Coalescer[list[object], tuple[int, str]] = Coalescer(
             self._flush_updates, name=f"store-updates-{region}")
+        # What this process wrote lately, by agent: (record JSON as sent, the record). The
+        # change stream hands the same JSON back; parse_change then copies the record instead of
+        # validating it again (readers of our own writes: the cache's tail, the publisher).
+        self._written: dict[str, tuple[str, AgentRecord]] = {}
         self._delete = redis.register_script(DELETE)
         self._acquire = redis.register_script(ACQUIRE)
         self._release = redis.register_script(RELEASE)
@@ -145,6 +150,7 @@ class RegionStore:
         and whether no record of that agent was stored (decided inside the script, so of
         concurrent first registrations exactly one is new)."""
         body = record.model_dump_json(exclude={"version"})
+        self._remember(record.agent_id, body, record)
         version, created = await self._registers.submit([record.agent_id, body, record.lease_expires_at_ms, at_ms])
         return record.model_copy(update={"version": version}), created
 
@@ -176,6 +182,7 @@ class RegionStore:
             else:
                 changed = changed.model_copy(update={"updated_at_ms": at_ms})
                 expected, body = str(current.version), changed.model_dump_json(exclude={"version"})
+                self._remember(agent_id, body, changed)
             outcome, value = await self._updates.submit(
                 [agent_id, expected, body, "" if lease_expires_at_ms is None else lease_expires_at_ms, at_ms,
                  "1" if renew_lease else "0"])
@@ -326,9 +333,14 @@ class RegionStore:
         async with self._translate():
             return int(await self.redis.zcard(self.key_leases))
 
-    async def read_changes(self, *, after_version: int, block_ms: int | None = None,
-                           count: int = 1_000) -> list[ChangeEvent]:
-        """Change entries after ``after_version`` (blocking up to ``block_ms`` for the first)."""
+    async def read_changes(self, *, after_version: int, block_ms: int | None = None, count: int = 1_000,
+                           held: Callable[[str], int] | None = None) -> list[ChangeEvent]:
+        """Change entries after ``after_version`` (blocking up to ``block_ms`` for the first).
+
+        ``held(agent_id)`` is the version of the agent the reader already has (-1: none): an
+        entry at or below it is not parsed (the node applied its own write ahead of the stream)
+        and comes back as a bare event carrying only its number, which changes nothing.
+        """
         async with self._translate():
             if block_ms is None:
                 entries = await self.redis.xrange(self.key_changes, min=f"({after_version}-0", max="+", count=count)
@@ -337,6 +349,13 @@ class RegionStore:
                 entries = reply[0][1] if reply else []
         changes = []
         for entry_id, fields in entries:
+            if held is not None:
+                version = int(entry_id.split("-", 1)[0])
+                agent_id = fields.get("agent_id", "")
+                if held(agent_id) >= version:
+                    changes.append(ChangeEvent.model_construct(kind=ChangeKind.STATUS, region=self.region,
+                                                               version=version, agent_id=agent_id, at_ms=0))
+                    continue
             change = self.parse_change(entry_id, fields)
             if change is not None:
                 changes.append(change)
@@ -367,7 +386,7 @@ class RegionStore:
                 reason = DeleteReason(fields["reason"])
                 audience = orjson.loads(fields.get("acl") or "[]")
             else:
-                record = AgentRecord.model_validate_json(fields["record"])
+                record = self._recall(agent_id, version, fields["record"])
             change = ChangeEvent(kind=kind, region=self.region, version=version, agent_id=agent_id, at_ms=at_ms,
                                  record=record, reason=reason, allowed_callers=audience)
         except (KeyError, ValueError, orjson.JSONDecodeError) as exc:  # ValidationError is a ValueError
@@ -381,6 +400,23 @@ class RegionStore:
         if record is not None:
             self.quarantine.resolve(self.record_key(agent_id))
         return change
+
+    def _remember(self, agent_id: str, body: str, record: AgentRecord) -> None:
+        written = self._written
+        written.pop(agent_id, None)
+        written[agent_id] = (body, record)
+        if len(written) > _WRITTEN_MAX:
+            del written[next(iter(written))]
+
+    def _recall(self, agent_id: str, version: int, raw: str) -> AgentRecord:
+        """The record of a change entry: the one this process wrote if ``raw`` is its JSON, else parsed."""
+        memo = self._written.get(agent_id)
+        if memo is not None:
+            body, record = memo
+            # raw is '{"version":N,' + body[1:] (node.store_scripts)
+            if len(raw) - len(body) == len(str(version)) + 11 and raw.endswith(body[1:]):
+                return record.model_copy(update={"version": version})
+        return AgentRecord.model_validate_json(raw)
 
     def record_key(self, agent_id: str) -> str:
         """Where an agent's record lives, as the quarantine names it."""
