@@ -111,19 +111,25 @@ class AgentIndex:
         return True
 
     def replace_all(self, records: list[AgentRecord], version: int) -> list[ChangeEvent]:
-        """Swap in a full snapshot; returns the changes that turn the old view into the new."""
+        """Swap in a full snapshot; returns the changes that turn the old view into the new.
+
+        The changes are built without validation (``model_construct``): their records were
+        validated as they were read, and a region reload makes one per record.
+        """
         at = now_ms()
         incoming = {record.agent_id: record for record in records}
         changes: list[ChangeEvent] = []
         for agent_id, old in list(self.records.items()):
             if agent_id not in incoming:
-                changes.append(ChangeEvent(kind=ChangeKind.DELETE, region=self.region, version=version,
-                                           agent_id=agent_id, at_ms=at, reason=DeleteReason.EVICTED))
+                changes.append(ChangeEvent.model_construct(kind=ChangeKind.DELETE, region=self.region, version=version,
+                                                           agent_id=agent_id, at_ms=at, reason=DeleteReason.EVICTED,
+                                                           allowed_callers=old.allowed_callers))
         for record in records:
             old = self.records.get(record.agent_id)
             if old is None or old.version != record.version:
-                changes.append(ChangeEvent(kind=ChangeKind.UPSERT, region=self.region, version=record.version,
-                                           agent_id=record.agent_id, at_ms=at, record=record))
+                changes.append(ChangeEvent.model_construct(kind=ChangeKind.UPSERT, region=self.region,
+                                                           version=record.version, agent_id=record.agent_id,
+                                                           at_ms=at, record=record))
         self.records.clear()
         self.by_capability.clear()
         self.capability_generation.clear()

@@ -51,6 +51,7 @@ DEFAULT_CHANGE_STREAM_MAXLEN = 100_000
 _CAS_ATTEMPTS = 8
 _LEASE_BATCH = 1_000
 _WRITTEN_MAX = 10_000
+_SNAPSHOT_CHUNK = 2_000
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_POOL_TIMEOUT_S = 5.0
 
@@ -257,15 +258,31 @@ class RegionStore:
                 version, raw_records, leases = await pipe.execute()
         return int(version or 0), raw_records, {agent_id: int(score) for agent_id, score in leases}
 
-    async def snapshot(self) -> SnapshotData:
-        """All records and the version they are consistent with (one MULTI/EXEC)."""
-        version, raw_records, lease_of = await self._read_region()
-        records = []
-        for agent_id, raw in raw_records.items():
-            record = self._parse_record(agent_id, raw, lease_expires_at_ms=lease_of.get(agent_id, 0))
-            if record is not None:
-                records.append(record)
-        return SnapshotData(version=version, records=records)
+    async def snapshot(self, *, chunk: int = _SNAPSHOT_CHUNK) -> SnapshotData:
+        """All records, read in chunks (HSCAN, with their leases), and a version V such that
+        applying the change stream after V to them gives the region exactly.
+
+        V is read first; a record the scan returns may be newer than V (written during the
+        scan), never older than its last change up to V, and a record removed during the scan
+        is in the stream after V. A reader that replays the stream after V skipping entries older
+        than the records it holds (``AgentIndex.apply``) is therefore exact, while only one
+        chunk of raw JSON is in memory at a time (a 100,000-agent region is 70 MB of it).
+        """
+        async with self._translate():
+            version = int(await self.redis.get(self.key_version) or 0)
+        records: list[AgentRecord] = []
+        cursor = 0
+        while True:
+            async with self._translate():
+                cursor, raw_records = await self.redis.hscan(self.key_agents, cursor, count=chunk)
+                ids = list(raw_records)
+                leases = await self.redis.zmscore(self.key_leases, ids) if ids else []
+            for agent_id, lease in zip(ids, leases):
+                record = self._parse_record(agent_id, raw_records[agent_id], lease_expires_at_ms=int(lease or 0))
+                if record is not None:
+                    records.append(record)
+            if cursor == 0:
+                return SnapshotData(version=version, records=records)
 
     async def snapshot_versions(self) -> StoredVersions:
         """Every agent's version and lease and the region version they are consistent with (one

@@ -11,8 +11,13 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 
+@lru_cache(maxsize=65_536)
 def parse_version(text: str) -> Version:
-    """Parse a capability version; ``v1`` and ``1`` are the same version."""
+    """Parse a capability version; ``v1`` and ``1`` are the same version.
+
+    Cached: every record's capabilities are checked at each parse (a region reload parses them
+    all), and a region has few distinct versions; a Version is immutable.
+    """
     try:
         return Version(text.strip().lstrip("vV"))
     except InvalidVersion as exc:

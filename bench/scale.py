@@ -1,0 +1,215 @@
+"""What a region of many agents costs: registering them, memory per agent, resolve at that size,
+cold start, and loading a 1,000,000-record region in one process.
+
+Two parts, on an embedded redis-server over 127.0.0.1:
+
+1. **A node process** (``agent-reach node --no-semantic``): ``--agents`` agents (100,000 by
+   default) registered over HTTP by ``--clients`` concurrent clients (registrations/s, p50/p99);
+   the node's RSS before and after (bytes per agent); resolve throughput and p99 at that size
+   with wrk -c16 next to a bare aiohttp handler in the same run; then the node is stopped and
+   started again over the stored records (cold start: until /readyz answers 200).
+2. **In this process**: ``--million`` records (1,000,000 by default) written straight into the
+   region's Redis, then a :class:`node.cache.RegionCache` started over them, as a node does at
+   start-up: load time and RSS per record.
+
+Run from the repository root: ``make bench-scale`` or ``.venv/bin/python -m bench.scale``
+(``--agents 10000 --million 100000`` for a quick look).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+from node.cache import RegionCache
+from node.models import AgentRecord, Capability, TokenRole
+from node.security import Signer
+from node.store import RegionStore, now_ms
+from topology.embedded import EmbeddedRedis
+
+from .resolve import (
+    BASELINE_APP,
+    CAPABILITIES,
+    REGION,
+    SECRET,
+    free_port,
+    line,
+    resolve_script,
+    run_wrk,
+    spawn,
+    stop,
+    wait_http,
+    wait_port,
+)
+
+
+def rss_bytes(pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for entry in status:
+            if entry.startswith("VmRSS:"):
+                return int(entry.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/<pid>/status")
+
+
+def registration(i: int) -> dict[str, object]:
+    return {"agent_id": f"scale.pool{i % 50}.a{i}", "display_name": f"agent {i}",
+            "description": "an agent of the scale benchmark",
+            "capabilities": [{"name": f"cap.c{i % CAPABILITIES}", "version": "1"}],
+            "endpoints": {"primary": f"http://127.0.0.1:{10_000 + i % 50_000}"},
+            "lease_ttl_ms": 3_600_000, "weight": 100}
+
+
+async def register_all(url: str, token: str, agents: int, clients: int) -> tuple[float, list[float]]:
+    """Register ``agents`` agents with ``clients`` concurrent clients; (seconds, latencies in ms)."""
+    latencies: list[float] = []
+    queue = iter(range(agents))
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(base_url=url, connector=connector,
+                                     headers={"Authorization": f"Bearer {token}"}) as session:
+        async def client() -> None:
+            for i in queue:
+                started = time.perf_counter()
+                async with session.post("/v1/agents", data=orjson.dumps(registration(i)),
+                                        headers={"Content-Type": "application/json"}) as response:
+                    await response.read()
+                    if response.status not in (200, 201):
+                        raise SystemExit(f"registration {i} failed: {response.status} {await response.text()}")
+                latencies.append((time.perf_counter() - started) * 1000)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        return time.perf_counter() - started, latencies
+
+
+def node_command(redis_url: str, port: int) -> list[str]:
+    return [str(Path(sys.executable).with_name("agent-reach")), "--log-level", "WARNING", "node", "--region", REGION,
+            "--redis", redis_url, "--port", str(port), "--no-semantic", "--egress-allow", "loopback"]
+
+
+def node_part(args: argparse.Namespace) -> None:
+    token = Signer(SECRET.encode()).issue("admin", TokenRole.ADMIN, ttl_s=3600)
+    env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
+    baseline_port = free_port()
+    baseline = spawn([sys.executable, "-c", BASELINE_APP, str(baseline_port)])
+    try:
+        wait_port(baseline_port)
+        run_wrk(f"http://127.0.0.1:{baseline_port}", resolve_script(token), seconds=1, connections=16)
+        base = run_wrk(f"http://127.0.0.1:{baseline_port}", resolve_script(token), seconds=args.seconds,
+                       connections=16)
+    finally:
+        stop(baseline)
+    print(line("bare aiohttp handler", base))
+
+    redis = EmbeddedRedis()
+    redis.start_sync()
+    try:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        node = spawn(node_command(redis.url, port), env=env)
+        try:
+            wait_http(f"{url}/readyz")
+            empty = rss_bytes(node.pid)
+            seconds, latencies = asyncio.run(register_all(url, token, args.agents, args.clients))
+            gc_settle = time.monotonic() + 2
+            while time.monotonic() < gc_settle:  # let the tail and the lease sync catch up
+                time.sleep(0.1)
+            full = rss_bytes(node.pid)
+            latencies.sort()
+            print(f"register {args.agents:,} agents, {args.clients} clients: {seconds:.1f} s, "
+                  f"{args.agents / seconds:,.0f}/s, p50 {statistics.median(latencies):.2f} ms, "
+                  f"p99 {latencies[int(len(latencies) * 0.99)]:.2f} ms")
+            print(f"node RSS: {empty / 2**20:,.0f} MiB empty -> {full / 2**20:,.0f} MiB at {args.agents:,} agents: "
+                  f"{(full - empty) / args.agents:,.0f} B per agent")
+            run_wrk(url, resolve_script(token), seconds=1, connections=16)
+            figures = run_wrk(url, resolve_script(token), seconds=args.seconds, connections=16)
+            print(line(f"resolve @ {args.agents:,} agents", figures)
+                  + f"   ratio {figures['RPS'] / base['RPS']:.2f}")
+        finally:
+            stop(node)
+        started = time.monotonic()
+        node = spawn(node_command(redis.url, port), env=env)
+        try:
+            wait_http(f"{url}/readyz", timeout_s=300)
+            print(f"cold start over {args.agents:,} stored agents: {time.monotonic() - started:.1f} s to ready, "
+                  f"RSS {rss_bytes(node.pid) / 2**20:,.0f} MiB")
+        finally:
+            stop(node)
+    finally:
+        redis.stop_sync()
+
+
+async def fill(store: RegionStore, records: int) -> None:
+    """``records`` records written straight into Redis (pipelined HSET/ZADD, as the scripts store them)."""
+    now = now_ms()
+    lease = now + 3_600_000
+    template = AgentRecord(agent_id="scale.pool0.a0", region=REGION, display_name="agent 0",
+                           description="an agent of the scale benchmark",
+                           capabilities=[Capability(name="cap.c0", version="1")],
+                           endpoints={"primary": "http://127.0.0.1:10000"}, lease_ttl_ms=3_600_000, weight=100,
+                           registered_at_ms=now, updated_at_ms=now, lease_expires_at_ms=lease)
+    body = template.model_dump(mode="json", exclude={"version"})
+    for start in range(0, records, 10_000):
+        agents: dict[str, str] = {}
+        for i in range(start, min(records, start + 10_000)):
+            body.update(agent_id=f"scale.pool{i % 50}.a{i}", display_name=f"agent {i}",
+                        capabilities=[{"name": f"cap.c{i % CAPABILITIES}", "version": "1", "description": "",
+                                       "tags": [], "examples": []}],
+                        endpoints={"primary": f"http://127.0.0.1:{10_000 + i % 50_000}"})
+            agents[body["agent_id"]] = orjson.dumps({"version": i + 1, **body}).decode()
+        async with store.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(store.key_agents, mapping=agents)
+            pipe.zadd(store.key_leases, dict.fromkeys(agents, lease))
+            await pipe.execute()
+    await store.redis.set(store.key_version, records)
+
+
+async def million_part(records: int) -> None:
+    redis = EmbeddedRedis()
+    await redis.start()
+    try:
+        store = RegionStore.from_url(redis.url, region=REGION)
+        await fill(store, records)
+        gc.collect()
+        before = rss_bytes()
+        started = time.perf_counter()
+        cache = RegionCache(store)
+        await cache.start()
+        seconds = time.perf_counter() - started
+        gc.collect()
+        after = rss_bytes()
+        print(f"in-process cache load of {len(cache.index):,} records: {seconds:.1f} s "
+              f"({len(cache.index) / seconds:,.0f} records/s), {(after - before) / records:,.0f} B per record "
+              f"(RSS {before / 2**20:,.0f} -> {after / 2**20:,.0f} MiB)")
+        await cache.aclose()
+        await store.aclose()
+    finally:
+        await redis.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, default=100_000)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--million", type=int, default=1_000_000, help="records of the in-process load")
+    parser.add_argument("--seconds", type=int, default=8)
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed: `make bench-scale` installs it (apt-get install wrk)")
+    print(f"scale benchmark: {args.agents:,} agents over {CAPABILITIES} capabilities; {os.cpu_count()} cores "
+          "shared by the node, its clients and redis")
+    node_part(args)
+    asyncio.run(million_part(args.million))
+
+
+if __name__ == "__main__":
+    main()
