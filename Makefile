@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install browser promtool up test test-unit bench bench-resolve bench-federation bench-semantic bench-routing clean
+.PHONY: install browser promtool up test test-unit bench bench-resolve bench-federation bench-semantic bench-routing bench-peers bench-scale clean
 
 install: $(STAMP)
 
@@ -46,12 +46,23 @@ promtool:
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } || \
 		echo "promtool not installed: tests/test_metrics.py lints /metrics in Python only"
 
-bench: bench-resolve bench-federation bench-semantic bench-routing
+bench: bench-resolve bench-federation bench-semantic bench-routing bench-peers bench-scale
 
 # wrk drives the resolve benchmark from a separate process; it comes from Debian's packages.
 bench-resolve: install
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(BIN)/python -m bench.resolve
+
+# The same workloads against etcd (Debian's etcd-server) in the same run.
+bench-peers: install
+	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	@command -v etcd >/dev/null || (apt-get update -qq && apt-get install -y -qq etcd-server)
+	$(BIN)/python -m bench.peers
+	$(BIN)/python -m bench.peers --workers 2
+
+bench-scale: install
+	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	$(BIN)/python -m bench.scale
 
 bench-federation: install
 	$(BIN)/python -m bench.federation

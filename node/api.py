@@ -471,7 +471,8 @@ def build_app(node: RegistryNode) -> web.Application:
     return app
 
 
-async def serve(node: RegistryNode, *, host: str | None = None, port: int | None = None) -> web.AppRunner:
+async def serve(node: RegistryNode, *, host: str | None = None, port: int | None = None,
+                reuse_port: bool = False) -> web.AppRunner:
     """Start the HTTP server of a started node; returns the runner (``await runner.cleanup()``).
 
     The server enforces the node's connection limits (``header_read_timeout_ms``,
@@ -485,7 +486,10 @@ async def serve(node: RegistryNode, *, host: str | None = None, port: int | None
     runner = NodeRunner(build_app(node), limits=limits, metrics_registry=node.metrics.registry,
                         access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host or config.host, config.port if port is None else port, reuse_address=True)
+    # reuse_port: several node processes on one port (agent-reach node --workers), the kernel
+    # spreading connections over them.
+    site = web.TCPSite(runner, host or config.host, config.port if port is None else port, reuse_address=True,
+                       reuse_port=reuse_port or None)
     await site.start()
     return runner
 

@@ -47,6 +47,7 @@ def version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: what --workers hands its children
     if args.log_format not in LOG_FORMATS:  # from the environment: argparse checks only the flag
         print(f"agent-reach: error: {LOG_FORMAT_ENV}={args.log_format!r}: use one of {', '.join(LOG_FORMATS)}",
               file=sys.stderr)

@@ -62,6 +62,7 @@ from .options import add_log_format_option, add_secret_options, add_storage_opti
 from .runtime import run
 from .signals import Interrupted, StopSignals
 from .tokens import admin_token_line, lifetime
+from .workers import run_workers, workers_problem
 
 __all__ = ["DEFAULT_DRAIN_GRACE_MS", "DEFAULT_DRAIN_TIMEOUT_MS", "add_parser"]
 
@@ -105,6 +106,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--semantic", action=argparse.BooleanOptionalAction, default=None,
                         help="embed capability descriptions for search (default: on; --no-semantic = lexical only, "
                              "no model load)")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="run N node processes on the same port (SO_REUSEPORT), sharing the region's Redis; "
+                             "needs --redis (or the topology's) and a fixed port (default 1)")
+    parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set for each worker
     parser.set_defaults(func=_run)
 
 
@@ -130,10 +135,17 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     # Checked before anything starts (Redis, federation, the model): a busy port is one line
     # at once. serve() still reports a port taken in between.
-    problem = _listen_problem(*_listen_address(args, plan))
+    host, port = _listen_address(args, plan)
+    problem = workers_problem(workers=args.workers, redis_url=plan.redis_url, port=port)
+    if problem is not None:
+        console.error(problem)
+        return 2
+    problem = None if args.reuse_port else _listen_problem(host, port)
     if problem is not None:
         console.error(problem)
         return 1
+    if args.workers > 1:
+        return run_workers(args.workers, args.argv)
     try:
         return run(_main(args, plan))
     except KeyboardInterrupt:  # before the handlers were installed: nothing was started yet
@@ -229,7 +241,7 @@ async def _start(args: argparse.Namespace, plan: _Plan,
     # collect less often (node.loopwatch.tune_gc; agent_reach_gc_pause_seconds shows the effect).
     tune_gc()
     try:
-        runner = await serve(node)
+        runner = await serve(node, reuse_port=args.reuse_port)
     except OSError as exc:
         console.error(_describe_listen_error(config.host, config.port, exc))
         return None
