@@ -486,10 +486,8 @@ async def serve(node: RegistryNode, *, host: str | None = None, port: int | None
     runner = NodeRunner(build_app(node), limits=limits, metrics_registry=node.metrics.registry,
                         access_log=None, handle_signals=False)
     await runner.setup()
-    # reuse_port: several node processes on one port (agent-reach node --workers), the kernel
-    # spreading connections over them.
     site = web.TCPSite(runner, host or config.host, config.port if port is None else port, reuse_address=True,
-                       reuse_port=reuse_port or None)
+                       reuse_port=reuse_port or None)  # several processes on one port: node --workers
     await site.start()
     return runner
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from .models import AgentRecord, Capability, Load
 
-__all__ = ["MAX_SHARED", "compact"]
+__all__ = ["MAX_SHARED", "WrittenRecords", "compact"]
 
 MAX_SHARED = 100_000  # distinct capabilities / loads remembered; beyond it the tables start again
 
@@ -77,3 +77,33 @@ def compact(record: AgentRecord) -> AgentRecord:
     fields["region"] = sys.intern(record.region)
     fields["transport"] = sys.intern(record.transport)
     return record
+
+
+class WrittenRecords:
+    """What this process wrote lately, by agent: the record JSON as sent and the record.
+
+    The change stream hands the same JSON back (with its version spliced in first, see
+    ``node.store_scripts``); :meth:`recall` then copies the record instead of validating the JSON
+    again, for the readers of this process's own writes (the cache's tail, the publisher).
+    """
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.limit = limit
+        self._records: dict[str, tuple[str, AgentRecord]] = {}
+
+    def remember(self, agent_id: str, body: str, record: AgentRecord) -> None:
+        records = self._records
+        records.pop(agent_id, None)
+        records[agent_id] = (body, record)
+        if len(records) > self.limit:
+            del records[next(iter(records))]
+
+    def recall(self, agent_id: str, version: int, raw: str) -> AgentRecord:
+        """The record a change entry's ``raw`` JSON holds: the one written here if it is that JSON, else parsed."""
+        memo = self._records.get(agent_id)
+        if memo is not None:
+            body, record = memo
+            # raw is '{"version":N,' + body[1:]
+            if len(raw) - len(body) == len(str(version)) + 11 and raw.endswith(body[1:]):
+                return record.model_copy(update={"version": version})
+        return AgentRecord.model_validate_json(raw)

@@ -41,6 +41,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .batch import Coalescer
 from .clock import now_ms
+from .compact import WrittenRecords
 from .errors import Conflict, StoreUnavailable, UnknownAgent, first_problem
 from .models import AGENT_ID_RE, AgentRecord, ChangeEvent, ChangeKind, DeleteReason
 from .quarantine import RECORD, Quarantine
@@ -50,7 +51,6 @@ DEFAULT_KEY_PREFIX = "ar"
 DEFAULT_CHANGE_STREAM_MAXLEN = 100_000
 _CAS_ATTEMPTS = 8
 _LEASE_BATCH = 1_000
-_WRITTEN_MAX = 10_000
 _SNAPSHOT_CHUNK = 2_000
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_POOL_TIMEOUT_S = 5.0
@@ -113,10 +113,7 @@ class RegionStore:
             self._flush_registers, name=f"store-registers-{region}")
         self._updates: Coalescer[list[object], tuple[int, str]] = Coalescer(
             self._flush_updates, name=f"store-updates-{region}")
-        # What this process wrote lately, by agent: (record JSON as sent, the record). The
-        # change stream hands the same JSON back; parse_change then copies the record instead of
-        # validating it again (readers of our own writes: the cache's tail, the publisher).
-        self._written: dict[str, tuple[str, AgentRecord]] = {}
+        self._written = WrittenRecords()  # read back from the stream without validating again
         self._delete = redis.register_script(DELETE)
         self._acquire = redis.register_script(ACQUIRE)
         self._release = redis.register_script(RELEASE)
@@ -151,7 +148,7 @@ class RegionStore:
         and whether no record of that agent was stored (decided inside the script, so of
         concurrent first registrations exactly one is new)."""
         body = record.model_dump_json(exclude={"version"})
-        self._remember(record.agent_id, body, record)
+        self._written.remember(record.agent_id, body, record)
         version, created = await self._registers.submit([record.agent_id, body, record.lease_expires_at_ms, at_ms])
         return record.model_copy(update={"version": version}), created
 
@@ -183,7 +180,7 @@ class RegionStore:
             else:
                 changed = changed.model_copy(update={"updated_at_ms": at_ms})
                 expected, body = str(current.version), changed.model_dump_json(exclude={"version"})
-                self._remember(agent_id, body, changed)
+                self._written.remember(agent_id, body, changed)
             outcome, value = await self._updates.submit(
                 [agent_id, expected, body, "" if lease_expires_at_ms is None else lease_expires_at_ms, at_ms,
                  "1" if renew_lease else "0"])
@@ -403,7 +400,7 @@ class RegionStore:
                 reason = DeleteReason(fields["reason"])
                 audience = orjson.loads(fields.get("acl") or "[]")
             else:
-                record = self._recall(agent_id, version, fields["record"])
+                record = self._written.recall(agent_id, version, fields["record"])
             change = ChangeEvent(kind=kind, region=self.region, version=version, agent_id=agent_id, at_ms=at_ms,
                                  record=record, reason=reason, allowed_callers=audience)
         except (KeyError, ValueError, orjson.JSONDecodeError) as exc:  # ValidationError is a ValueError
@@ -417,23 +414,6 @@ class RegionStore:
         if record is not None:
             self.quarantine.resolve(self.record_key(agent_id))
         return change
-
-    def _remember(self, agent_id: str, body: str, record: AgentRecord) -> None:
-        written = self._written
-        written.pop(agent_id, None)
-        written[agent_id] = (body, record)
-        if len(written) > _WRITTEN_MAX:
-            del written[next(iter(written))]
-
-    def _recall(self, agent_id: str, version: int, raw: str) -> AgentRecord:
-        """The record of a change entry: the one this process wrote if ``raw`` is its JSON, else parsed."""
-        memo = self._written.get(agent_id)
-        if memo is not None:
-            body, record = memo
-            # raw is '{"version":N,' + body[1:] (node.store_scripts)
-            if len(raw) - len(body) == len(str(version)) + 11 and raw.endswith(body[1:]):
-                return record.model_copy(update={"version": version})
-        return AgentRecord.model_validate_json(raw)
 
     def record_key(self, agent_id: str) -> str:
         """Where an agent's record lives, as the quarantine names it."""
