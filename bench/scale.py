@@ -8,7 +8,9 @@ Two parts, on an embedded redis-server over 127.0.0.1:
    the node's RSS before and after (bytes per agent); resolve throughput and p99 at that size
    with wrk -c16 next to a bare aiohttp handler in the same run; then the node is stopped and
    started again over the stored records (cold start: until /readyz answers 200).
-2. **In this process**: ``--million`` records (1,000,000 by default) written straight into the
+2. **In this process**: a 10,000-agent pool of one capability whose agents change one at a time
+   (a load report), each change followed by a routing lookup: the table patched for the one agent
+   against the table built afresh, per change; then ``--million`` records (1,000,000 by default) written straight into the
    region's Redis, then a :class:`node.cache.RegionCache` started over them, as a node does at
    start-up: load time and RSS per record.
 
@@ -31,8 +33,10 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from node.cache import RegionCache
-from node.models import AgentRecord, Capability, TokenRole
+from node.cache import AgentIndex, RegionCache
+from node.candidates import CandidateTables, Source
+from node.models import AgentRecord, Capability, Load, Locality, RouteRequest, TokenRole
+from node.outcomes import OutcomeTracker
 from node.security import Signer
 from node.store import RegionStore, now_ms
 from topology.embedded import EmbeddedRedis
@@ -196,6 +200,30 @@ async def million_part(records: int) -> None:
         await redis.stop()
 
 
+def table_upkeep(pool: int = 10_000, changes: int = 2_000) -> None:
+    """Per change of one agent in a ``pool``-agent capability: patch the routing table vs rebuild it."""
+    index = AgentIndex(REGION)
+    now = now_ms()
+    for i in range(pool):
+        index.put(AgentRecord(agent_id=f"scale.pool.a{i}", region=REGION, capabilities=[Capability(name="cap.big")],
+                              endpoints={"primary": f"http://127.0.0.1:{10_000 + i}"}, lease_ttl_ms=3_600_000,
+                              weight=100, lease_expires_at_ms=now + 3_600_000))
+    source = Source(region=REGION, index=index, locality=Locality.LOCAL, lease_horizon_ms=now)
+    request = RouteRequest(capability="cap.big")
+    figures = {}
+    for label, tables in (("patched", CandidateTables(outcomes=OutcomeTracker())), ("rebuilt", None)):
+        kept = tables or CandidateTables(outcomes=OutcomeTracker())
+        kept.table(source, request, now, False)
+        started = time.perf_counter()
+        for n in range(changes):
+            record = index.get(f"scale.pool.a{n % pool}")
+            index.put(record.model_copy(update={"load": Load(inflight=n % 9)}))
+            (tables or CandidateTables(outcomes=OutcomeTracker())).table(source, request, now, False)
+        figures[label] = (time.perf_counter() - started) / changes * 1e6
+    print(f"routing table upkeep, {pool:,}-agent pool, one agent's load changed then one lookup: "
+          f"{figures['patched']:,.0f} µs per change patched, {figures['rebuilt']:,.0f} µs rebuilt")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=100_000)
@@ -208,6 +236,7 @@ def main() -> None:
     print(f"scale benchmark: {args.agents:,} agents over {CAPABILITIES} capabilities; {os.cpu_count()} cores "
           "shared by the node, its clients and redis")
     node_part(args)
+    table_upkeep()
     asyncio.run(million_part(args.million))
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
@@ -32,6 +33,7 @@ from .store import RegionStore
 log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_SYNC_INTERVAL_MS = 1_000
+CHANGE_LOG = 256  # per capability: changes a table can be patched with (node.candidates)
 DEFAULT_TAIL_BLOCK_MS = 1_000
 DEFAULT_PRESERVE_FRACTION = 0.5
 DEFAULT_PRESERVE_MIN_AGENTS = 10
@@ -40,7 +42,8 @@ DEFAULT_PRESERVE_MIN_AGENTS = 10
 class AgentIndex:
     """Records of one region by agent_id and by capability name (no I/O)."""
 
-    __slots__ = ("region", "records", "by_capability", "version", "generation", "capability_generation")
+    __slots__ = ("region", "records", "by_capability", "version", "generation", "capability_generation",
+                 "_changes", "_reset_generation")
 
     def __init__(self, region: str) -> None:
         self.region = region
@@ -51,6 +54,10 @@ class AgentIndex:
         # from the index (the router's tables) know when to rebuild it.
         self.generation = 0
         self.capability_generation: dict[str, int] = {}
+        # Per capability name, the last CHANGE_LOG (generation, agent_id) bumps: which agents a
+        # reader's table derived at an older generation must look at again (changes_since).
+        self._changes: dict[str, deque[tuple[int, str]]] = {}
+        self._reset_generation = 0
 
     def __len__(self) -> int:
         return len(self.records)
@@ -85,6 +92,22 @@ class AgentIndex:
         self.generation += 1
         for capability in record.capabilities:
             self.capability_generation[capability.name] = self.generation
+            log = self._changes.get(capability.name)
+            if log is None:
+                log = self._changes[capability.name] = deque(maxlen=CHANGE_LOG)
+            log.append((self.generation, record.agent_id))
+
+    def changes_since(self, name: str, generation: int) -> set[str] | None:
+        """The agents with capability ``name`` (then or now) changed after ``generation``, or None
+        when that is no longer known (too many changes since, or a snapshot swapped in)."""
+        if generation < self._reset_generation:
+            return None
+        log = self._changes.get(name)
+        if log is None:
+            return None
+        if len(log) == log.maxlen and log[0][0] > generation:  # older entries were dropped
+            return None
+        return {agent_id for bumped, agent_id in log if bumped > generation}
 
     def _unindex(self, record: AgentRecord) -> None:
         for capability in record.capabilities:
@@ -133,6 +156,8 @@ class AgentIndex:
         self.records.clear()
         self.by_capability.clear()
         self.capability_generation.clear()
+        self._changes.clear()
+        self._reset_generation = self.generation + 1
         for record in records:
             self.put(record)
         self.version = version

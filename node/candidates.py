@@ -14,7 +14,8 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import accumulate
 
 from .cache import AgentIndex
 from .models import (
@@ -41,6 +42,7 @@ STATUS_FACTORS = {Status.READY: 1.0, Status.DEGRADED: 0.5, Status.BUSY: 0.2}
 DEFAULT_CAPACITY = 10  # the load factor's capacity for an agent without max_concurrency
 DEFAULT_MAX_EJECTION_FRACTION = 0.5
 MAX_TABLES = 4_096
+PATCH_MIN = 16  # a table is patched for up to max(this, an eighth of its candidates) changed agents
 MAX_TIME_MS = 2**62
 
 
@@ -130,6 +132,11 @@ class Table:
     # every such request shares it.
     level: Level
     agent_ids: set[str] = field(default_factory=set)  # of the candidates: is the caller among them?
+    # Per agent, what it added to the counts above: its reason in ``rejected`` and the weight it
+    # added to ``registered_weight`` — so a change to a few agents patches the table (_patch).
+    reasons: dict[str, str] = field(default_factory=dict)
+    counted: dict[str, float] = field(default_factory=dict)
+    ejecting: bool = False  # breakers had agents of the pool to eject (ejected or let back by the cap)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -164,6 +171,13 @@ class _Screening:
     rejected: dict[str, int] = field(default_factory=dict)
     registered_weight: float = 0.0
     valid_until_ms: int = MAX_TIME_MS
+    reasons: dict[str, str] = field(default_factory=dict)
+    counted: dict[str, float] = field(default_factory=dict)
+    ejecting: bool = False
+
+    def reject(self, agent_id: str, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        self.reasons[agent_id] = reason
 
 
 class CandidateTables:
@@ -211,9 +225,18 @@ class CandidateTables:
                 and table.preserving == preserving and now_ms < table.valid_until_ms
                 and (horizon is None or horizon < table.min_lease_ms)):
             return table
-        matched = [(record, capability_of(record, name)) for record in source.index.with_capability(name).values()]
-        table = self._build(matched, source, request, now_ms=now_ms, preserving=preserving,
-                            index_generation=generation)
+        patched = None
+        if (table is not None and table.outcome_generation == self.outcomes.generation
+                and table.preserving == preserving and now_ms < table.valid_until_ms
+                and (horizon is None or horizon < table.min_lease_ms)):
+            patched = self._patch(table, source, request, generation, now_ms=now_ms)
+        if patched is not None:
+            table = patched
+        else:
+            matched = [(record, capability_of(record, name))
+                       for record in source.index.with_capability(name).values()]
+            table = self._build(matched, source, request, now_ms=now_ms, preserving=preserving,
+                                index_generation=generation)
         self._tables[key] = table
         self._tables.move_to_end(key)
         if len(self._tables) > MAX_TABLES:
@@ -236,29 +259,74 @@ class CandidateTables:
                       matched=len(matched), rejected=screening.rejected, has_acl=False,
                       index_generation=index_generation, outcome_generation=outcome_generation,
                       preserving=preserving, min_lease_ms=MAX_TIME_MS, valid_until_ms=screening.valid_until_ms,
-                      level=level)
+                      level=level, reasons=screening.reasons, counted=screening.counted,
+                      ejecting=screening.ejecting)
         self._weigh(screening.admitted, source, table, now_ms=now_ms)
+        cumulative.extend(accumulate(candidate.weight for candidate in candidates))
         return table
+
+    def _patch(self, table: Table, source: Source, request: RouteRequest, generation: int, *,
+               now_ms: int) -> Table | None:
+        """``table`` brought up to ``generation`` by re-screening only the agents that changed
+        since it was built (AgentIndex.changes_since), or None when a rebuild is due instead:
+        the changes are unknown or many, or breakers eject agents of the pool (the ejection cap
+        weighs the whole pool)."""
+        name = request.capability or ""
+        changed = source.index.changes_since(name, table.index_generation)
+        if changed is None or len(changed) > max(PATCH_MIN, len(table.candidates) // 8) or table.ejecting:
+            return None
+        records = source.index.with_capability(name)
+        pairs = [(record, capability_of(record, name)) for agent_id in changed
+                 if (record := records.get(agent_id)) is not None]
+        constraint = version_constraint(request.version) if request.version else None
+        screening = self._screen(pairs, source, request, constraint, now_ms=now_ms)
+        if screening.ejected:
+            return None
+        rejected = dict(table.rejected)
+        reasons = {agent_id: reason for agent_id, reason in table.reasons.items() if agent_id not in changed}
+        for agent_id in changed:
+            reason = table.reasons.get(agent_id)
+            if reason is not None:
+                rejected[reason] -= 1
+                if not rejected[reason]:
+                    del rejected[reason]
+        for reason, count in screening.rejected.items():
+            rejected[reason] = rejected.get(reason, 0) + count
+        reasons.update(screening.reasons)
+        counted = {agent_id: weight for agent_id, weight in table.counted.items() if agent_id not in changed}
+        counted.update(screening.counted)
+        candidates = [candidate for candidate in table.candidates if candidate.agent_id not in changed]
+        cumulative: list[float] = []
+        registered = sum(counted.values())
+        patched = replace(table, candidates=candidates, cumulative=cumulative, registered_weight=registered,
+                          matched=len(records), rejected=rejected, index_generation=generation,
+                          valid_until_ms=min(table.valid_until_ms, screening.valid_until_ms),
+                          agent_ids=table.agent_ids - changed, reasons=reasons, counted=counted,
+                          level=Level(name=source.region, candidates=candidates, registered_weight=registered,
+                                      stale=source.stale, cumulative=cumulative))
+        self._weigh(screening.admitted, source, patched, now_ms=now_ms)
+        cumulative.extend(accumulate(candidate.weight for candidate in candidates))
+        return patched
 
     def _screen(self, matched: Matched, source: Source, request: RouteRequest,
                 constraint: VersionConstraint | None, *, now_ms: int) -> _Screening:
         """Drop what the request's version and labels exclude; sort the rest into routable,
         ejected by a breaker, and rejected (counted by reason)."""
         screening = _Screening()
-        rejected = screening.rejected
         for record, capability in matched:
             if constraint is not None and capability is not None and not constraint.accepts(capability.parsed_version):
-                rejected["incompatible_version"] = rejected.get("incompatible_version", 0) + 1
+                screening.reject(record.agent_id, "incompatible_version")
                 continue
             if request.labels and any(record.labels.get(k) != v for k, v in request.labels.items()):
-                rejected["labels"] = rejected.get("labels", 0) + 1
+                screening.reject(record.agent_id, "labels")
                 continue
             if request.tags:
                 capability = tagged(record, capability, request.tags)
                 if capability is None:
-                    rejected["tags"] = rejected.get("tags", 0) + 1
+                    screening.reject(record.agent_id, "tags")
                     continue
             screening.registered_weight += record.weight
+            screening.counted[record.agent_id] = float(record.weight)
             changes_at = self.outcomes.next_change_ms(record.agent_id)
             if changes_at is not None:
                 screening.valid_until_ms = min(screening.valid_until_ms, changes_at)
@@ -266,7 +334,7 @@ class CandidateTables:
             if problem == "circuit_open":
                 screening.ejected.append((record, capability))
             elif problem is not None:
-                rejected[problem] = rejected.get(problem, 0) + 1
+                screening.reject(record.agent_id, problem)
             else:
                 screening.admitted.append((record, capability))
         return screening
@@ -276,6 +344,7 @@ class CandidateTables:
         # of otherwise routable agents; beyond it, overload (not agent faults) is the likelier cause
         # and ejecting more would only pile the traffic onto the rest. The least-failing return.
         ejected = screening.ejected
+        screening.ejecting = bool(ejected)
         allowed = int(self.max_ejection_fraction * (len(screening.admitted) + len(ejected)))
         if len(ejected) > allowed and not request.agent_id:  # one named agent is no pool
             ejected.sort(key=lambda pair: -self.outcomes.weight_factor(pair[0].agent_id, now_ms=now_ms))
@@ -285,8 +354,8 @@ class CandidateTables:
             screening.rejected["circuit_open"] = len(ejected)
 
     def _weigh(self, admitted: Matched, source: Source, table: Table, *, now_ms: int) -> None:
-        """Fill ``table`` with the admitted agents of positive effective weight, in order."""
-        running = 0.0
+        """Add the admitted agents of positive effective weight to ``table``'s candidates, in order
+        (the caller then sums ``cumulative``)."""
         horizon = source.lease_horizon_ms
         for record, capability in admitted:
             factor = self.outcomes.weight_factor(record.agent_id, now_ms=now_ms) if self._use_errors else 1.0
@@ -295,13 +364,12 @@ class CandidateTables:
             weight = self.weight(record) * factor
             if weight <= 0:
                 table.rejected["zero_weight"] = table.rejected.get("zero_weight", 0) + 1
+                table.reasons[record.agent_id] = "zero_weight"
                 continue
             table.has_acl = table.has_acl or bool(record.allowed_callers)
             if horizon is not None:
                 table.min_lease_ms = min(table.min_lease_ms, record.lease_expires_at_ms)
-            running += weight
             table.agent_ids.add(record.agent_id)
-            table.cumulative.append(running)
             table.candidates.append(Candidate(
                 record=record, weight=weight, target=route_target(record, source),
                 capability=capability.name if capability else None,
