@@ -219,15 +219,12 @@ class RegistryNode:
                 f"allowed: {', '.join(self.config.allowed_transports or [])}",
                 field="transport", code="transport_not_allowed")
         now = now_ms()
-        record = AgentRecord.model_validate({
-            **registration.model_dump(),
-            "region": self.region,
-            "registered_at_ms": now,
-            "updated_at_ms": now,
-            "lease_expires_at_ms": now + registration.lease_ttl_ms,
-            "ready": registration.readiness_probe is None,
-            "a2a": card,
-        })
+        # The registration was validated as it was parsed and the rest is the node's own: the
+        # record is assembled, not validated a second time (the hot write path).
+        record = AgentRecord.model_construct(
+            **registration.__dict__, region=self.region, registered_at_ms=now, updated_at_ms=now,
+            lease_expires_at_ms=now + registration.lease_ttl_ms, ready=registration.readiness_probe is None,
+            a2a=card)
         stored, created = await self.store.register(record, at_ms=now)
         self.cache.apply_local(ChangeEvent(kind=ChangeKind.UPSERT, region=self.region, version=stored.version,
                                            agent_id=stored.agent_id, at_ms=now, record=stored))
