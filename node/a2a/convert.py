@@ -50,7 +50,7 @@ def as_v1(card: dict[str, Any]) -> dict[str, Any]:
             skill["securityRequirements"] = _requirements(skill_legacy)
     for name, scheme in list((card.get("securitySchemes") or {}).items()):
         card["securitySchemes"][name] = _wrapped(scheme)
-    for key in _V03_ONLY:
+    for key in (*_V03_ONLY, "supportedInterfaces"):  # a null supportedInterfaces gives way to the converted ones
         card.pop(key, None)
     head = {key: card.pop(key) for key in ("name", "description") if key in card}
     return {**head, "supportedInterfaces": interfaces, **card}

@@ -76,6 +76,13 @@ _OPTIONAL_PROSE = {"anyOf": [{"type": "string", "maxLength": 4_000, **MULTI_LINE
 # gRPC's host:port, which a GRPC interface may give instead of a URL (node.a2a.card.card_url).
 HOST_PORT = {"type": "string", "maxLength": 2_000,
              "pattern": "^(?:[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}|\\[[0-9A-Fa-f:.]{2,45}\\]):[0-9]{1,5}$"}
+
+
+def _free_object(max_properties: int) -> Schema:
+    return {"type": "object", "maxProperties": max_properties, "propertyNames": {"maxLength": 200},
+            "additionalProperties": JSON_REF}
+
+
 CARD_REFINEMENTS: dict[str, dict[str, Schema]] = {
     "AgentCard": {
         "name": {**SHORT_TEXT, "minLength": 1},
@@ -104,6 +111,9 @@ CARD_REFINEMENTS: dict[str, dict[str, Schema]] = {
                      "default": None},
     },
     "AgentProvider": {"organization": {**SHORT_TEXT}},
+    # Free-form JSON in a card is bounded like any other (node.models.check_json_value).
+    "AgentExtension": {"params": {"anyOf": [_free_object(64), {"type": "null"}], "default": None}},
+    "AgentCardSignature": {"header": {"anyOf": [_free_object(32), {"type": "null"}], "default": None}},
     # Two labels are added: a2a.protocol_version and a2a.provider.
     "CardRegistration": {"labels": {**LABELS, "maxProperties": 62, "default": {}},
                          "allowed_callers": _REGISTRATION_REFINEMENTS["allowed_callers"]},
