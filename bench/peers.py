@@ -41,10 +41,11 @@ from node.security import Signer
 from topology.embedded import EmbeddedRedis
 
 from .resolve import (
-    BASELINE_APP,
     CAPABILITIES,
     REGION,
     SECRET,
+    WRK_REPORT,
+    baseline,
     free_port,
     line,
     populate,
@@ -52,25 +53,9 @@ from .resolve import (
     spawn,
     stop,
     wait_http,
-    wait_port,
 )
 
-# The wrk scripts: one request builder each, and the same report as bench.resolve's.
-_COMMON = textwrap.dedent("""
-    wrk.headers["Content-Type"] = "application/json"
-    %s
-    response = function(status, headers, body)
-        if status ~= 200 and status ~= 201 then wrk.thread:set("bad", (wrk.thread:get("bad") or 0) + 1) end
-    end
-    done = function(summary, latency, requests)
-        io.write(string.format("NON2XX %%d\\n", summary.errors.status))
-        for _, p in pairs({50, 90, 99, 99.9}) do
-            io.write(string.format("P%%g %%d\\n", p, latency:percentile(p)))
-        end
-        io.write(string.format("RPS %%.1f\\n", summary.requests / (summary.duration / 1e6)))
-    end
-""")
-
+# The wrk scripts: one request builder each; script() adds the report of bench.resolve's.
 HEARTBEAT = """
     wrk.method = "PUT"
     wrk.headers["Authorization"] = "Bearer {token}"
@@ -163,7 +148,8 @@ def _b64(text: str) -> str:
 
 
 def script(template: str, **values: object) -> str:
-    return _COMMON % textwrap.dedent(template).format(**values)
+    head = 'wrk.headers["Content-Type"] = "application/json"\n'
+    return head + textwrap.dedent(template).format(**values) + WRK_REPORT
 
 
 class Etcd:
@@ -235,15 +221,8 @@ def main() -> None:
     print(f"peer benchmark: wrk -t1 -c{args.connections} -d{args.seconds}s, {args.agents:,} agents over "
           f"{CAPABILITIES} capabilities; {os.cpu_count()} cores shared by server, wrk and the store")
 
-    baseline_port = free_port()
-    baseline = spawn([sys.executable, "-c", BASELINE_APP, str(baseline_port)])
-    try:
-        wait_port(baseline_port)
-        base = measure(f"http://127.0.0.1:{baseline_port}", script(RESOLVE, token=token, capabilities=CAPABILITIES),
-                       seconds=args.seconds, connections=args.connections)
-    finally:
-        stop(baseline)
-    print(line("bare aiohttp handler", base))
+    base = baseline(script(RESOLVE, token=token, capabilities=CAPABILITIES), seconds=args.seconds,
+                    connections=args.connections)
 
     ours = _measure_node(args, token)
     etcd = Etcd()

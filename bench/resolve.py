@@ -55,6 +55,20 @@ BASELINE_APP = textwrap.dedent("""
     web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
 """)
 
+# What every wrk script of the benchmarks prints at the end (run_wrk reads it back).
+WRK_REPORT = """
+response = function(status, headers, body)
+    if status >= 300 then wrk.thread:set("bad", (wrk.thread:get("bad") or 0) + 1) end
+end
+done = function(summary, latency, requests)
+    io.write(string.format("NON2XX %d\\n", summary.errors.status))
+    for _, p in pairs({50, 90, 99, 99.9}) do
+        io.write(string.format("P%g %d\\n", p, latency:percentile(p)))
+    end
+    io.write(string.format("RPS %.1f\\n", summary.requests / (summary.duration / 1e6)))
+end
+"""
+
 WRK_SCRIPT = textwrap.dedent("""
     local capabilities = %d
     wrk.method = "POST"
@@ -63,16 +77,6 @@ WRK_SCRIPT = textwrap.dedent("""
     request = function()
         local body = string.format('{"capability":"cap.c%%d"}', math.random(0, capabilities - 1))
         return wrk.format(nil, "/v1/resolve", nil, body)
-    end
-    response = function(status, headers, body)
-        if status ~= 200 then wrk.thread:set("bad", (wrk.thread:get("bad") or 0) + 1) end
-    end
-    done = function(summary, latency, requests)
-        io.write(string.format("NON2XX %%d\\n", summary.errors.status))
-        for _, p in pairs({50, 90, 99, 99.9}) do
-            io.write(string.format("P%%g %%d\\n", p, latency:percentile(p)))
-        end
-        io.write(string.format("RPS %%.1f\\n", summary.requests / (summary.duration / 1e6)))
     end
 """)
 
@@ -117,7 +121,7 @@ async def populate(redis_url: str, agents: int, *, lease_ttl_ms: int = 3_600_000
 
 def resolve_script(token: str) -> str:
     """The wrk script posting a resolve of a random capability with ``token``."""
-    return WRK_SCRIPT % (CAPABILITIES, token)
+    return WRK_SCRIPT % (CAPABILITIES, token) + WRK_REPORT
 
 
 def run_wrk(url: str, lua: str, *, seconds: int, connections: int) -> dict[str, float]:
@@ -132,6 +136,20 @@ def run_wrk(url: str, lua: str, *, seconds: int, connections: int) -> dict[str, 
     finally:
         os.unlink(script.name)
     figures = {key: float(value) for key, value in re.findall(r"^(NON2XX|P[\d.]+|RPS) ([\d.]+)$", output, re.M)}
+    return figures
+
+
+def baseline(lua: str, *, seconds: int, connections: int) -> dict[str, float]:
+    """The bare aiohttp handler's figures under ``lua`` (after a warm-up), printed."""
+    port = free_port()
+    process = spawn([sys.executable, "-c", BASELINE_APP, str(port)])
+    try:
+        wait_port(port)
+        run_wrk(f"http://127.0.0.1:{port}", lua, seconds=1, connections=connections)
+        figures = run_wrk(f"http://127.0.0.1:{port}", lua, seconds=seconds, connections=connections)
+    finally:
+        stop(process)
+    print(line("bare aiohttp handler", figures))
     return figures
 
 
@@ -169,15 +187,7 @@ def main() -> None:
     print(f"resolve benchmark: wrk -t1 -c{args.connections} -d{args.seconds}s, {CAPABILITIES} capabilities, "
           f"random capability per request; {os.cpu_count()} cores shared by server, wrk and redis")
 
-    baseline_port = free_port()
-    baseline = spawn([sys.executable, "-c", BASELINE_APP, str(baseline_port)])
-    try:
-        wait_port(baseline_port)
-        run_wrk(f"http://127.0.0.1:{baseline_port}", resolve_script(token), seconds=2, connections=args.connections)  # warm-up
-        base = run_wrk(f"http://127.0.0.1:{baseline_port}", resolve_script(token), seconds=args.seconds, connections=args.connections)
-    finally:
-        stop(baseline)
-    print(line("bare aiohttp handler", base))
+    base = baseline(resolve_script(token), seconds=args.seconds, connections=args.connections)
 
     redis = EmbeddedRedis()
     redis.start_sync()

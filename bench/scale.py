@@ -42,10 +42,10 @@ from node.store import RegionStore, now_ms
 from topology.embedded import EmbeddedRedis
 
 from .resolve import (
-    BASELINE_APP,
     CAPABILITIES,
     REGION,
     SECRET,
+    baseline,
     free_port,
     line,
     resolve_script,
@@ -53,7 +53,6 @@ from .resolve import (
     spawn,
     stop,
     wait_http,
-    wait_port,
 )
 
 
@@ -103,16 +102,7 @@ def node_command(redis_url: str, port: int) -> list[str]:
 def node_part(args: argparse.Namespace) -> None:
     token = Signer(SECRET.encode()).issue("admin", TokenRole.ADMIN, ttl_s=3600)
     env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
-    baseline_port = free_port()
-    baseline = spawn([sys.executable, "-c", BASELINE_APP, str(baseline_port)])
-    try:
-        wait_port(baseline_port)
-        run_wrk(f"http://127.0.0.1:{baseline_port}", resolve_script(token), seconds=1, connections=16)
-        base = run_wrk(f"http://127.0.0.1:{baseline_port}", resolve_script(token), seconds=args.seconds,
-                       connections=16)
-    finally:
-        stop(baseline)
-    print(line("bare aiohttp handler", base))
+    base = baseline(resolve_script(token), seconds=args.seconds, connections=16)
 
     redis = EmbeddedRedis()
     redis.start_sync()

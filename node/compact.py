@@ -18,6 +18,7 @@ records (``model_copy``), whose fields-set is a copy; the one attribute assigned
 from __future__ import annotations
 
 import sys
+from typing import TypeVar
 
 from pydantic import BaseModel
 
@@ -28,7 +29,7 @@ __all__ = ["MAX_SHARED", "WrittenRecords", "compact"]
 MAX_SHARED = 100_000  # distinct capabilities / loads remembered; beyond it the tables start again
 
 _capabilities: dict[tuple[object, ...], Capability] = {}
-_loads: dict[tuple[int, int, float], Load] = {}
+_loads: dict[tuple[object, ...], Load] = {}
 _all_fields: dict[type[BaseModel], set[str]] = {}
 
 
@@ -43,26 +44,17 @@ def _share_fields(instance: BaseModel) -> None:
     object.__setattr__(instance, "__pydantic_fields_set__", _fields_of(type(instance)))
 
 
-def _capability(capability: Capability) -> Capability:
-    key = (capability.name, capability.version, capability.description, *capability.tags, "\0",
-           *capability.examples)
-    shared = _capabilities.get(key)
-    if shared is None:
-        if len(_capabilities) >= MAX_SHARED:
-            _capabilities.clear()
-        _share_fields(capability)
-        shared = _capabilities[key] = capability
-    return shared
+S = TypeVar("S", bound=BaseModel)
 
 
-def _load(load: Load) -> Load:
-    key = (load.queued, load.inflight, load.rps)
-    shared = _loads.get(key)
+def _shared(table: dict[tuple[object, ...], S], key: tuple[object, ...], value: S) -> S:
+    """The instance ``table`` holds for ``key``, or ``value`` (made compact) from now on."""
+    shared = table.get(key)
     if shared is None:
-        if len(_loads) >= MAX_SHARED:
-            _loads.clear()
-        _share_fields(load)
-        shared = _loads[key] = load
+        if len(table) >= MAX_SHARED:
+            table.clear()
+        _share_fields(value)
+        shared = table[key] = value
     return shared
 
 
@@ -71,9 +63,10 @@ def compact(record: AgentRecord) -> AgentRecord:
     fields = record.__dict__
     _share_fields(record)
     capabilities = record.capabilities
-    for position, capability in enumerate(capabilities):
-        capabilities[position] = _capability(capability)
-    fields["load"] = _load(record.load)
+    for position, c in enumerate(capabilities):
+        capabilities[position] = _shared(_capabilities, (c.name, c.version, c.description, *c.tags, "\0", *c.examples), c)
+    load = record.load
+    fields["load"] = _shared(_loads, (load.queued, load.inflight, load.rps), load)
     fields["region"] = sys.intern(record.region)
     fields["transport"] = sys.intern(record.transport)
     return record
