@@ -23,14 +23,18 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import time
 from collections import deque
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from .tasks import cancel_and_wait
 
-__all__ = ["DEFAULT_INTERVAL_MS", "LoopWatch", "tune_gc"]
+__all__ = ["DEFAULT_INTERVAL_MS", "FreezeOnGrowth", "LoopWatch", "tune_gc"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_MS = 50
 _STALL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -49,8 +53,47 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+class FreezeOnGrowth:
+    """Freeze again once the records held have grown by a step since the last freeze.
+
+    Records registered after start-up land in the oldest generation, which every full collection
+    walks: at 100,000 agents registered over HTTP a full collection holds the loop for tens of
+    milliseconds. When ``count()`` has grown by ``max(min_growth, fraction × last)`` since the
+    last freeze, :meth:`check` runs one full collection (so what is frozen is live: cyclic
+    garbage is collected first, not kept) and ``gc.freeze()``: the collector never walks those
+    objects again, and they are still freed by reference counting when their records go (records
+    hold no cycles). One pause per growth step instead of one per few thousand registrations.
+    Process-wide: the command line turns it on (``agent-reach node``), not a library.
+    """
+
+    def __init__(self, count: Callable[[], int], *, min_growth: int = 1_000, fraction: float = 0.1) -> None:
+        self.count = count
+        self.min_growth = min_growth
+        self.fraction = fraction
+        self.frozen_at = count()
+        self.freezes = 0
+
+    def check(self) -> bool:
+        held = self.count()
+        if held - self.frozen_at < max(self.min_growth, self.fraction * self.frozen_at):
+            if held < self.frozen_at:
+                self.frozen_at = held  # records went: grow from here
+            return False
+        started = time.perf_counter()
+        gc.collect()
+        gc.freeze()
+        self.frozen_at = held
+        self.freezes += 1
+        log.info("%d records held: froze the collector's view after %.0f ms", held,
+                 (time.perf_counter() - started) * 1000)
+        return True
+
+
 class LoopWatch:
-    """Samples the running loop's lag and the collector's pauses; ``start()`` / ``aclose()``."""
+    """Samples the running loop's lag and the collector's pauses; ``start()`` / ``aclose()``.
+
+    With :attr:`freezer` set (a :class:`FreezeOnGrowth`), it is checked about once a second.
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None, *, interval_ms: int = DEFAULT_INTERVAL_MS,
                  window_s: float = 60.0) -> None:
@@ -62,6 +105,7 @@ class LoopWatch:
         self._recent: deque[tuple[float, float]] = deque()  # (when, lag) of the stalls in the window
         self._gc_started = 0.0
         self._task: asyncio.Task[None] | None = None
+        self.freezer: FreezeOnGrowth | None = None
         self._lag = self._pauses = None
         if registry is not None:
             self._lag = Histogram("agent_reach_event_loop_lag_seconds",
@@ -93,7 +137,12 @@ class LoopWatch:
                 **{f"gc{generation}": float(count) for generation, count in self.gc_pauses.items()}}
 
     async def _sample(self) -> None:
+        samples = 0
+        per_check = max(1, round(1 / self.interval_s))
         while True:
+            samples += 1
+            if self.freezer is not None and samples % per_check == 0:
+                self.freezer.check()
             due = time.monotonic() + self.interval_s
             await asyncio.sleep(self.interval_s)
             now = time.monotonic()

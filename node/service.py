@@ -285,6 +285,13 @@ class RegistryNode:
         """Whether ``caller`` may see ``record`` on any route (its ``allowed_callers``)."""
         return may_see(caller, record.agent_id, record.allowed_callers)
 
+    def records_held(self) -> int:
+        """Records in memory: this region's and, with federation, the peers' replicas."""
+        held = len(self.cache.index)
+        if self.router.remote is not None:
+            held += sum(len(peer.index) for peer in self.router.remote.peers())
+        return held
+
     def routable(self, record: AgentRecord) -> bool:
         """Would the router consider this record (local or remote), breakers aside?"""
         if not record.routable_state:

@@ -39,7 +39,7 @@ from node.credentials import SigningKeyError
 from node.egress import EgressPolicy
 from node.envconfig import merge_settings, settings_from_env, variable_of
 from node.errors import NodeError, first_problem
-from node.loopwatch import tune_gc
+from node.loopwatch import FreezeOnGrowth, tune_gc
 from node.models import TokenRole
 from node.redact import mask_url
 from node.security import DEFAULT_TOKEN_TTL_S, SecretError, Signer, load_secret
@@ -240,6 +240,7 @@ async def _start(args: argparse.Namespace, plan: _Plan,
     # re-scanning them on every full collection (a 10k-agent region showed ~15 ms pauses), and
     # collect less often (node.loopwatch.tune_gc; agent_reach_gc_pause_seconds shows the effect).
     tune_gc()
+    node.loop_watch.freezer = FreezeOnGrowth(node.records_held)
     try:
         runner = await serve(node, reuse_port=args.reuse_port)
     except OSError as exc:
