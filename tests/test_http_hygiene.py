@@ -121,11 +121,14 @@ async def test_on_keep_alive_the_head_clock_starts_at_the_first_byte_of_the_next
     connection = await connect(node)
     status, _, _ = await request(connection, HEALTHZ)
     assert status == 200
-    # Idle longer than the header timeout: keep-alive, not the head clock, governs this wait.
-    await asyncio.sleep(0.6)
+    # Idle longer than the header timeout: keep-alive, not the head clock, governs this wait —
+    # for twice the header timeout the node neither sends anything nor closes the connection.
+    reader, writer = connection
+    with pytest.raises(TimeoutError):
+        unexpected = await asyncio.wait_for(reader.read(1), timeout=0.6)
+        pytest.fail(f"the idle connection got {unexpected!r} (b'' = closed by the node)")
     status, _, _ = await request(connection, HEALTHZ)
     assert status == 200
-    reader, writer = connection
     writer.write(b"GET /healthz HTTP/1.1\r\n")  # half a head, then nothing
     started = time.monotonic()
     received = await wait_closed_by_node(reader, timeout_s=5)
