@@ -223,11 +223,7 @@ class RegionCache(StreamFollower[ChangeEvent]):
         return snapshot.version, changes
 
     async def _read(self, *, after: int) -> list[ChangeEvent]:
-        return await self.store.read_changes(after_version=after, block_ms=self.tail_block_ms, held=self._held)
-
-    def _held(self, agent_id: str) -> int:
-        record = self.index.records.get(agent_id)
-        return -1 if record is None else record.version
+        return await self.store.read_changes(after_version=after, block_ms=self.tail_block_ms)
 
     def _number(self, entry: ChangeEvent) -> int:
         return entry.version

@@ -35,6 +35,7 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -200,17 +201,18 @@ class RegionStore:
 
     async def _flush_registers(self, items: list[list[object]]) -> list[tuple[int, bool] | BaseException]:
         """One REGISTER call for a batch of ``[agent_id, body, lease expiry, at]``."""
-        async with self._translate():
-            reply = await self._register(keys=self._mutation_keys,
-                                         args=[self.change_stream_maxlen, *(v for item in items for v in item)])
-        return [(int(reply[i]), bool(reply[i + 1])) for i in range(0, len(reply), 2)]
+        return [(int(version), bool(created)) for version, created in await self._run_batch(self._register, items)]
 
     async def _flush_updates(self, items: list[list[object]]) -> list[tuple[int, str] | BaseException]:
         """One UPDATE call for a batch of ``[agent_id, expected, body, lease, at, require lease]``."""
+        return [(int(outcome), value) for outcome, value in await self._run_batch(self._update, items)]
+
+    async def _run_batch(self, script: AsyncScript, items: list[list[object]]) -> list[tuple[object, object]]:
+        """Run a batch script over ``items``; its flat reply as one pair per item."""
         async with self._translate():
-            reply = await self._update(keys=self._mutation_keys,
-                                       args=[self.change_stream_maxlen, *(v for item in items for v in item)])
-        return [(int(reply[i]), reply[i + 1]) for i in range(0, len(reply), 2)]
+            reply = await script(keys=self._mutation_keys,
+                                 args=[self.change_stream_maxlen, *(v for item in items for v in item)])
+        return list(zip(reply[::2], reply[1::2]))
 
     async def deregister(self, agent_id: str, *, at_ms: int,
                          reason: DeleteReason = DeleteReason.DEREGISTERED) -> int | None:
@@ -347,14 +349,9 @@ class RegionStore:
         async with self._translate():
             return int(await self.redis.zcard(self.key_leases))
 
-    async def read_changes(self, *, after_version: int, block_ms: int | None = None, count: int = 1_000,
-                           held: Callable[[str], int] | None = None) -> list[ChangeEvent]:
-        """Change entries after ``after_version`` (blocking up to ``block_ms`` for the first).
-
-        ``held(agent_id)`` is the version of the agent the reader already has (-1: none): an
-        entry at or below it is not parsed (the node applied its own write ahead of the stream)
-        and comes back as a bare event carrying only its number, which changes nothing.
-        """
+    async def read_changes(self, *, after_version: int, block_ms: int | None = None,
+                           count: int = 1_000) -> list[ChangeEvent]:
+        """Change entries after ``after_version`` (blocking up to ``block_ms`` for the first)."""
         async with self._translate():
             if block_ms is None:
                 entries = await self.redis.xrange(self.key_changes, min=f"({after_version}-0", max="+", count=count)
@@ -363,13 +360,6 @@ class RegionStore:
                 entries = reply[0][1] if reply else []
         changes = []
         for entry_id, fields in entries:
-            if held is not None:
-                version = int(entry_id.split("-", 1)[0])
-                agent_id = fields.get("agent_id", "")
-                if held(agent_id) >= version:
-                    changes.append(ChangeEvent.model_construct(kind=ChangeKind.STATUS, region=self.region,
-                                                               version=version, agent_id=agent_id, at_ms=0))
-                    continue
             change = self.parse_change(entry_id, fields)
             if change is not None:
                 changes.append(change)
