@@ -271,9 +271,8 @@ async def search(request: web.Request) -> web.Response:
 
 async def resolve(request: web.Request) -> web.Response:
     started = time.perf_counter()
-    node = _node(request)
+    node, caller, weights = _node(request), _caller(request), query_flag(request, "weights")  # old SDKs: no weights
     route_request = await parse_body(request, RouteRequest)
-    caller = _caller(request)
     try:
         decision = await node.decide(route_request, caller)
     except NodeError as exc:
@@ -288,7 +287,7 @@ async def resolve(request: web.Request) -> web.Response:
         await _trace_decision(request, route_request.trace_id, caller, result="ok", agent_id=target["agent_id"],
                               region=target["region"], endpoint=target["endpoint"],
                               detail=f"match {decision.match['kind']}; ticket {decision.ticket_id}")
-    return web.Response(body=decision.to_json(), content_type="application/json")
+    return web.Response(body=decision.to_json(weights=weights), content_type="application/json")
 
 
 async def _trace_decision(request: web.Request, trace_id: str, caller: TokenClaims, **fields: object) -> None:

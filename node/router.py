@@ -103,20 +103,29 @@ class Decision:
     caller: str
     signature: str
     credential: str | None = None
+    # How many of target + alternates are of the target's level, drawn as Midzuno's sample (the
+    # target by weight, the others uniformly): a caller drawing each call among them by weight sends
+    # each agent its weight's share. 0: not drawn (a semantic match is ranked, not drawn).
+    drawn: int = 0
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self, *, weights: bool = False) -> dict[str, object]:
+        """The ticket as plain data; ``weights`` adds each drawn target's effective weight (see ``drawn``)."""
         target = self.target.target if self.credential is None else {**self.target.target,
                                                                       "credential": self.credential}
+        alternates = [candidate.target for candidate in self.alternates]
+        if weights and self.drawn:
+            target = {**target, "weight": self.target.weight}
+            alternates[:self.drawn - 1] = [{**c.target, "weight": c.weight} for c in self.alternates[:self.drawn - 1]]
         return {
             "ticket_id": self.ticket_id, "trace_id": self.trace_id, "target": target,
-            "alternates": [candidate.target for candidate in self.alternates], "match": self.match,
+            "alternates": alternates, "match": self.match,
             "locality": self.target.target["locality"], "issued_at_ms": self.issued_at_ms,
             "expires_at_ms": self.expires_at_ms, "caller": self.caller, "signature": self.signature,
         }
 
-    def to_json(self) -> bytes:
+    def to_json(self, *, weights: bool = False) -> bytes:
         """The ticket as JSON, without building pydantic models (the resolve hot path)."""
-        return orjson.dumps(self.as_dict())
+        return orjson.dumps(self.as_dict(weights=weights))
 
     def ticket(self) -> RouteTicket:
         return RouteTicket.model_validate(self.as_dict())
@@ -286,10 +295,10 @@ class Router:
             target = _rendezvous(chosen_level.candidates, request.conversation_id)
         else:
             target = self._weighted(chosen_level.candidates, chosen_level.cumulative)
-        alternates = self._alternates(target, chosen_level, itertools.chain(fresh, stale))
+        alternates, same_level = self._alternates(target, chosen_level, itertools.chain(fresh, stale))
         if target.capability is not None:
             match = {**match, "capability": target.capability, "version": target.version}
-        return self._ticket(target, alternates, match, request, caller, now)
+        return self._ticket(target, alternates, match, request, caller, now, drawn=1 + same_level)
 
     def _pick_level(self, levels: list[Level], request: RouteRequest) -> Level | None:
         if len(levels) == 1:  # a node without peers, or a local-only request: nothing to share
@@ -332,33 +341,33 @@ class Router:
                 return candidate
         return candidates[-1]
 
-    def _alternates(self, target: Candidate, level: Level, levels: Iterable[Level]) -> list[Candidate]:
-        alternates: list[Candidate] = []
+    def _alternates(self, target: Candidate, level: Level, levels: Iterable[Level]) -> tuple[list[Candidate], int]:
+        """Up to ``MAX_ALTERNATES`` others of the target's level, drawn uniformly, then the heaviest of
+        the other levels; and how many are of the target's level.
+
+        Uniformly, because the target was drawn by weight: that makes the level's part of the ticket
+        Midzuno's sample (first unit by weight, the rest uniformly), under which a per-call draw among
+        its targets by weight — what the SDK does with a cached ticket — sends each agent exactly its
+        weight's share over many tickets. Drawing the alternates by weight too would count weight twice.
+        """
         pool = level.candidates
-        if len(pool) > ALTERNATE_SAMPLING_MIN and level.cumulative:
-            # Large pools: weighted draws with rejection instead of copying the pool.
-            for _ in range(MAX_ALTERNATES * 4):
-                pick = self._weighted(pool, level.cumulative)
-                if pick is not target and pick not in alternates:
-                    alternates.append(pick)
-                    if len(alternates) == MAX_ALTERNATES:
-                        break
-        if len(alternates) < MAX_ALTERNATES:
-            rest = [c for c in pool if c is not target and c not in alternates]
-            while rest and len(alternates) < MAX_ALTERNATES:
-                pick = self._weighted(rest)
-                alternates.append(pick)
-                rest = [c for c in rest if c is not pick]
+        if len(pool) > ALTERNATE_SAMPLING_MIN:  # large pools: positions drawn, the pool not copied
+            picked = (pool[position] for position in self._random.sample(range(len(pool)), MAX_ALTERNATES + 1))
+            alternates = [candidate for candidate in picked if candidate is not target][:MAX_ALTERNATES]
+        else:
+            rest = [candidate for candidate in pool if candidate is not target]
+            alternates = self._random.sample(rest, min(MAX_ALTERNATES, len(rest)))
+        same_level = len(alternates)
         for other in levels:
             if len(alternates) >= MAX_ALTERNATES:
                 break
             if other is level or not other.candidates:
                 continue
             alternates.append(max(other.candidates, key=lambda c: c.weight))
-        return alternates
+        return alternates, same_level
 
     def _ticket(self, target: Candidate, alternates: list[Candidate], match: dict[str, object],
-                request: RouteRequest, caller: TokenClaims, now: int) -> Decision:
+                request: RouteRequest, caller: TokenClaims, now: int, *, drawn: int = 0) -> Decision:
         ids = os.urandom(24).hex()
         ticket_id = ids[:16]
         expires = now + self.ticket_ttl_ms
@@ -374,7 +383,7 @@ class Router:
         self.outcomes.issued(target.record.agent_id, now_ms=now)
         return Decision(ticket_id=ticket_id, trace_id=request.trace_id or ids[16:], target=target,
                         alternates=alternates, match=match, issued_at_ms=now, expires_at_ms=expires,
-                        caller=caller.sub, signature=signature, credential=credential)
+                        caller=caller.sub, signature=signature, credential=credential, drawn=drawn)
 
     @staticmethod
     def _exact_match(request: RouteRequest) -> dict[str, object]:

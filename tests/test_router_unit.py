@@ -336,3 +336,34 @@ async def test_the_semantic_fallback_takes_the_best_routable_match_above_the_thr
     assert raised.value.details["stages"] == {  # type: ignore[index]
         "local": "no agent has capability 'turn french into english'",
         "semantic": "no match above the threshold 0.92 (best lang.translate.best at 0.90)"}
+
+
+def test_a_draw_among_a_tickets_weighted_targets_gives_each_agent_its_weights_share() -> None:
+    # What the SDK does with a cached ticket: draw each call among the targets that carry a weight.
+    # The alternates of the target's level are drawn uniformly (Midzuno's sample), so over many
+    # tickets every agent gets exactly its weight's share; drawn by weight they would count it twice.
+    weights = {f"lang.translate.w{n:02d}": n for n in range(1, 13)}  # 12 agents: the sampled path
+    router, _, _ = make_router(*(record(agent_id, weight=weight) for agent_id, weight in weights.items()))
+    draw = random.Random(11)
+    drawn: Counter[str] = Counter()
+    tickets = 20_000
+    for _ in range(tickets):
+        ticket = router.decide_exact(RouteRequest(capability=CAPABILITY), ADMIN).as_dict(weights=True)
+        targets = [target for target in (ticket["target"], *ticket["alternates"]) if "weight" in target]
+        assert len(targets) == 3 and len({target["agent_id"] for target in targets}) == 3
+        chosen = draw.choices(targets, weights=[target["weight"] for target in targets])[0]
+        drawn[chosen["agent_id"]] += 1
+    total = sum(weights.values())
+    for agent_id, weight in weights.items():
+        assert abs(drawn[agent_id] / tickets - weight / total) < 0.008, (agent_id, drawn[agent_id] / tickets)
+    assert "weight" not in router.decide_exact(RouteRequest(capability=CAPABILITY), ADMIN).as_dict()["target"]
+
+
+def test_only_the_targets_level_is_drawn_among() -> None:
+    # One local agent, a peer's as the alternate: the peer's is for failover, never drawn.
+    router, _, _ = make_router(record("lang.translate.home", weight=10), peers=(
+        Peer("away", index_of("away", record("lang.translate.away", region="away", weight=1_000))),))
+    ticket = router.decide_exact(RouteRequest(capability=CAPABILITY), ADMIN).as_dict(weights=True)
+    assert ticket["target"]["agent_id"] == "lang.translate.home" and ticket["target"]["weight"] == 10
+    assert [alternate["agent_id"] for alternate in ticket["alternates"]] == ["lang.translate.away"]
+    assert "weight" not in ticket["alternates"][0]

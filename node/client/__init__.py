@@ -33,8 +33,11 @@ What it guarantees:
   (5 ms); only a C extension that holds the GIL for longer than the lease can starve it.
   ``unknown_agent`` (the lease lapsed) re-registers from the same thread.
 * **Close** stops heartbeats, flushes outcome reports and deregisters.
-* ``resolve()`` caches a ticket until it expires; a failure of its target evicts it, and so does
-  the node saying nobody serves the request. ``semantic=False`` (or ``[client] semantic``)
+* ``resolve()`` caches a ticket until it expires; a failure of any agent it names evicts it, and
+  so does the node saying nobody serves the request. ``call()`` draws each call's first target
+  among the ticket's target and the alternates of its level, by the weights the node gave them,
+  so a cached ticket spreads calls instead of pinning one agent for its lifetime; a call with a
+  ``conversation_id`` keeps the ticket's target. ``semantic=False`` (or ``[client] semantic``)
   keeps the semantic fallback out; the node never routes a caller to itself.
 * ``search()`` answers a plain-language query with typed hits (:class:`SearchResponse`).
 * ``call()`` delivers an :class:`Envelope` to the target with the attempt and failover the

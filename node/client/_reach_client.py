@@ -62,6 +62,7 @@ from ._tickets import TicketCache
 from .delivery import AttemptLimits, Failover, Pacing, Tried, deliver
 from .verifier import CallVerifier
 
+RESOLVE_PARAMS = {"weights": "true"}  # the targets' weights, which call() draws among (a node that predates them ignores it)
 log = logging.getLogger("node.client")  # the SDK logs under one name, whichever module it is in
 
 
@@ -90,7 +91,8 @@ class ReachClient:
 
     Keywords beyond the named ones are :class:`ClientSettings` fields and override the file.
     ``clock`` (monotonic seconds), ``sleep`` and ``rng`` are injectable so tests can check the
-    backoff and breaker without wall time. Without a ``registration`` or ``card`` it only calls
+    backoff and breaker without wall time; ``draw_rng`` draws which of a ticket's targets a call
+    goes to first. Without a ``registration`` or ``card`` it only calls
     others.
     """
 
@@ -99,7 +101,8 @@ class ReachClient:
                  card: CardRegistration | None = None,
                  config: AgentConfig | str | Path | None = None, settings: ClientSettings | None = None,
                  load: LoadCallback | None = None, clock: Callable[[], float] = time.monotonic,
-                 sleep: Sleep = asyncio.sleep, rng: random.Random | None = None, **options: Any) -> None:
+                 sleep: Sleep = asyncio.sleep, rng: random.Random | None = None,
+                 draw_rng: random.Random | None = None, **options: Any) -> None:
         if isinstance(config, (str, Path)):
             config = load_agent_config(config)
         self.settings = (settings or (config.client if config is not None else ClientSettings())).with_options(options)
@@ -123,6 +126,7 @@ class ReachClient:
         self.clock = clock
         self.sleep = sleep
         self.rng = rng or random.Random()
+        self.draw_rng = draw_rng or random.Random()  # which target of a ticket each call goes to first
         self.retry_policy = self.settings.retry_policy()
         self.breakers = OutcomeTracker(failure_threshold=self.settings.breaker_failures,
                                        window_ms=self.settings.breaker_window_ms,
@@ -393,7 +397,8 @@ class ReachClient:
                                read_timeout_s=(read_timeout_ms or settings.read_timeout_ms) / 1000,
                                max_response_bytes=settings.max_response_bytes, owner="this client's")
         delivery = await deliver(
-            envelope, Failover(request, resolve=self._resolve, breakers=self._target_breakers, issue=self._issue),
+            envelope, Failover(request, resolve=self._resolve, breakers=self._target_breakers, issue=self._issue,
+                               draw=self.draw_rng),
             session=self._open_session, limits=limits, deadline=deadline,
             pacing=Pacing(self.retry_policy, self.rng, clock=self.clock, sleep=self._backoff),
             max_attempts=self.retry_policy.max_attempts if idempotent else 1,
@@ -433,7 +438,7 @@ class ReachClient:
             if cached is not None:
                 return cached
         try:
-            answer = await self._require_api().request("POST", "/v1/resolve", request)
+            answer = await self._require_api().request("POST", "/v1/resolve", request, params=RESOLVE_PARAMS)
         except NoAgentAvailable:
             if not request.exclude:  # the node knows nobody for this request: a cached ticket is stale
                 self._tickets.drop(request)

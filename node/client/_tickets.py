@@ -40,8 +40,10 @@ class TicketCache:
         self._tickets.pop(_key(request), None)
 
     def evict(self, agent_id: str) -> None:
-        """Forget the tickets whose target is ``agent_id`` (it just failed), so the next call asks again."""
-        for key in [k for k, (ticket, _) in self._tickets.items() if ticket.target.agent_id == agent_id]:
+        """Forget the tickets that name ``agent_id`` (it just failed), so the next call asks again:
+        calls are drawn among a ticket's target and alternates, so any of them may have been called."""
+        for key in [k for k, (ticket, _) in self._tickets.items()
+                    if ticket.target.agent_id == agent_id or any(a.agent_id == agent_id for a in ticket.alternates)]:
             del self._tickets[key]
 
 

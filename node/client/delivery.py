@@ -31,7 +31,13 @@ The decisions, written once:
   both tried elsewhere.
 * **Only idempotent envelopes are tried more than once** (the caller passes ``max_attempts=1``
   otherwise): a non-idempotent operation that failed may still have run.
-* **What is tried, in order.** The ticket's target, its alternates, then fresh decisions (at
+* **Which target first.** With ``draw`` (the SDK) and no ``conversation_id``, each delivery draws
+  its first target among the ticket's targets that carry a weight (``?weights=true``: the target
+  and the alternates of its level) in proportion to it, among those the caller's breakers admit:
+  a cached ticket spreads calls over its targets instead of pinning one for its lifetime, and since
+  the node drew them as Midzuno's sample, each agent gets its weight's share over many tickets. A
+  conversation keeps the ticket's target (the node pinned it by rendezvous hashing) while it works.
+* **What is tried, in order.** The first target, the ticket's other targets, then fresh decisions (at
   most ``MAX_RESOLVES_PER_PICK + 1`` per attempt) that exclude every agent tried, every agent
   behind an address tried and, when the caller keeps breakers, every agent they hold open.
   Untried agents and addresses first (two agents behind one address are one failure), never an
@@ -277,7 +283,7 @@ class Failover:
     """The targets of one delivery, in the order the module docstring gives."""
 
     def __init__(self, request: RouteRequest, *, resolve: Resolve, breakers: Breakers | None = None,
-                 issue: Issue | None = None) -> None:
+                 issue: Issue | None = None, draw: random.Random | None = None) -> None:
         self.request = request
         self.tried: list[str] = []
         self.tried_endpoints: set[str] = set()
@@ -285,6 +291,7 @@ class Failover:
         self._resolve = resolve
         self._breakers = breakers
         self._issue = issue
+        self._draw = None if request.conversation_id else draw
         self._queue: list[Pick] = []
         self._behind_tried_endpoints: set[str] = set()  # agents skipped: their address failed already
         self._started = False
@@ -294,7 +301,7 @@ class Failover:
         if not self._started:
             self._started = True
             ticket = await self._resolve(self.request, fresh=False)
-            self._queue.extend(Pick(ticket, target) for target in (ticket.target, *ticket.alternates))
+            self._queue.extend(Pick(ticket, target) for target in self._first_drawn(ticket))
         for _ in range(MAX_RESOLVES_PER_PICK + 1):
             while self._queue:
                 pick = self._queue.pop(0)
@@ -346,6 +353,25 @@ class Failover:
             self.tried.append(pick.target.agent_id)
         self.tried_endpoints.add(pick.target.endpoint)
         return pick
+
+    def _first_drawn(self, ticket: RouteTicket) -> list[RouteTarget]:
+        """The ticket's targets in order, the one drawn by weight (see the module docstring) first."""
+        targets = [ticket.target, *ticket.alternates]
+        if self._draw is None:
+            return targets
+        weighted = [(position, target.weight) for position, target in enumerate(targets)
+                    if target.weight is not None and target.weight > 0 and self._admits(target.agent_id)]
+        total = sum(weight for _, weight in weighted)
+        if len(weighted) < 2 or total <= 0:
+            return targets
+        remaining = self._draw.random() * total
+        chosen = weighted[-1][0]
+        for position, weight in weighted:
+            remaining -= weight
+            if remaining < 0:
+                chosen = position
+                break
+        return [targets[chosen], *targets[:chosen], *targets[chosen + 1:]]
 
     def _none_left(self, why: NodeError) -> None:
         self.decision_error = why

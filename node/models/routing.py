@@ -99,6 +99,11 @@ class RouteTarget(Strict):
         default=None, description="The route credential for this target: send it as 'Authorization: Bearer "
                                   "<credential>'. The ticket's target carries one; an alternate's is issued when "
                                   "the caller fails over to it (POST /v1/credentials).")
+    weight: float | None = Field(
+        default=None, ge=0, description="Asked for with POST /v1/resolve?weights=true: the target's effective weight "
+                                        "when the ticket was issued (registered weight x status, load and error "
+                                        "factors). A caller that reuses the ticket draws each call among the targets "
+                                        "that carry one, in proportion to it. Null: fail over to it, never draw it.")
 
 
 class Match(Strict):

@@ -97,6 +97,8 @@ def scope_query(default: Scope, *, all_alias: bool = True) -> Schema:
 
 ROUTABLE = query("routable", {"type": "string", "enum": ["true", "false", "1", "0", "yes", "no"], "default": "false"},
                  "true: only agents the router would consider")
+WEIGHTS = query("weights", {"type": "string", "enum": ["true", "false", "1", "0", "yes", "no"], "default": "false"},
+                "true: each target the caller may draw calls among carries its weight")
 PATTERN = query("pattern", {"type": "string", "maxLength": 200, "pattern": f"^(?:{AGENT_PATTERN[1:-1]})?$"},
                 "namespace.group.name with '*' wildcards within a segment (empty: no filter)")
 CAPABILITY = query("capability", {"type": "string"}, "Only agents with this capability (empty: no filter)")

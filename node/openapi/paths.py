@@ -15,6 +15,7 @@ from .operations import (
     PATTERN,
     ROUTABLE,
     TRACE_ID,
+    WEIGHTS,
     json_answer,
     operation,
     path_parameter,
@@ -121,7 +122,7 @@ def _routing() -> Paths:
         "/v1/resolve": {
             "post": operation("Route ticket",
                               {"200": json_answer("RouteTicket", "Call target; fail over to alternates")},
-                              body="RouteRequest", errors=(404,),
+                              body="RouteRequest", errors=(404,), parameters=[WEIGHTS],
                               notes={404: "No agent available (details.stages says why per stage)"}),
         },
         "/v1/credentials": {
