@@ -30,14 +30,7 @@ from .clock import now_ms
 from .console import install_console, is_console_path
 from .credentials import JWKS_PATH
 from .envelope import RouteEvent, RouteEventKind
-from .errors import (
-    BadRequest,
-    Forbidden,
-    NodeError,
-    PayloadTooLarge,
-    RateLimited,
-    ValidationFailed,
-)
+from .errors import BadRequest, Forbidden, NodeError, PayloadTooLarge, RateLimited, ValidationFailed
 from .http import (
     CALLER,
     NODE_KEY,
@@ -57,6 +50,7 @@ from .models import (
     CredentialRequest,
     Heartbeat,
     KeySet,
+    Load,
     OutcomeReport,
     OutcomeReports,
     Registration,
@@ -182,6 +176,11 @@ async def register(request: web.Request) -> web.Response:
 async def heartbeat(request: web.Request) -> web.Response:
     body = await parse_body(request, Heartbeat, allow_empty=True)
     return json_response(await _node(request).heartbeat(request.match_info["agent_id"], body, _caller(request)))
+
+
+async def report_load(request: web.Request) -> web.Response:
+    body = await parse_body(request, Load)
+    return json_response(await _node(request).report_load(request.match_info["agent_id"], body, _caller(request)))
 
 
 async def deregister(request: web.Request) -> web.Response:
@@ -429,6 +428,7 @@ def _scope(request: web.Request, *, default: Scope) -> Scope:
 ROUTES: tuple[web.RouteDef, ...] = (
     web.post("/v1/agents", register),
     web.put("/v1/agents/{agent_id}/heartbeat", heartbeat),
+    web.put("/v1/agents/{agent_id}/load", report_load),
     web.delete("/v1/agents/{agent_id}", deregister),
     web.get("/v1/agents/{agent_id}", get_agent),
     web.get("/v1/agents/{agent_id}/agent-card.json", v1_agent_card),

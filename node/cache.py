@@ -5,7 +5,8 @@ the federation replica for peer regions. ``RegionCache`` keeps one index current
 region's Redis (a :class:`~node.follower.StreamFollower`): it loads a snapshot, then
 ``XREAD BLOCK``s the change stream from the snapshot's version; a version gap (the capped
 stream was trimmed past us, an entry did not parse, or Redis was wiped) reloads the snapshot.
-Heartbeats that only move leases append nothing, so every ``lease_sync_interval_ms`` the cache
+Loads reported by heartbeats or load reports come over the region's load channel
+(``node.loads.LoadFeed``), not the stream. Heartbeats that only move leases append nothing, so every ``lease_sync_interval_ms`` the cache
 re-reads the leases it holds as ending within two intervals (ZMSCORE; an agent heartbeating
 through another replica is re-read about once per lease, not once per interval). Routing treats
 a lease as passed only against the start of the last successful sync — every lease that ended
@@ -24,10 +25,11 @@ from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from .clock import now_ms
-from .compact import compact
+from .compact import compact, shared_load
 from .errors import StoreUnavailable
 from .follower import FollowerState, StreamFollower
-from .models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
+from .loads import LoadFeed
+from .models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Load
 from .store import RegionStore
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,16 @@ class AgentIndex:
             self.by_capability.setdefault(capability.name, {})[record.agent_id] = record
         self._bump(record)
         return previous
+
+    def set_load(self, agent_id: str, load: Load) -> bool:
+        """Set the live load of a held record (in place: load is soft state, ``node.loads``); True
+        if it changed. Counts as a change of the agent for the readers of ``changes_since``."""
+        record = self.records.get(agent_id)
+        if record is None or record.load == load:
+            return False
+        record.__dict__["load"] = shared_load(load)
+        self._bump(record)
+        return True
 
     def remove(self, agent_id: str) -> AgentRecord | None:
         previous = self.records.pop(agent_id, None)
@@ -192,6 +204,7 @@ class RegionCache(StreamFollower[ChangeEvent]):
         self.preserve_min_agents = preserve_min_agents
         self.preserving = False
         self.lease_synced_at_ms = 0
+        self.loads = LoadFeed(store, self.index.set_load)
 
     def routable_now_ms(self) -> int:
         """Leases that ended before this instant are certainly over (see module docstring)."""
@@ -243,7 +256,8 @@ class RegionCache(StreamFollower[ChangeEvent]):
         return version < position or (version > position and (await self.store.first_change_version() or 0) > position + 1)
 
     def _background(self) -> dict[str, Coroutine[Any, Any, None]]:
-        return {f"cache-leases-{self.store.region}": self._sync_leases()}
+        return {f"cache-leases-{self.store.region}": self._sync_leases(),
+                f"cache-loads-{self.store.region}": self.loads.run()}
 
     def _apply_stream_event(self, event: ChangeEvent) -> bool:
         current = self.index.get(event.agent_id)

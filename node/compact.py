@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from .models import AgentRecord, Capability, Load
 
-__all__ = ["MAX_SHARED", "WrittenRecords", "compact"]
+__all__ = ["MAX_SHARED", "WrittenRecords", "compact", "shared_load"]
 
 MAX_SHARED = 100_000  # distinct capabilities / loads remembered; beyond it the tables start again
 
@@ -65,11 +65,15 @@ def compact(record: AgentRecord) -> AgentRecord:
     capabilities = record.capabilities
     for position, c in enumerate(capabilities):
         capabilities[position] = _shared(_capabilities, (c.name, c.version, c.description, *c.tags, "\0", *c.examples), c)
-    load = record.load
-    fields["load"] = _shared(_loads, (load.queued, load.inflight, load.rps), load)
+    fields["load"] = shared_load(record.load)
     fields["region"] = sys.intern(record.region)
     fields["transport"] = sys.intern(record.transport)
     return record
+
+
+def shared_load(load: Load) -> Load:
+    """The one instance of loads equal to ``load`` (``load`` itself the first time)."""
+    return _shared(_loads, (load.queued, load.inflight, load.rps), load)
 
 
 class WrittenRecords:

@@ -86,6 +86,8 @@ class NodeMetrics:
                                      registry=self.registry)
         self.heartbeats = Counter("agent_reach_heartbeats", "Heartbeats by effect",
                                   ["effect"], registry=self.registry).labels
+        self.load_reports = Counter("agent_reach_load_reports", "Load reports accepted (PUT …/load)",
+                                    registry=self.registry)
         self.deregistrations = Counter("agent_reach_deregistrations", "Deregistrations", registry=self.registry)
         self.reports = Counter("agent_reach_outcome_reports", "Outcome reports by outcome",
                                ["outcome"], registry=self.registry).labels

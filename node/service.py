@@ -48,6 +48,8 @@ from .models import (
     Heartbeat,
     HeartbeatResponse,
     IssuedCredential,
+    Load,
+    LoadReportResponse,
     OutcomeReport,
     RegisterResponse,
     Registration,
@@ -235,28 +237,43 @@ class RegistryNode:
         return response, created
 
     async def heartbeat(self, agent_id: str, heartbeat: Heartbeat, caller: TokenClaims) -> HeartbeatResponse:
+        """Renew the lease; a new status is a change of the record (a version, an event for
+        peers), a new load is not (``node.loads``: load stays home)."""
         authorize_agent(caller, agent_id)
         now = now_ms()
+        known = self.cache.index.get(agent_id)
+        load = heartbeat.load if heartbeat.load is not None and (known is None or heartbeat.load != known.load) else None
 
         def mutate(current: AgentRecord) -> AgentRecord | None:
-            update: dict[str, object] = {}
-            if heartbeat.status is not None and heartbeat.status != current.status:
-                update["status"] = heartbeat.status
-            if heartbeat.load is not None and heartbeat.load != current.load:
-                update["load"] = heartbeat.load
-            return current.model_copy(update=update) if update else None
+            if heartbeat.status is None or heartbeat.status == current.status:
+                return None
+            return current.model_copy(update={"status": heartbeat.status, "load": heartbeat.load or current.load})
 
-        result = await self.store.update(agent_id, mutate, at_ms=now, known=self.cache.index.get(agent_id),
-                                         renew_lease=True)
+        result = await self.store.update(agent_id, mutate, at_ms=now, known=known, renew_lease=True, load=load)
         if result.changed:
             self.cache.apply_local(ChangeEvent(kind=ChangeKind.STATUS, region=self.region,
                                                version=result.record.version, agent_id=agent_id, at_ms=now,
                                                record=result.record))
         else:
             self.cache.touch_lease(agent_id, result.record.lease_expires_at_ms)
-        self.metrics.heartbeats("changed" if result.changed else "lease").inc()
+        if load is not None:
+            self.cache.index.set_load(agent_id, load)
+        self.metrics.heartbeats("changed" if result.changed else "load" if load is not None else "lease").inc()
         return HeartbeatResponse(agent_id=agent_id, version=result.record.version,
                                  lease_expires_at_ms=result.record.lease_expires_at_ms, changed=result.changed)
+
+    async def report_load(self, agent_id: str, load: Load, caller: TokenClaims) -> LoadReportResponse:
+        """Store the load an agent reports between heartbeats: no lease moved, no version, no
+        stream entry (``node.loads``); 404 when its lease has passed."""
+        authorize_agent(caller, agent_id)
+        now = now_ms()
+        known = self.cache.index.get(agent_id)
+        # The same load again, on a lease this node knows to be running, needs no write.
+        if known is None or known.load != load or known.lease_expires_at_ms <= now:
+            await self.store.report_load(agent_id, load, at_ms=now)
+            self.cache.index.set_load(agent_id, load)
+        self.metrics.load_reports.inc()
+        return LoadReportResponse(agent_id=agent_id, at_ms=now)
 
     async def deregister(self, agent_id: str, caller: TokenClaims) -> int:
         authorize_agent(caller, agent_id)

@@ -8,6 +8,11 @@ the layout works on Redis Cluster)::
     {prefix}:{region}:version   STRING region version, bumped by every change
     {prefix}:{region}:changes   STREAM one entry per change, id "<version>-0", capped
     {prefix}:{region}:leader    STRING node id of the replica holding the singleton duties
+    {prefix}:{region}:loads     HASH   agent_id -> the load it reported last (JSON), since its record
+                                       was written; published on the channel of the same name
+
+Load is soft state and stays home: a report stores it and publishes it (``node.loads`` follows
+the channel on every replica) without a version or a stream entry, so it never travels to peers.
 
 Every mutation is ONE Lua script (``node.store_scripts``): bump the version, write the record,
 move the lease and append the change entry, so a change is in Redis and in the stream or
@@ -37,15 +42,16 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .batch import Coalescer
 from .clock import now_ms
 from .compact import WrittenRecords
-from .errors import Conflict, StoreUnavailable, UnknownAgent, first_problem
-from .models import AGENT_ID_RE, AgentRecord, ChangeEvent, ChangeKind, DeleteReason
+from .errors import Conflict, UnknownAgent, first_problem
+from .loads import parse_load
+from .models import AGENT_ID_RE, AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Load
 from .quarantine import RECORD, Quarantine
+from .redis_errors import RedisErrors
 from .store_scripts import ACQUIRE, DELETE, REGISTER, RELEASE, UPDATE
 
 DEFAULT_KEY_PREFIX = "ar"
@@ -105,9 +111,10 @@ class RegionStore:
         self.key_version = f"{base}:version"
         self.key_changes = f"{base}:changes"
         self.key_leader = f"{base}:leader"
+        self.key_loads = self.load_channel = f"{base}:loads"
         self.key_base = base
         self.change_stream_maxlen = change_stream_maxlen
-        self._mutation_keys = [self.key_agents, self.key_leases, self.key_version, self.key_changes]
+        self._mutation_keys = [self.key_agents, self.key_leases, self.key_version, self.key_changes, self.key_loads]
         self._register = redis.register_script(REGISTER)
         self._update = redis.register_script(UPDATE)
         self._registers: Coalescer[list[object], tuple[int, bool]] = Coalescer(
@@ -154,7 +161,8 @@ class RegionStore:
         return record.model_copy(update={"version": version}), created
 
     async def update(self, agent_id: str, mutate: Callable[[AgentRecord], AgentRecord | None], *,
-                     at_ms: int, known: AgentRecord | None = None, renew_lease: bool = False) -> HeartbeatResult:
+                     at_ms: int, known: AgentRecord | None = None, renew_lease: bool = False,
+                     load: Load | None = None) -> HeartbeatResult:
         """Change one record with optimistic concurrency.
 
         ``mutate`` gets the current record and returns the changed one, or ``None`` when
@@ -162,10 +170,12 @@ class RegionStore:
         ``known`` is the caller's best guess of the current record (saves a read); a
         concurrent change is detected by version and ``mutate`` is applied again to the
         fresh record. With ``renew_lease`` (a heartbeat) the lease must not have passed and
-        is moved to ``at_ms + lease_ttl_ms``. Raises :class:`UnknownAgent` when the agent is
+        is moved to ``at_ms + lease_ttl_ms``. A ``load`` is stored apart from the record (no
+        version, no stream entry; see the module docstring). Raises :class:`UnknownAgent` when the agent is
         not stored (or its lease has passed), :class:`Conflict` after repeated races.
         """
         current = known
+        load_json = "" if load is None else load.model_dump_json()
         for _ in range(_CAS_ATTEMPTS):
             if current is None:
                 current = await self.get(agent_id)
@@ -184,7 +194,7 @@ class RegionStore:
                 self._written.remember(agent_id, body, changed)
             outcome, value = await self._updates.submit(
                 [agent_id, expected, body, "" if lease_expires_at_ms is None else lease_expires_at_ms, at_ms,
-                 "1" if renew_lease else "0"])
+                 "1" if renew_lease else "0", load_json])
             if outcome == 0:
                 raise UnknownAgent(f"agent {agent_id} has no lease in region {self.region}: register again",
                                    field="agent_id")
@@ -199,19 +209,44 @@ class RegionStore:
                                    "(quarantined): register again", field="agent_id")
         raise Conflict(f"agent {agent_id} kept changing under concurrent updates; retry")
 
+    async def report_load(self, agent_id: str, load: Load, *, at_ms: int) -> None:
+        """Store the load an agent reports (its lease must not have passed; the lease is not
+        moved); raises :class:`UnknownAgent` otherwise."""
+        outcome, _ = await self._updates.submit([agent_id, "", "", "", at_ms, "1", load.model_dump_json()])
+        if outcome == 0:
+            raise UnknownAgent(f"agent {agent_id} has no lease in region {self.region}: register again",
+                               field="agent_id")
+
+    async def loads(self, agent_ids: list[str]) -> list[Load | None]:
+        """The loads reported since their records were written, one per agent (None: none)."""
+        async with self._translate():
+            raws = await self.redis.hmget(self.key_loads, agent_ids) if agent_ids else []
+        return [None if raw is None else parse_load(raw) for raw in raws]
+
+    async def all_loads(self) -> dict[str, Load]:
+        """Every load reported since its record was written, read in HSCAN chunks."""
+        loads: dict[str, Load] = {}
+        async with self._translate():
+            async for agent_id, raw in self.redis.hscan_iter(self.key_loads, count=_SNAPSHOT_CHUNK):
+                load = parse_load(raw)
+                if load is not None:
+                    loads[agent_id] = load
+        return loads
+
     async def _flush_registers(self, items: list[list[object]]) -> list[tuple[int, bool] | BaseException]:
         """One REGISTER call for a batch of ``[agent_id, body, lease expiry, at]``."""
         return [(int(version), bool(created)) for version, created in await self._run_batch(self._register, items)]
 
     async def _flush_updates(self, items: list[list[object]]) -> list[tuple[int, str] | BaseException]:
-        """One UPDATE call for a batch of ``[agent_id, expected, body, lease, at, require lease]``."""
+        """One UPDATE call for a batch of ``[agent_id, expected, body, lease, at, require lease, load]``."""
         return [(int(outcome), value) for outcome, value in await self._run_batch(self._update, items)]
 
     async def _run_batch(self, script: AsyncScript, items: list[list[object]]) -> list[tuple[object, object]]:
         """Run a batch script over ``items``; its flat reply as one pair per item."""
         async with self._translate():
             reply = await script(keys=self._mutation_keys,
-                                 args=[self.change_stream_maxlen, *(v for item in items for v in item)])
+                                 args=[self.change_stream_maxlen, self.load_channel,
+                                       *(v for item in items for v in item)])
         return list(zip(reply[::2], reply[1::2]))
 
     async def deregister(self, agent_id: str, *, at_ms: int,
@@ -242,10 +277,15 @@ class RegionStore:
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.hget(self.key_agents, agent_id)
                 pipe.zscore(self.key_leases, agent_id)
-                raw, lease = await pipe.execute()
+                pipe.hget(self.key_loads, agent_id)
+                raw, lease, raw_load = await pipe.execute()
         if raw is None:
             return None
-        return self._parse_record(agent_id, raw, lease_expires_at_ms=int(lease or 0))
+        record = self._parse_record(agent_id, raw, lease_expires_at_ms=int(lease or 0))
+        load = None if raw_load is None else parse_load(raw_load)
+        if record is not None and load is not None:
+            record.load = load
+        return record
 
     async def _read_region(self) -> tuple[int, dict[str, str], dict[str, int]]:
         """The region version, every stored record (raw) and every lease, in one MULTI/EXEC."""
@@ -276,9 +316,12 @@ class RegionStore:
                 cursor, raw_records = await self.redis.hscan(self.key_agents, cursor, count=chunk)
                 ids = list(raw_records)
                 leases = await self.redis.zmscore(self.key_leases, ids) if ids else []
-            for agent_id, lease in zip(ids, leases):
+            loads = await self.loads(ids)
+            for agent_id, lease, load in zip(ids, leases, loads):
                 record = self._parse_record(agent_id, raw_records[agent_id], lease_expires_at_ms=int(lease or 0))
                 if record is not None:
+                    if load is not None:
+                        record.load = load
                     records.append(record)
             if cursor == 0:
                 return SnapshotData(version=version, records=records)
@@ -455,27 +498,3 @@ def _first_problem(exc: Exception) -> str:
     if isinstance(exc, KeyError):
         return f"missing field {exc}"
     return str(exc)
-
-
-class RedisErrors:
-    """``async with RedisErrors(region):`` turns redis-py errors into :class:`StoreUnavailable`.
-
-    For every module that talks to a region's Redis (the store, the federation replica), so the
-    boundary translation is written once.
-    """
-
-    __slots__ = ("region",)
-
-    def __init__(self, region: str) -> None:
-        self.region = region
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
-        if exc is None or not isinstance(exc, RedisError):
-            return False
-        if isinstance(exc, ResponseError):
-            raise StoreUnavailable(f"Redis of region {self.region} refused a command: {exc}") from exc
-        raise StoreUnavailable(f"Redis of region {self.region} cannot be reached: {exc}") from exc
-

@@ -12,17 +12,19 @@ store registers the scripts.
 
 from __future__ import annotations
 
-# KEYS: agents, leases, version, changes. ARGV: stream maxlen, then per record 4 values: agent_id,
-# body (record JSON without version), lease expiry ms, now ms. Returns per record 2 values:
-# its version and 1 if the agent was not stored (decided here, so of concurrent first
-# registrations exactly one is new; the same agent twice in one batch: the first).
+# KEYS: agents, leases, version, changes, loads. ARGV: stream maxlen, the load channel, then per
+# record 4 values: agent_id, body (record JSON without version), lease expiry ms, now ms. Returns
+# per record 2 values: its version and 1 if the agent was not stored (decided here, so of
+# concurrent first registrations exactly one is new; the same agent twice in one batch: the
+# first). The registration's load is the record's: a load reported before it is dropped.
 REGISTER = """
 local out = {}
-for i = 2, #ARGV, 4 do
+for i = 3, #ARGV, 4 do
   local id = ARGV[i]
   local v = redis.call('INCR', KEYS[3])
   local rec = '{"version":' .. v .. ',' .. string.sub(ARGV[i + 1], 2)
   local created = redis.call('HSET', KEYS[1], id, rec)
+  redis.call('HDEL', KEYS[5], id)
   redis.call('ZADD', KEYS[2], ARGV[i + 2], id)
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[1], v .. '-0',
              'kind', 'upsert', 'agent_id', id, 'at', ARGV[i + 3], 'record', rec)
@@ -32,13 +34,16 @@ end
 return out
 """
 
-# KEYS: agents, leases, version, changes. ARGV: stream maxlen, then per update 6 values: agent_id,
-# expected version ('' = lease only), body, new lease expiry ms ('' = keep), now ms, require a
-# live lease ('1'/'0'). Returns per update 2 values: {0, ''} unknown (or its lease has passed),
-# {1, version} lease moved, {2, version} changed, {-1, current record} conflict.
+# KEYS: agents, leases, version, changes, loads. ARGV: stream maxlen, the load channel, then per
+# update 7 values: agent_id, expected version ('' = lease only), body, new lease expiry ms
+# ('' = keep), now ms, require a live lease ('1'/'0'), load JSON ('' = none). Returns per update
+# 2 values: {0, ''} unknown (or its lease has passed), {1, version} lease moved (and/or load
+# stored), {2, version} changed, {-1, current record} conflict. A load goes to the loads hash and,
+# one message per call ("agent_id load" lines), to the load channel: no version, no stream entry,
+# so nothing for the region's peers (it stays home).
 UPDATE = """
-local out = {}
-for i = 2, #ARGV, 6 do
+local out, loads = {}, {}
+for i = 3, #ARGV, 7 do
   local id, expected, body, lease, now = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local cur = redis.call('HGET', KEYS[1], id)
   if cur and ARGV[i + 5] == '1' then
@@ -49,6 +54,10 @@ for i = 2, #ARGV, 6 do
     out[#out + 1] = 0
     out[#out + 1] = ''
   else
+    if ARGV[i + 6] ~= '' then
+      redis.call('HSET', KEYS[5], id, ARGV[i + 6])
+      loads[#loads + 1] = id .. ' ' .. ARGV[i + 6]
+    end
     local cv = tonumber(string.match(cur, '^{"version":(%d+),'))
     if expected == '' then
       if lease ~= '' then redis.call('ZADD', KEYS[2], lease, id) end
@@ -69,10 +78,11 @@ for i = 2, #ARGV, 6 do
     end
   end
 end
+if #loads > 0 then redis.call('PUBLISH', ARGV[2], table.concat(loads, '\\n')) end
 return out
 """
 
-# KEYS: agents, leases, version, changes. ARGV: now ms, stream maxlen, reason, only-if-expired
+# KEYS: agents, leases, version, changes, loads. ARGV: now ms, stream maxlen, reason, only-if-expired
 # ('1'/'0'), agent ids... Returns a flat list {agent_id, version, ...} of the removed ones.
 # The tombstone keeps the record's allowed_callers (its JSON array: caller patterns hold no
 # brackets), so watchers who could not see the agent do not see it go either.
@@ -89,6 +99,7 @@ for i = 5, #ARGV do
   if rec then
     local acl = string.match(rec, '"allowed_callers":(%b[])') or '[]'
     redis.call('HDEL', KEYS[1], id)
+    redis.call('HDEL', KEYS[5], id)
     redis.call('ZREM', KEYS[2], id)
     local v = redis.call('INCR', KEYS[3])
     redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], v .. '-0',

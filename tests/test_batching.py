@@ -114,7 +114,10 @@ async def test_concurrent_http_heartbeats_keep_every_per_request_answer(node_fac
     own = {agent_id: node.token(agent_id) for agent_id in agents}
     calls = []
     for n, agent_id in enumerate(agents):
-        body = {"load": {"inflight": n, "queued": 0, "rps": 1.0}} if n % 2 else {}
+        # Even: the lease only; odd: a new load (no change of the record); 3 mod 4: and a new status.
+        body: dict[str, object] = {"load": {"inflight": n, "queued": 0, "rps": 1.0}} if n % 2 else {}
+        if n % 4 == 3:
+            body["status"] = "busy"
         calls.append(beat(agent_id, own[agent_id], body))
     calls += [
         beat("bat.http.a0", own["bat.http.a1"], {}),                      # a foreign agent's token
@@ -126,7 +129,7 @@ async def test_concurrent_http_heartbeats_keep_every_per_request_answer(node_fac
     results = await asyncio.gather(*calls)
     for n, (status, body) in enumerate(results[:len(agents)]):
         assert status == 200, body
-        assert body["agent_id"] == agents[n] and body["changed"] is bool(n % 2)
+        assert body["agent_id"] == agents[n] and body["changed"] is (n % 4 == 3)
     foreign, lapsed, unknown, bad, caller = results[len(agents):]
     assert foreign[0] == 403 and foreign[1]["field"] == "agent_id"
     assert lapsed[0] == 404 and lapsed[1]["error"] == "unknown_agent"
@@ -140,6 +143,9 @@ async def test_concurrent_http_heartbeats_keep_every_per_request_answer(node_fac
     for n, agent_id in enumerate(agents):
         status, record = await node.call("GET", f"/v1/agents/{agent_id}")
         assert status == 200 and record["load"]["inflight"] == (n if n % 2 else 0)
+        assert record["status"] == ("busy" if n % 4 == 3 else "ready")
+        stored = await store.get(agent_id)
+        assert stored is not None and stored.load.inflight == (n if n % 2 else 0)
 
 
 @pytest.mark.unit

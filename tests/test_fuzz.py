@@ -122,6 +122,7 @@ REFUSALS: dict[str, tuple[Refusal, ...]] = {
     "GET /v1/agents/{agent_id}/decisions": (_UNKNOWN_AGENT,),
     "DELETE /v1/agents/{agent_id}": (_UNKNOWN_AGENT,),
     "PUT /v1/agents/{agent_id}/heartbeat": (_UNKNOWN_AGENT,),
+    "PUT /v1/agents/{agent_id}/load": (_UNKNOWN_AGENT,),
     "POST /v1/resolve": (Refusal(404, frozenset({"no_agent_available"}), "nobody offers what is asked for"),),
     "POST /v1/reports": (Refusal(403, frozenset({"invalid_ticket"}), "the signature is no ticket of this cluster"),),
     "POST /v1/credentials": (Refusal(403, frozenset({"invalid_ticket"}),
@@ -136,6 +137,7 @@ REFUSALS: dict[str, tuple[Refusal, ...]] = {
 }
 # Operations whose JSON bodies have integers or URLs (see _only_whole_floats_refused, deliverable).
 INTEGER_BODIES = frozenset({"POST /v1/agents", "POST /v1/agent-cards", "PUT /v1/agents/{agent_id}/heartbeat",
+                            "PUT /v1/agents/{agent_id}/load",
                             "POST /v1/resolve", "POST /v1/reports", "POST /v1/send", "POST /v1/traces",
                             "POST /v1/admin/tokens/revoke"})
 # Routes whose answer to a valid request is a redirect (to the console's page).
@@ -146,7 +148,7 @@ REGISTERING = ("POST /v1/agents", "POST /v1/agent-cards")
 # Run again with the agents registered so far; deregistration last.
 ON_ONE_AGENT = ("GET /v1/agents/{agent_id}", "GET /v1/agents/{agent_id}/agent-card.json",
                 "GET /agents/{agent_id}/.well-known/agent-card.json",
-                "PUT /v1/agents/{agent_id}/heartbeat", "DELETE /v1/agents/{agent_id}")
+                "PUT /v1/agents/{agent_id}/heartbeat", "PUT /v1/agents/{agent_id}/load", "DELETE /v1/agents/{agent_id}")
 
 
 def refusal_reason(case: schemathesis.Case, response: schemathesis.Response) -> str | None:

@@ -105,6 +105,9 @@ class ClientSettings(_Settings):
                                              description="Give up registering after this long; None = keep trying.")
     heartbeat_interval_ms: int | None = Field(default=None, ge=50,
                                               description="None = what the node says (lease_ttl / 3).")
+    load_report_interval_ms: int | None = Field(
+        default=None, ge=100, description="With a load callback: report load this often between heartbeats "
+        "(PUT …/load, only when it changed; it stays in the region). None = load goes with heartbeats only.")
     heartbeat_in_thread: bool = Field(default=True, description="Heartbeats on their own thread and event loop, "
                                       "so a handler that blocks the caller's loop cannot starve them.")
     report_outcomes: bool = True

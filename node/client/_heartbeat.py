@@ -2,7 +2,9 @@
 
 On a thread, with its own event loop and HTTP session, they survive an agent handler that blocks
 the caller's loop; the ``load`` callback then runs on that thread, so it must be thread-safe.
-``unknown_agent`` (the lease lapsed) re-registers from the same thread.
+``unknown_agent`` (the lease lapsed) re-registers from the same thread. With ``load_interval_s``
+the loop also reports load between heartbeats (``PUT …/load``, only when it changed): load that
+is fresh every second costs no lease write and no event for other regions.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class HeartbeatStats:
     sent: int = 0
     failed: int = 0
     reregistered: int = 0
+    load_reports: int = 0
     last_sent_at: float | None = None
     last_error: str | None = None
     thread_name: str | None = None
@@ -62,7 +65,8 @@ class Heartbeater:
 
     def __init__(self, *, base_url: str, token: str, agent_id: str, reregister: Reregister, interval_s: float,
                  node_timeout_s: float, policy: RetryPolicy, load: LoadCallback | None,
-                 status: Callable[[], Status | None], rng: random.Random) -> None:
+                 status: Callable[[], Status | None], rng: random.Random,
+                 load_interval_s: float | None = None) -> None:
         self.base_url = base_url
         self.token = token
         self.agent_id = agent_id
@@ -71,7 +75,9 @@ class Heartbeater:
         self.node_timeout_s = node_timeout_s
         self.retry_policy = policy
         self.load = load
+        self.load_interval_s = load_interval_s if load is not None and load_interval_s else None
         self.status = status
+        self._sent_load: Load | None = None
         self.rng = random.Random(rng.random())  # its own stream: the thread must not share the caller's RNG
         self.stats = HeartbeatStats()
         self.state = HeartbeatState.NEW
@@ -148,10 +154,15 @@ class Heartbeater:
         async with aiohttp.ClientSession() as session:
             api = NodeApi(session, self.base_url, self.token, timeout_s=self.node_timeout_s)
             failures = 0
+            beat_due = 0.0  # time.monotonic() at which the next heartbeat is due
             while not self._stop.is_set():
                 wait_s = self.interval_s
                 try:
-                    await self._beat(api)
+                    if time.monotonic() >= beat_due:
+                        await self._beat(api)
+                        beat_due = time.monotonic() + self.interval_s
+                    else:
+                        await self._report_load(api)
                     failures = 0
                 except asyncio.CancelledError:
                     raise
@@ -167,10 +178,14 @@ class Heartbeater:
                     self.stats.failed += 1
                     self.stats.last_error = repr(exc)
                     log.exception("heartbeat of %s failed unexpectedly", self.agent_id)
-                await self._pause(wait_s)
+                if self.load_interval_s is not None:
+                    wait_s = min(wait_s, self.load_interval_s, max(0.0, beat_due - time.monotonic()))
+                if await self._pause(wait_s):
+                    beat_due = 0.0  # woken: a status to push now
         self.state = HeartbeatState.STOPPED
 
-    async def _pause(self, seconds: float) -> None:
+    async def _pause(self, seconds: float) -> bool:
+        """Wait ``seconds``, or less if stopped or woken; True if woken."""
         if self._stop is None or self._wake is None:
             raise RuntimeError("the heartbeat loop is not running")
         stop = asyncio.ensure_future(self._stop.wait())
@@ -180,15 +195,19 @@ class Heartbeater:
         finally:
             stop.cancel()
             wake.cancel()
+        woken = self._wake.is_set()
         self._wake.clear()
+        return woken
 
     async def _beat(self, api: NodeApi) -> None:
         beat = Heartbeat(status=self.status(), load=self._current_load())
         try:
             await api.heartbeat(self.agent_id, beat)
+            self._sent_load = beat.load
         except UnknownAgent:
             # The lease lapsed (a partition, a paused process, a node that lost Redis): come back.
             response = await self.reregister(api, self.status())
+            self._sent_load = None  # a registration starts from no load: report it again
             self.stats.reregistered += 1
             if response.heartbeat_interval_ms:
                 self.interval_s = min(self.interval_s, response.heartbeat_interval_ms / 1000)
@@ -197,6 +216,20 @@ class Heartbeater:
         self.stats.sent += 1
         self.stats.last_sent_at = time.monotonic()
         self.stats.last_error = None
+
+    async def _report_load(self, api: NodeApi) -> None:
+        """Report the load if it changed since it was last sent; a lapsed lease heartbeats (and so
+        registers again) at once."""
+        load = self._current_load()
+        if load is None or load == self._sent_load:
+            return
+        try:
+            await api.report_load(self.agent_id, load)
+        except UnknownAgent:
+            await self._beat(api)
+            return
+        self._sent_load = load
+        self.stats.load_reports += 1
 
     def _current_load(self) -> Load | None:
         if self.load is None:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..a2a import CardRegistration
 from ..envelope import Envelope, SendAccepted, looks_like_envelope
-from ..models import CredentialRequest, Heartbeat, IssuedCredential, RegisterResponse, Registration
+from ..models import CredentialRequest, Heartbeat, IssuedCredential, Load, RegisterResponse, Registration
 from ._errors import NodeUnreachable, node_error
 
 
@@ -80,6 +80,9 @@ class NodeApi:
 
     async def heartbeat(self, agent_id: str, heartbeat: Heartbeat) -> None:
         await self.request("PUT", f"/v1/agents/{quote(agent_id)}/heartbeat", heartbeat)
+
+    async def report_load(self, agent_id: str, load: Load) -> None:
+        await self.request("PUT", f"/v1/agents/{quote(agent_id)}/load", load)
 
     async def deregister(self, agent_id: str) -> None:
         await self.request("DELETE", f"/v1/agents/{quote(agent_id)}")

@@ -193,7 +193,8 @@ class ReachClient:
             self._heartbeater = Heartbeater(
                 base_url=self.node_url, token=self.token, agent_id=agent_id, reregister=self._register_on,
                 interval_s=interval_ms / 1000, node_timeout_s=min(self.settings.node_timeout_ms, interval_ms) / 1000,
-                policy=self.retry_policy, load=self.load, status=lambda: self._status, rng=self.rng)
+                policy=self.retry_policy, load=self.load, status=lambda: self._status, rng=self.rng,
+                load_interval_s=(self.settings.load_report_interval_ms or 0) / 1000 or None)
             if self.settings.heartbeat_in_thread:
                 self._heartbeater.start_thread()
             else:

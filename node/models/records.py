@@ -214,7 +214,15 @@ class HeartbeatResponse(Strict):
     agent_id: AgentId
     version: int
     lease_expires_at_ms: int
-    changed: bool
+    changed: bool = Field(description="The record changed (a new status): a new version, an event for peers. "
+                                      "A new load alone is no change (it stays in the region).")
+
+
+class LoadReportResponse(Strict):
+    """Answer to ``PUT /v1/agents/{agent_id}/load``: the load is stored (no lease moved)."""
+
+    agent_id: AgentId
+    at_ms: int
 
 
 class AgentList(Strict):

@@ -21,6 +21,8 @@ from ..models import (
     HeartbeatResponse,
     IssuedCredential,
     KeySet,
+    Load,
+    LoadReportResponse,
     OutcomeReport,
     OutcomeReports,
     RegisterResponse,
@@ -53,7 +55,7 @@ from .shapes import (
 from .watch_events import WatchHello, WatchOverflow, WatchRevoked, watch_event_schema
 
 _MODELS: list[type[BaseModel]] = [
-    Registration, RegisterResponse, Heartbeat, HeartbeatResponse, AgentRecord, AgentList, RouteRequest,
+    Registration, RegisterResponse, Heartbeat, HeartbeatResponse, Load, LoadReportResponse, AgentRecord, AgentList, RouteRequest,
     RouteTicket, OutcomeReport, OutcomeReports, Snapshot, ErrorBody, SearchResponse, CardRegistration, Envelope,
     SendAccepted, RouteEvents, Trace, Policy, ChangeEvent, Deregistered, Accepted, Regions, QuarantineList,
     VectorRequest, VectorResponse, FederationStatus, ExportedAgentCard, Health, Ready, Unready, WatchHello,

@@ -69,13 +69,7 @@ def _agents() -> Paths:
                                 errors=(403, 404, 503), parameters=[AGENT_ID],
                                 notes={404: "The agent is not registered in this region"}),
         },
-        "/v1/agents/{agent_id}/heartbeat": {
-            "put": operation("Renew the lease; report status and load",
-                             {"200": json_answer("HeartbeatResponse", "The lease was renewed")},
-                             body="Heartbeat", body_required=False, errors=(403, 404, 409, 503),
-                             parameters=[AGENT_ID],
-                             notes={404: "The agent has no lease in this region: register again"}),
-        },
+        **_leases(),
         "/v1/agents/{agent_id}/agent-card.json": {
             "get": operation("The agent as an A2A Agent Card (v1.0), as at /agents/{agent_id}" + AGENT_CARD_PATH,
                              {"200": json_answer("ExportedAgentCard", "The card")}, errors=agent_lookup,
@@ -114,6 +108,25 @@ def _agents() -> Paths:
 def _optional_token(entry: Schema) -> Schema:
     """An operation served with or without a bearer token (what it answers depends on which)."""
     return {**entry, "security": [{}, {"bearer": []}]}
+
+
+def _leases() -> Paths:
+    """Heartbeats and load reports."""
+    return {
+        "/v1/agents/{agent_id}/heartbeat": {
+            "put": operation("Renew the lease; report status and load",
+                             {"200": json_answer("HeartbeatResponse", "The lease was renewed")},
+                             body="Heartbeat", body_required=False, errors=(403, 404, 409, 503),
+                             parameters=[AGENT_ID],
+                             notes={404: "The agent has no lease in this region: register again"}),
+        },
+        "/v1/agents/{agent_id}/load": {
+            "put": operation("Report load between heartbeats (stays in this region: no version, no peer event)",
+                             {"200": json_answer("LoadReportResponse", "The load was stored; the lease was not moved")},
+                             body="Load", errors=(403, 404, 503), parameters=[AGENT_ID],
+                             notes={404: "The agent has no lease in this region: register again"}),
+        },
+    }
 
 
 def _routing() -> Paths:
