@@ -10,10 +10,12 @@ from .antientropy import AntiEntropy, AntiEntropyStats
 from .config import (
     DEFAULT_BEACON_INTERVAL_MS,
     DEFAULT_STALE_AFTER_MS,
+    DEFAULT_SUMMARY_INTERVAL_MS,
     DEFAULT_TOPIC_PREFIX,
     FederationConfig,
     PeerConfig,
     beacon_topic_name,
+    summary_topic_name,
     topic_name,
 )
 from .consumer import Consumer, ConsumerState, ConsumerStats
@@ -24,14 +26,17 @@ from .events import (
     CHANGE_CONTENT_TYPE,
     CONTENT_TYPE_HEADER,
     SCHEMA_VERSION,
+    SUMMARY_CONTENT_TYPE,
     FederationMessage,
     RegionBeacon,
 )
+from .forward import Forwarder
 from .keys import PeerKeys
 from .publisher import Publisher, PublisherState, PublisherStats
 from .replica import CatalogState, PeerCatalog, PeerReplica
 from .replica_store import ReplicaStore
 from .service import STATUS_PATH, Federation
+from .summary import SummaryBuilder, SummaryPublisher, SummaryReader, summary_parts
 
 __all__ = [
     "Federation",
@@ -39,6 +44,11 @@ __all__ = [
     "PeerConfig",
     "PeerCatalog",
     "PeerKeys",
+    "Forwarder",
+    "SummaryBuilder",
+    "SummaryPublisher",
+    "SummaryReader",
+    "summary_parts",
     "PeerReplica",
     "CatalogState",
     "ReplicaStore",
@@ -59,6 +69,9 @@ __all__ = [
     "read_region_state",
     "topic_name",
     "beacon_topic_name",
+    "summary_topic_name",
+    "SUMMARY_CONTENT_TYPE",
+    "DEFAULT_SUMMARY_INTERVAL_MS",
     "SCHEMA_VERSION",
     "CONTENT_TYPE_HEADER",
     "CHANGE_CONTENT_TYPE",

@@ -85,7 +85,10 @@ class AntiEntropy:
             self._session = None
 
     def request(self, peer: str, reason: str) -> None:
-        """Ask for a reconcile of ``peer`` (coalesced with any pending request)."""
+        """Ask for a reconcile of ``peer`` (coalesced with any pending request); a summary-only
+        peer (beyond ``replicate_depth``) has no replica to reconcile and is skipped."""
+        if not self.config.replicates(peer):
+            return
         if peer not in self._pending:
             log.info("region %s: anti-entropy with %s requested: %s", self.config.region, peer, reason)
         self._pending.setdefault(peer, reason)

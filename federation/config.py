@@ -23,6 +23,8 @@ DEFAULT_ANTI_ENTROPY_MIN_INTERVAL_MS = 1_000
 DEFAULT_FEED_MAXLEN = 100_000
 DEFAULT_FEED_BLOCK_MS = 1_000
 DEFAULT_KEY_REFRESH_INTERVAL_MS = 60_000
+DEFAULT_SUMMARY_INTERVAL_MS = 1_000
+DEFAULT_FORWARD_TIMEOUT_MS = 1_000
 TOPIC_PREFIX_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
 
 
@@ -61,6 +63,13 @@ class FederationConfig(BaseModel):
     key_refresh_interval_ms: int = Field(default=DEFAULT_KEY_REFRESH_INTERVAL_MS, ge=100,
                                          description="How often the peers' public signing keys are fetched again "
                                                      "(an unknown kid is fetched at once).")
+    summary_interval_ms: int = Field(default=DEFAULT_SUMMARY_INTERVAL_MS, ge=100,
+                                     description="How often the leader sends its region's per-capability summary.")
+    replicate_depth: int | None = Field(default=None, ge=0,
+                                        description="Full records are kept for the first this many peers (nearest "
+                                                    "first), summaries only for the rest; None = every peer.")
+    forward_timeout_ms: int = Field(default=DEFAULT_FORWARD_TIMEOUT_MS, ge=50, le=60_000,
+                                    description="Deadline of a lookup forwarded to a summary-only peer's node.")
 
     @model_validator(mode="after")
     def _check(self) -> FederationConfig:
@@ -81,6 +90,19 @@ class FederationConfig(BaseModel):
         """The beacon topic of ``region``: ``{topic_prefix}.beacons.{region}``."""
         return beacon_topic_name(self.topic_prefix, region)
 
+    def summary_topic(self, region: str) -> str:
+        """The summary topic of ``region``: ``{topic_prefix}.summaries.{region}``."""
+        return summary_topic_name(self.topic_prefix, region)
+
+    @property
+    def replicated_peers(self) -> list[PeerConfig]:
+        """The peers whose full records this region keeps (the first ``replicate_depth``)."""
+        return self.peers if self.replicate_depth is None else self.peers[:self.replicate_depth]
+
+    def replicates(self, region: str) -> bool:
+        """Whether this region keeps ``region``'s full records (else only its summaries)."""
+        return any(peer.region == region for peer in self.replicated_peers)
+
     def peer(self, region: str) -> PeerConfig:
         for peer in self.peers:
             if peer.region == region:
@@ -94,3 +116,7 @@ def topic_name(prefix: str, region: str) -> str:
 
 def beacon_topic_name(prefix: str, region: str) -> str:
     return f"{prefix}.beacons.{region}"
+
+
+def summary_topic_name(prefix: str, region: str) -> str:
+    return f"{prefix}.summaries.{region}"

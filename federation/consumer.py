@@ -104,7 +104,9 @@ class Consumer:
         self.anti_entropy = anti_entropy
         self.state = ConsumerState.IDLE
         self.stats = ConsumerStats()
-        self.partitions = {TopicPartition(config.topic(peer.region), PARTITION): peer.region for peer in config.peers}
+        # Change topics of the replicated peers only: a summary-only peer's beacons still say it is alive.
+        self.partitions = {TopicPartition(config.topic(peer.region), PARTITION): peer.region
+                           for peer in config.replicated_peers}
         self.beacon_partitions = {TopicPartition(config.beacon_topic(peer.region), PARTITION): peer.region
                                   for peer in config.peers}
         self.change_partition = {peer: partition for partition, peer in self.partitions.items()}
@@ -146,7 +148,7 @@ class Consumer:
                 self._backoff_ms = min(self.config.max_backoff_ms, self._backoff_ms * 2)
 
     async def _session(self) -> None:
-        if not self.partitions:
+        if not self.beacon_partitions:
             await asyncio.Event().wait()  # a region without peers has nothing to read
         self.state = ConsumerState.CONNECTING
         assigned = [*self.partitions, *self.beacon_partitions]
@@ -249,6 +251,9 @@ class Consumer:
             pending = self._pending.get(peer)
             if _replayed(beacon, replica.beacon) or (pending is not None and _replayed(beacon, pending.beacon)):
                 continue
+            if peer not in self.change_partition:  # summary-only: nothing to check the beacon against
+                await self._commit(peer, None, [message], next_offset=0)
+                continue
             if beacon.watermark > replica.seen_version:
                 self._pending[peer] = _Pending(beacon, pending.since_s if pending is not None else time.monotonic())
                 continue
@@ -306,12 +311,13 @@ class Consumer:
         self.stats.invalid += 1
         self.replica_store.quarantine.add("kafka", f"{partition.topic}@{record.offset}", exc)
 
-    async def _commit(self, peer: str, partition: TopicPartition, messages: list[FederationMessage], *,
+    async def _commit(self, peer: str, partition: TopicPartition | None, messages: list[FederationMessage], *,
                       next_offset: int) -> None:
         at = now_ms()
-        result = await self.replica_store.apply(peer, messages, now_ms=at,
-                                                offset=(self.offset_name(partition), next_offset))
-        self.next_offsets[partition] = next_offset
+        offset = (self.offset_name(partition), next_offset) if partition is not None else None
+        result = await self.replica_store.apply(peer, messages, now_ms=at, offset=offset)
+        if partition is not None:
+            self.next_offsets[partition] = next_offset
         applied = [messages[number - 1] for number in result.applied]
         changes = [message.change for message in applied if message.change is not None]
         if changes:

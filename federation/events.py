@@ -11,6 +11,10 @@ third-party consumers):
 * ``{prefix}.beacons.{region}``: the region's beacons, key = the region (a compacted topic keeps
   the latest), value = a :class:`FederationMessage` carrying a ``beacon``. A beacon for watermark
   ``W`` is sent only once every change up to ``W`` was acknowledged on the change topic.
+* ``{prefix}.summaries.{region}``: the region's per-capability summaries
+  (:class:`node.models.RegionSummary`), key = ``{region}/{part}``, value = a
+  :class:`FederationMessage` carrying a ``summary``; one generation may be split into parts, each
+  well under a Kafka message's 1 MB, and a reader applies a generation once all its parts arrived.
 
 Every value carries ``schema_version`` (:data:`SCHEMA_VERSION`; values written before it existed
 read as version 1, the same shape) and every record with a value a ``content-type`` header
@@ -27,7 +31,7 @@ import orjson
 from pydantic import Field, ValidationError, model_validator
 
 from node.errors import first_problem
-from node.models import ChangeEvent, Region, Strict
+from node.models import ChangeEvent, Region, RegionSummary, Strict
 
 from .errors import InvalidMessage, NewerSchema
 
@@ -35,6 +39,7 @@ SCHEMA_VERSION = 2  # 1: no schema_version field, beacons on the change topic; 2
 CONTENT_TYPE_HEADER = "content-type"
 CHANGE_CONTENT_TYPE = f"application/vnd.agent-reach.change+json; version={SCHEMA_VERSION}"
 BEACON_CONTENT_TYPE = f"application/vnd.agent-reach.beacon+json; version={SCHEMA_VERSION}"
+SUMMARY_CONTENT_TYPE = f"application/vnd.agent-reach.summary+json; version={SCHEMA_VERSION}"
 
 
 class RegionBeacon(Strict):
@@ -55,11 +60,16 @@ class RegionBeacon(Strict):
 
 
 class FederationMessage(Strict):
-    """One record's value: exactly one of ``change`` or ``beacon``, and the schema version."""
+    """One record's value: exactly one of ``change``, ``beacon`` or ``summary``, and the schema version.
+
+    ``summary`` is a kind added within schema version 2: it travels only on the summary topic,
+    which readers of the change and beacon topics never fetch, so their layout is unchanged.
+    """
 
     schema_version: int = Field(default=1, ge=1, description="The value's layout (SCHEMA_VERSION when written).")
     change: ChangeEvent | None = None
     beacon: RegionBeacon | None = None
+    summary: RegionSummary | None = None
 
     @classmethod
     def of_change(cls, event: ChangeEvent) -> FederationMessage:
@@ -69,22 +79,35 @@ class FederationMessage(Strict):
     def of_beacon(cls, beacon: RegionBeacon) -> FederationMessage:
         return cls(schema_version=SCHEMA_VERSION, beacon=beacon)
 
+    @classmethod
+    def of_summary(cls, summary: RegionSummary) -> FederationMessage:
+        return cls(schema_version=SCHEMA_VERSION, summary=summary)
+
     @model_validator(mode="after")
     def _exactly_one(self) -> FederationMessage:
-        if (self.change is None) == (self.beacon is None):
-            raise ValueError("a federation message carries exactly one of 'change' or 'beacon'")
+        if sum(kind is not None for kind in (self.change, self.beacon, self.summary)) != 1:
+            raise ValueError("a federation message carries exactly one of 'change', 'beacon' or 'summary'")
         return self
 
     @property
     def region(self) -> str:
-        return self.change.region if self.change is not None else self.beacon.region  # type: ignore[union-attr]
+        if self.change is not None:
+            return self.change.region
+        return self.beacon.region if self.beacon is not None else self.summary.region  # type: ignore[union-attr]
 
     def key(self) -> bytes:
-        """The record key: the agent_id of a change, the region of a beacon."""
-        return (self.change.agent_id if self.change is not None else self.region).encode()
+        """The record key: the agent_id of a change, the region of a beacon, ``{region}/{part}`` of a summary."""
+        if self.change is not None:
+            return self.change.agent_id.encode()
+        if self.summary is not None:
+            return f"{self.region}/{self.summary.part}".encode()
+        return self.region.encode()
 
     def headers(self) -> list[tuple[str, bytes]]:
-        content_type = CHANGE_CONTENT_TYPE if self.change is not None else BEACON_CONTENT_TYPE
+        if self.change is not None:
+            content_type = CHANGE_CONTENT_TYPE
+        else:
+            content_type = BEACON_CONTENT_TYPE if self.beacon is not None else SUMMARY_CONTENT_TYPE
         return [(CONTENT_TYPE_HEADER, content_type.encode())]
 
     def encode(self) -> bytes:

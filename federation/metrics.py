@@ -4,6 +4,8 @@ What ``GET /v1/federation/status`` says as JSON, as metrics on the node's regist
 ``region``, and ``peer`` for what is per peer):
 
 * per peer, on every replica: ``agent_reach_federation_peer_stale``, ``_beacon_age_seconds``,
+  ``_capabilities_age_seconds`` (age of the peer's latest complete per-capability summary, by
+  its clock; "summary" is a metric type, so it is not in the name),
   ``_versions_behind`` (the peer's last beacon watermark minus the version the replica read),
   ``_peer_agents``, ``_anti_entropy_runs_total``;
 * per peer, on the leader (the consumer runs there): ``_consumer_lag_events`` (records on the
@@ -77,9 +79,13 @@ class FederationCollector(Collector):
         lag_seconds = GaugeMetricFamily("agent_reach_federation_consumer_lag_seconds", "0 when the replica of "
                                         "the peer is caught up, else how long ago the newest change read happened "
                                         "at the peer (leader)", labels=_PEER)
+        summary_age = GaugeMetricFamily("agent_reach_federation_capabilities_age_seconds", "Age of the peer's latest "
+                                        "complete summary (its send time, by its clock)", labels=_PEER)
         if with_samples:
             for replica in federation.catalog.peers():
                 labels = [region, replica.region]
+                if replica.latest_summary is not None:
+                    summary_age.add_metric(labels, max(0, now - replica.latest_summary.sent_at_ms) / 1000)
                 beacon = replica.beacon
                 stale.add_metric(labels, float(replica.stale))
                 agents.add_metric(labels, len(replica.index))
@@ -97,7 +103,7 @@ class FederationCollector(Collector):
                 newest = consumer.last_change_at_ms.get(replica.region)
                 caught_up = lag == 0 and not versions
                 lag_seconds.add_metric(labels, 0.0 if caught_up or newest is None else max(0, now - newest) / 1000)
-        return [stale, age, behind, agents, runs, lag_events, lag_seconds]
+        return [stale, age, summary_age, behind, agents, runs, lag_events, lag_seconds]
 
     def _publisher_families(self, with_samples: bool) -> list[Metric]:
         publisher, region = self._federation.publisher, [self._federation.config.region]

@@ -22,7 +22,7 @@ region (the node's watch hub, the semantic index) — synchronously, so listener
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from pydantic import ValidationError
 
@@ -30,7 +30,7 @@ from node.cache import AgentIndex
 from node.clock import now_ms
 from node.errors import first_problem
 from node.follower import FollowerState, StreamFollower
-from node.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
+from node.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason, SummaryView
 
 from .digest import digest_hex, entry_hash
 from .events import RegionBeacon
@@ -40,9 +40,13 @@ from .replica_store import FeedEntry, PeerState, ReplicaStore, shielded_read
 class PeerReplica:
     """One peer region: its agents, how far this region has read, and how fresh that is."""
 
-    def __init__(self, region: str, *, stale_after_ms: int) -> None:
+    def __init__(self, region: str, *, stale_after_ms: int, replicated: bool = True) -> None:
         self.region = region
         self.index = AgentIndex(region)
+        # False: a summary-only peer (beyond the replicate depth): no records, lookups are forwarded.
+        self.replicated = replicated
+        self.latest_summary: SummaryView | None = None
+        self.summary_received_at_ms = 0
         self.stale_after_ms = stale_after_ms
         self.versions: dict[str, int] = {}
         self.floor = 0
@@ -59,6 +63,18 @@ class PeerReplica:
     def stale(self) -> bool:
         """True when nothing was heard from the peer for ``stale_after_ms`` (or ever)."""
         return self.heard_at_ms == 0 or now_ms() - self.heard_at_ms > self.stale_after_ms
+
+    @property
+    def summary(self) -> SummaryView | None:
+        """The latest complete summary, unless it arrived longer than ``stale_after_ms`` ago."""
+        if self.latest_summary is None or now_ms() - self.summary_received_at_ms > self.stale_after_ms:
+            return None
+        return self.latest_summary
+
+    def set_summary(self, summary: SummaryView, *, received_at_ms: int) -> None:
+        """The peer's latest complete summary (``federation.summary``)."""
+        self.latest_summary = summary
+        self.summary_received_at_ms = received_at_ms
 
     # -- state -------------------------------------------------------------------------------
 
@@ -122,9 +138,10 @@ class PeerReplica:
 
     def replace(self, state: PeerState) -> list[ChangeEvent]:
         """Swap in the state loaded from Redis; returns the changes from the old view to the new."""
-        changes = self.index.replace_all(state.records, state.seen)
+        records = state.records if self.replicated else []  # left over from a deeper replicate_depth
+        changes = self.index.replace_all(records, state.seen)
         self._digest = 0
-        for record in state.records:
+        for record in records:
             self._digest ^= entry_hash(record.agent_id, record.version)
         self.versions = dict(state.versions)
         self.floor = state.floor
@@ -154,7 +171,19 @@ class PeerReplica:
             "in_sync": self.in_sync,
             "anti_entropy_runs": self.anti_entropy_runs,
             "reconciled_at_ms": self.reconciled_at_ms or None,
+            "replicated": self.replicated,
+            "summary": self._describe_summary(now),
         }
+
+    def _describe_summary(self, now: int) -> dict[str, object] | None:
+        summary = self.latest_summary
+        if summary is None:
+            return None
+        return {"fresh": self.summary is not None, "received_age_ms": max(0, now - self.summary_received_at_ms),
+                "age_ms": max(0, now - summary.sent_at_ms), "generation": summary.generation,
+                "watermark": summary.watermark, "agents": summary.agents,
+                "capabilities": {name: capability.model_dump(exclude={"name"})
+                                 for name, capability in sorted(summary.capabilities.items())}}
 
     def _put(self, record: AgentRecord) -> None:
         previous = self.index.put(record)
@@ -183,11 +212,12 @@ class PeerCatalog(StreamFollower[FeedEntry]):
     stream_name = "replica feed"
 
     def __init__(self, store: ReplicaStore, *, peers: Sequence[str], stale_after_ms: int,
-                 feed_block_ms: int = 1_000) -> None:
+                 feed_block_ms: int = 1_000, replicated: Collection[str] | None = None) -> None:
         super().__init__(region=store.region, task_name=f"federation-feed-{store.region}")
         self.store = store
         self.feed_block_ms = feed_block_ms
-        self._peers = [PeerReplica(peer, stale_after_ms=stale_after_ms) for peer in peers]
+        self._peers = [PeerReplica(peer, stale_after_ms=stale_after_ms,
+                                   replicated=replicated is None or peer in replicated) for peer in peers]
         self._by_region = {peer.region: peer for peer in self._peers}
 
     # -- node.remote.RemoteCatalog -----------------------------------------------------------

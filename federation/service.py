@@ -6,8 +6,11 @@ anti-entropy, and attaches them through the node's hooks only::
     federation = Federation(config, store=node.store, secret=secret)
     federation.attach(node)   # before node.start()
 
-* ``node.router.remote`` ← the catalog (routing and ``find`` see the peers, nearest first);
-* ``node.leadership`` duties ← publisher and consumer (one of each per region, on the leader);
+* ``node.router.remote`` ← the catalog (routing and ``find`` see the peers, nearest first; the
+  peers beyond ``replicate_depth`` by their summaries only);
+* ``node.router.forwarder`` ← the :class:`Forwarder` that asks summary-only peers' nodes;
+* ``node.leadership`` duties ← publisher, summary publisher and consumer (one of each per region,
+  on the leader); every replica reads the peers' summaries (:class:`SummaryReader`);
 * ``node.watch`` ← every applied remote change (``/v1/watch`` streams them);
 * ``node.keys.peers`` ← the peers' public signing keys (:class:`PeerKeys`), so route credentials
   issued in a peer region verify against this node's ``/.well-known/jwks.json``;
@@ -36,11 +39,13 @@ from .antientropy import AntiEntropy
 from .config import FederationConfig
 from .consumer import Consumer
 from .digest import read_region_state
+from .forward import Forwarder
 from .keys import PeerKeys
 from .metrics import FederationCollector
 from .publisher import Publisher
 from .replica import PeerCatalog
 from .replica_store import ReplicaStore
+from .summary import SummaryPublisher, SummaryReader
 
 if TYPE_CHECKING:
     from node.service import RegistryNode
@@ -60,8 +65,12 @@ class Federation:
         self.replica_store = ReplicaStore(store.redis, region=config.region, key_prefix=config.key_prefix,
                                           feed_maxlen=config.feed_maxlen, quarantine=store.quarantine)
         self.catalog = PeerCatalog(self.replica_store, peers=[peer.region for peer in config.peers],
-                                   stale_after_ms=config.stale_after_ms, feed_block_ms=config.feed_block_ms)
+                                   stale_after_ms=config.stale_after_ms, feed_block_ms=config.feed_block_ms,
+                                   replicated=[peer.region for peer in config.replicated_peers])
         signer = Signer(secret)
+        self.forwarder = Forwarder(config, signer=signer)
+        self.summaries = SummaryReader(config, catalog=self.catalog)
+        self.summary_publisher: SummaryPublisher | None = None
         subject = f"federation:{config.region}"
         self.anti_entropy = AntiEntropy(config, catalog=self.catalog, replica_store=self.replica_store,
                                         token=lambda: signer.issue(subject, TokenRole.PEER, ttl_s=_TOKEN_TTL_S))
@@ -75,9 +84,13 @@ class Federation:
         if node.region != self.config.region:
             raise ValueError(f"federation of region {self.config.region} cannot attach to a node of {node.region}")
         node.router.remote = self.catalog
+        node.router.forwarder = self.forwarder
         node.keys.peers = self.peer_keys
         self.catalog.subscribe(node.watch.publish)
+        self.summary_publisher = SummaryPublisher(self.config, index=lambda: node.cache.index,
+                                                  lease_horizon_ms=node.cache.routable_now_ms)
         node.leadership.add_duty("federation-publisher", self.publisher.run)
+        node.leadership.add_duty("federation-summaries", self.summary_publisher.run)
         node.leadership.add_duty("federation-consumer", self.consumer.run)
         node.metrics.registry.register(FederationCollector(self, region_version=lambda: node.cache.index.version))
         node.extensions.append(self._install)
@@ -85,8 +98,12 @@ class Federation:
     async def start(self) -> None:
         await self.catalog.start()
         await self.peer_keys.start()
+        await self.forwarder.start()
+        await self.summaries.start()
 
     async def aclose(self) -> None:
+        await self.summaries.aclose()
+        await self.forwarder.aclose()
         await self.peer_keys.aclose()
         await self.catalog.aclose()
 
@@ -125,10 +142,27 @@ class Federation:
                              "pending": self.anti_entropy.pending, "last_reason": anti_entropy.last_reason,
                              "last_error": anti_entropy.last_error,
                              "last_duration_ms": anti_entropy.last_duration_ms},
+            "summaries": self._summary_status(),
             "peers": self.catalog.describe(),
             "peer_keys": {"known": sorted(key.kid for key in self.peer_keys.keys()),
                           "fetches": self.peer_keys.fetches, "failures": self.peer_keys.failures},
         }
+
+    def _summary_status(self) -> dict[str, object]:
+        reader = self.summaries.stats
+        status: dict[str, object] = {"topic": self.config.summary_topic(self.config.region),
+                                     "interval_ms": self.config.summary_interval_ms,
+                                     "replicate_depth": self.config.replicate_depth,
+                                     "read": {"records": reader.records, "applied": reader.applied,
+                                              "invalid": reader.invalid, "failures": reader.failures},
+                                     "forwarded": self.forwarder.forwarded, "unanswered": self.forwarder.unanswered}
+        publisher = self.summary_publisher
+        if publisher is not None:
+            stats = publisher.stats
+            status["publisher"] = {"state": publisher.state.value, "sent": stats.sent, "parts": stats.parts,
+                                   "failures": stats.failures, "last_build_ms": round(stats.last_build_ms, 3),
+                                   "last_recomputed": stats.last_recomputed, "last_error": stats.last_error}
+        return status
 
     def _install(self, app: web.Application) -> None:
         async def lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -190,7 +190,7 @@ async def deregister(request: web.Request) -> web.Response:
 
 
 async def get_agent(request: web.Request) -> web.Response:
-    return json_response(_node(request).get(request.match_info["agent_id"], _caller(request)))
+    return json_response(await _node(request).lookup(request.match_info["agent_id"], _caller(request)))
 
 
 async def agent_decisions(request: web.Request) -> web.Response:

@@ -151,6 +151,9 @@ class Level:
     registered_weight: float
     stale: bool = False
     cumulative: list[float] | None = None
+    # A summary-only peer (node.spill): no candidates here, its node picks; registered_weight is
+    # what its summary says it can serve.
+    forwarded: bool = False
 
     @property
     def healthy_weight(self) -> float:
@@ -361,7 +364,9 @@ class CandidateTables:
             factor = self.outcomes.weight_factor(record.agent_id, now_ms=now_ms) if self._use_errors else 1.0
             if factor < 1.0:
                 table.valid_until_ms = min(table.valid_until_ms, now_ms + ERROR_RECHECK_MS)
-            weight = self.weight(record) * factor
+            # A peer's replica keeps the load of the agent's last full-record change (load stays
+            # home): it is weighed by weight × status, the region as a whole by its summary.
+            weight = self.weight(record, load=source.locality is Locality.LOCAL) * factor
             if weight <= 0:
                 table.rejected["zero_weight"] = table.rejected.get("zero_weight", 0) + 1
                 table.reasons[record.agent_id] = "zero_weight"
@@ -389,13 +394,13 @@ class CandidateTables:
             return "circuit_open"
         return None
 
-    def weight(self, record: AgentRecord) -> float:
-        """Weight × status factor × load factor, as far as they apply (the error factor is not here:
-        the semantic fallback ranks by score and leaves it out)."""
+    def weight(self, record: AgentRecord, *, load: bool = True) -> float:
+        """Weight × status factor × load factor (unless ``load`` is False), as far as they apply (the
+        error factor is not here: the semantic fallback ranks by score and leaves it out)."""
         weight = float(record.weight) if self._use_weight else 1.0
         if self._use_status:
             weight *= STATUS_FACTORS[record.status]
-        if self._use_load:
+        if self._use_load and load:
             capacity = record.max_concurrency or DEFAULT_CAPACITY
             weight /= 1.0 + (record.load.inflight + record.load.queued) / capacity
         return weight

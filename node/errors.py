@@ -18,6 +18,7 @@ Hierarchy::
     ├── RateLimited               429 too many requests from one caller
     ├── TooManyConnections        503 (node.server) the node's connection cap is reached
     ├── StoreUnavailable          503 Redis cannot be reached
+    ├── PeerUnreachable           503 a peer region's node did not answer a forwarded lookup in time
     └── SearchUnavailable         503 no search is attached to this node
 
 :func:`first_problem` reads what pydantic found wrong first, for every layer that turns a
@@ -137,6 +138,13 @@ class StoreUnavailable(NodeError):
 
     status = 503
     code = "store_unavailable"
+
+
+class PeerUnreachable(NodeError):
+    """No node of a peer region answered a forwarded lookup within its deadline (callers fall back)."""
+
+    status = 503
+    code = "peer_unreachable"
 
 
 class SearchUnavailable(NodeError):

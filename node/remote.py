@@ -13,8 +13,9 @@ from typing import Protocol
 
 from .cache import AgentIndex
 from .follower import ChangeListener
+from .models import AgentRecord, RouteRequest, SearchHit, SummaryView, TokenClaims
 
-__all__ = ["PeerView", "RemoteCatalog"]
+__all__ = ["PeerForwarder", "PeerView", "RemoteCatalog"]
 
 
 class PeerView(Protocol):
@@ -22,10 +23,39 @@ class PeerView(Protocol):
 
     region: str
     index: AgentIndex
+    # False for a summary-only peer (beyond the replicate depth): ``index`` stays empty, its
+    # lookups are forwarded to its node (:class:`PeerForwarder`) and routing goes by ``summary``.
+    replicated: bool
 
     @property
     def stale(self) -> bool:
         """Nothing was heard from the peer for its ``stale_after_ms`` (or ever): route there last."""
+        ...
+
+    @property
+    def summary(self) -> SummaryView | None:
+        """The peer's latest per-capability summary, or None when none arrived within its
+        ``stale_after_ms`` (then routing weighs its replicated records instead)."""
+        ...
+
+
+class PeerForwarder(Protocol):
+    """Asks a peer region's node, as the caller, within a deadline (attached by the federation
+    package as ``Router.forwarder``). Every method raises :class:`node.errors.PeerUnreachable`
+    when no node of the region answered in time."""
+
+    async def agent(self, region: str, agent_id: str, caller: TokenClaims) -> AgentRecord | None:
+        """The record as that region's node shows it to ``caller`` (None: it has no such agent)."""
+        ...
+
+    async def resolve(self, region: str, request: RouteRequest, caller: TokenClaims) -> dict[str, object]:
+        """The route ticket that region's node issues for ``request`` with ``scope=local`` (so it
+        cannot be forwarded again); raises :class:`node.errors.NoAgentAvailable` with its answer."""
+        ...
+
+    async def search(self, region: str, query: str, *, k: int, routable_only: bool,
+                     caller: TokenClaims) -> list[SearchHit]:
+        """That region's own hits for ``query`` (``scope=local`` there)."""
         ...
 
 

@@ -48,12 +48,13 @@ from .candidates import (
     caller_allowed,
 )
 from .clock import now_ms
-from .errors import NoAgentAvailable
+from .errors import NoAgentAvailable, PeerUnreachable
 from .fallback import MATCHES_ASKED, Matcher, SemanticMatch, choose, semantic_levels
 from .models import AgentRecord, Locality, MatchKind, RouteRequest, RouteTicket, Scope, TokenClaims
 from .outcomes import OutcomeTracker
-from .remote import PeerView, RemoteCatalog
+from .remote import PeerForwarder, PeerView, RemoteCatalog
 from .security import Signer
+from .spill import ForwardedDecision, ForwardTo, forwarded_levels, level_shares
 
 
 class CredentialIssuer(Protocol):
@@ -163,6 +164,7 @@ class Router:
         self.clock = clock
         self.credentials = credentials
         self.remote: RemoteCatalog | None = None
+        self.forwarder: PeerForwarder | None = None  # asks summary-only peers' nodes (node.spill)
         self.matcher: Matcher | None = None
         self._random = rng or random.Random()
         self._local_source: Source | None = None
@@ -177,10 +179,17 @@ class Router:
         """
         return (await self.decide(request, caller)).ticket()
 
-    async def decide(self, request: RouteRequest, caller: TokenClaims) -> Decision:
-        """Like :meth:`resolve`, as a :class:`Decision`."""
+    async def decide(self, request: RouteRequest, caller: TokenClaims) -> Decision | ForwardedDecision:
+        """Like :meth:`resolve`, as a :class:`Decision` (or the ticket of a summary-only peer's node)."""
+        unanswered: dict[str, str] = {}
         try:
-            return self.decide_exact(request, caller)
+            while True:
+                try:
+                    return self.decide_exact(request, caller, unanswered=unanswered)
+                except ForwardTo as forward:
+                    decision = await self._forward(forward.region, request, caller, unanswered)
+                    if decision is not None:
+                        return decision
         except NoAgentAvailable as exc:
             # Tags filter what the names select; the fallback ranks by meaning and knows no tags.
             if not (request.capability and request.semantic and not request.tags and self.matcher is not None):
@@ -191,11 +200,30 @@ class Router:
         """The exact stages only (memory only, no await)."""
         return self.decide_exact(request, caller).ticket()
 
-    def decide_exact(self, request: RouteRequest, caller: TokenClaims) -> Decision:
+    def decide_exact(self, request: RouteRequest, caller: TokenClaims, *,
+                     unanswered: dict[str, str] | None = None) -> Decision:
+        """The exact stages; raises :class:`ForwardTo` when the level drawn is a summary-only peer
+        (pass ``unanswered``, the peers that did not serve a forward of this request, to draw again)."""
         now = self.clock()
         reasons: dict[str, str] = {}
-        fresh, stale = self._levels(request, caller, now, reasons)
+        fresh, stale = self._levels(request, caller, now, reasons, unanswered or {})
         return self._decide(fresh, stale, request, caller, now, reasons, self._exact_match(request))
+
+    async def _forward(self, region: str, request: RouteRequest, caller: TokenClaims,
+                       unanswered: dict[str, str]) -> ForwardedDecision | None:
+        """The ticket of ``region``'s node, or None (why in ``unanswered``: draw again without it)."""
+        if self.forwarder is None:
+            unanswered[region] = "no forwarder attached"
+            return None
+        try:
+            ticket = RouteTicket.model_validate(await self.forwarder.resolve(region, request, caller))
+        except (PeerUnreachable, NoAgentAvailable) as exc:
+            unanswered[region] = exc.message
+            return None
+        except ValueError as exc:  # pydantic's ValidationError: the peer answered something else
+            unanswered[region] = f"its node answered no route ticket ({str(exc)[:200]})"
+            return None
+        return ForwardedDecision.of(ticket)
 
     # -- levels ------------------------------------------------------------------------------
 
@@ -222,8 +250,8 @@ class Router:
             sources.append(source)
         return sources
 
-    def _levels(self, request: RouteRequest, caller: TokenClaims, now: int, reasons: dict[str, str]
-                ) -> tuple[list[Level], list[Level]]:
+    def _levels(self, request: RouteRequest, caller: TokenClaims, now: int, reasons: dict[str, str],
+                unanswered: dict[str, str]) -> tuple[list[Level], list[Level]]:
         """The fresh levels in priority order, and the stale ones (last resort)."""
         levels: list[Level] = []
         stale_levels: list[Level] = []
@@ -231,11 +259,16 @@ class Router:
             (stale_levels if source.stale else levels).append(self._level(source, request, caller, now, reasons))
         if request.scope is Scope.LOCAL:
             reasons["remote"] = "scope=local"
+        elif self.remote is not None:
+            for level in forwarded_levels(self.remote.peers(), request, unanswered=unanswered, reasons=reasons):
+                (stale_levels if level.stale else levels).append(level)
         if request.preferred_region:
             levels.sort(key=lambda level: level.name != request.preferred_region)
         if request.scope is Scope.GLOBAL:
-            levels = [Level(name="global", candidates=[c for level in levels for c in level.candidates],
-                            registered_weight=sum(level.registered_weight for level in levels))]
+            replicated = [level for level in levels if not level.forwarded]
+            levels = [Level(name="global", candidates=[c for level in replicated for c in level.candidates],
+                            registered_weight=sum(level.registered_weight for level in replicated)),
+                      *(level for level in levels if level.forwarded)]
         return levels, stale_levels
 
     def _level(self, source: Source, request: RouteRequest, caller: TokenClaims, now: int,
@@ -291,6 +324,8 @@ class Router:
         chosen_level = self._pick_level(fresh, request) or self._pick_level(stale, request)
         if chosen_level is None:
             raise NoAgentAvailable(self._no_agent_message(request), details={"stages": reasons})
+        if chosen_level.forwarded:
+            raise ForwardTo(chosen_level.name, reasons)
         if request.conversation_id:
             target = _rendezvous(chosen_level.candidates, request.conversation_id)
         else:
@@ -302,21 +337,15 @@ class Router:
 
     def _pick_level(self, levels: list[Level], request: RouteRequest) -> Level | None:
         if len(levels) == 1:  # a node without peers, or a local-only request: nothing to share
-            return levels[0] if levels[0].candidates else None
-        usable = [level for level in levels if level.candidates]
+            return levels[0] if levels[0].candidates or levels[0].forwarded else None
+        usable = [level for level in levels if level.candidates or level.forwarded]
         if not usable:
             return None
         if request.conversation_id or len(usable) == 1:
             return usable[0]
-        shares = []
-        remaining = 1.0
-        for level in levels:
-            health = 0.0
-            if level.candidates and level.registered_weight > 0:
-                health = min(1.0, self.overprovisioning_factor * level.healthy_weight / level.registered_weight)
-            share = min(remaining, health)
-            shares.append(share)
-            remaining -= share
+        peers = {peer.region: peer for peer in self.remote.peers()} if self.remote is not None else {}
+        shares = level_shares(levels, request, home=self.region, peers=peers,
+                              overprovisioning_factor=self.overprovisioning_factor)
         total = sum(shares)
         if total <= 0:
             return usable[0]

@@ -17,6 +17,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from . import forwarded
 from .a2a import CardRegistration, card_field, card_to_registration
 from .cache import CacheState, RegionCache
 from .clock import now_ms
@@ -296,6 +297,10 @@ class RegistryNode:
             raise NotFound(f"no agent {agent_id} in region {self.region} or its peers", field="agent_id",
                            code="unknown_agent")
         return record
+
+    async def lookup(self, agent_id: str, caller: TokenClaims) -> AgentRecord:
+        """:meth:`get`, then the nodes of summary-only peers (``node.forwarded``)."""
+        return await forwarded.lookup(self, agent_id, caller)
 
     @staticmethod
     def visible(record: AgentRecord, caller: TokenClaims) -> bool:

@@ -26,6 +26,7 @@ from node.models import (
     Outcome,
     RouteRequest,
     Status,
+    SummaryView,
     TokenClaims,
     TokenRole,
 )
@@ -71,6 +72,8 @@ class Peer:
     region: str
     index: AgentIndex
     stale: bool = False
+    replicated: bool = True
+    summary: SummaryView | None = None
 
 
 class Catalog:

@@ -48,9 +48,11 @@ from federation.config import (
     DEFAULT_ANTI_ENTROPY_MIN_INTERVAL_MS,
     DEFAULT_BEACON_INTERVAL_MS,
     DEFAULT_FETCH_MAX_WAIT_MS,
+    DEFAULT_FORWARD_TIMEOUT_MS,
     DEFAULT_KEY_REFRESH_INTERVAL_MS,
     DEFAULT_REQUEST_TIMEOUT_MS,
     DEFAULT_STALE_AFTER_MS,
+    DEFAULT_SUMMARY_INTERVAL_MS,
     DEFAULT_TOPIC_PREFIX,
     TOPIC_PREFIX_PATTERN,
     FederationConfig,
@@ -155,6 +157,13 @@ class FederationSpec(_Model):
     anti_entropy_min_interval_ms: int = Field(default=DEFAULT_ANTI_ENTROPY_MIN_INTERVAL_MS, ge=0)
     key_refresh_interval_ms: int = Field(default=DEFAULT_KEY_REFRESH_INTERVAL_MS, ge=100,
                                          description="How often each node fetches its peers' public signing keys.")
+    summary_interval_ms: int = Field(default=DEFAULT_SUMMARY_INTERVAL_MS, ge=100,
+                                     description="How often each region's leader sends its per-capability summary.")
+    replicate_depth: int | None = Field(default=None, ge=0,
+                                        description="Full records for the first this many peers of each region's "
+                                                    "preference order, summaries only for the rest (none: all).")
+    forward_timeout_ms: int = Field(default=DEFAULT_FORWARD_TIMEOUT_MS, ge=50, le=60_000,
+                                    description="Deadline of a lookup forwarded to a summary-only peer's node.")
 
     @model_validator(mode="after")
     def _stale_after_beacons(self) -> FederationSpec:

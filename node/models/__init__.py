@@ -17,6 +17,7 @@ One concept per module, every name importable from here (``from node.models impo
     changes    one change of a region (ChangeEvent)
     routing    route requests, route tickets, alternates' credentials, outcome reports
     search     natural-language search answers
+    summaries  a region's per-capability summary (what peers route by)
     tokens     token claims and roles, route-credential claims, who may call, the JSON error body
 """
 
@@ -94,6 +95,7 @@ from .routing import (
     Scope,
 )
 from .search import SearchHit, SearchResponse
+from .summaries import CapabilitySummary, RegionSummary, SummaryView
 from .tokens import (
     KEY_ID_PATTERN,
     TOKEN_ID_PATTERN,
@@ -114,13 +116,13 @@ __all__ = [
     "BINDING_TRANSPORTS", "CardListing", "DEFAULT_PROTOCOL_VERSION", "PROTOCOL_VERSION_LABEL", "TRANSPORT_BINDINGS",
     "a2a_interface",
     "AGENT_ID_PATTERN", "AGENT_ID_RE", "AGENT_PATTERN_RE", "AgentId", "AgentList", "AgentRecord",
-    "CAPABILITY_NAME_PATTERN", "CallClaims", "Capability", "CredentialRequest", "IssuedCredential", "ChangeEvent", "ChangeKind", "Count", "DEFAULT_FAILURE_THRESHOLD",
+    "CAPABILITY_NAME_PATTERN", "CallClaims", "Capability", "CapabilitySummary", "CredentialRequest", "IssuedCredential", "ChangeEvent", "ChangeKind", "Count", "DEFAULT_FAILURE_THRESHOLD",
     "DEFAULT_LEASE_TTL_MS", "DEFAULT_PROBE_INTERVAL_MS", "DEFAULT_PROBE_TIMEOUT_MS", "DEFAULT_SUCCESS_THRESHOLD",
     "DEFAULT_WEIGHT", "DeleteReason", "EndpointName", "ErrorBody", "Heartbeat", "HeartbeatResponse", "LoadReportResponse", "INT64_MAX",
     "JsonValue", "KEY_ID_PATTERN", "KeySet", "LABEL_KEY_PATTERN", "Load", "Locality", "LongText", "MAX_JSON_DEPTH", "MAX_LEASE_TTL_MS",
     "MIN_LEASE_TTL_MS", "MULTI_LINE_PATTERN", "Match", "MatchKind", "Millis", "Outcome", "OutcomeReport",
     "OutcomeReports", "Probe", "PublicKey", "REGION_PATTERN", "ROUTABLE_STATUSES", "Region", "RegisterResponse", "Registration",
-    "RevocationRequest", "RouteRequest", "RouteTarget", "RouteTicket", "SINGLE_LINE_PATTERN", "Scope", "SearchHit",
-    "SearchResponse", "ShortText", "Snapshot", "Status", "Strict", "TOKEN_ID_PATTERN", "TRACE_ID_PATTERN", "TRANSPORT_PATTERN", "TokenClaims", "TokenRole",
+    "RegionSummary", "RevocationRequest", "RouteRequest", "RouteTarget", "RouteTicket", "SINGLE_LINE_PATTERN", "Scope", "SearchHit",
+    "SearchResponse", "ShortText", "Snapshot", "Status", "Strict", "SummaryView", "TOKEN_ID_PATTERN", "TRACE_ID_PATTERN", "TRANSPORT_PATTERN", "TokenClaims", "TokenRole",
     "VersionConstraint", "caller_may_call", "check_json_value", "compile_pattern", "key_region", "parse_version", "usable_keys", "version_constraint",
 ]

@@ -1,0 +1,136 @@
+"""Forwarded lookups: asking a summary-only peer's node, as the caller, within a deadline.
+
+A region keeps only summaries of the peers beyond its ``replicate_depth``; what it needs of their
+agents — a record by id, a global search's hits, a resolve its summary sent there — it asks their
+node (:class:`Forwarder`, the node's ``node.remote.PeerForwarder``). The request carries a bearer
+token this region mints for the caller's own subject and role (``TOKEN_TTL_S``, signed with the
+cluster secret every region shares), not a peer token: the peer then applies its visibility rules
+and signs the route ticket and credential for the real caller, exactly as if the caller had asked
+it. Resolves go with ``scope=local``, so the peer never forwards them again.
+
+Every call has one deadline (``forward_timeout_ms``) across the peer's node URLs, tried in order;
+when it passes, or no node answers, :class:`node.errors.PeerUnreachable` says which region and
+why, and the caller falls back to what it has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+import orjson
+from pydantic import ValidationError
+
+from node.errors import NoAgentAvailable, PeerUnreachable, first_problem
+from node.models import AgentRecord, RouteRequest, Scope, SearchHit, SearchResponse, TokenClaims
+from node.security import Signer
+
+from .config import FederationConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Forwarder", "TOKEN_TTL_S"]
+
+TOKEN_TTL_S = 60
+_ANSWER_LIMIT_BYTES = 8 * 1024 * 1024
+
+
+class Forwarder:
+    """Asks summary-only peers' nodes (see the module docstring); an async context manager."""
+
+    def __init__(self, config: FederationConfig, *, signer: Signer) -> None:
+        self.config = config
+        self.signer = signer
+        self.forwarded = 0
+        self.unanswered = 0
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> Forwarder:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- node.remote.PeerForwarder -----------------------------------------------------------
+
+    async def agent(self, region: str, agent_id: str, caller: TokenClaims) -> AgentRecord | None:
+        status, body = await self._call(region, "GET", f"/v1/agents/{agent_id}", caller)
+        if status != 200:
+            return None
+        try:
+            record = AgentRecord.model_validate_json(body)
+        except ValidationError as exc:
+            raise PeerUnreachable(f"region {region}'s node answered no agent record ({first_problem(exc).message})") from exc
+        return record if record.region == region else None
+
+    async def resolve(self, region: str, request: RouteRequest, caller: TokenClaims) -> dict[str, object]:
+        local = request.model_copy(update={"scope": Scope.LOCAL, "preferred_region": None})
+        status, body = await self._call(region, "POST", "/v1/resolve", caller,
+                                        json=local.model_dump(mode="json", exclude_none=True))
+        answer = _json(body)
+        if status == 200 and isinstance(answer, dict):
+            return answer
+        message = answer.get("message") if isinstance(answer, dict) else None
+        raise NoAgentAvailable(f"region {region}'s node found nobody: {message or f'HTTP {status}'}")
+
+    async def search(self, region: str, query: str, *, k: int, routable_only: bool,
+                     caller: TokenClaims) -> list[SearchHit]:
+        params = {"q": query, "k": str(k), "scope": Scope.LOCAL.value, "routable": "true" if routable_only else "false"}
+        status, body = await self._call(region, "GET", "/v1/search", caller, params=params)
+        if status != 200:
+            return []
+        try:
+            return SearchResponse.model_validate_json(body).hits
+        except ValidationError:
+            return []
+
+    # -- the calls ---------------------------------------------------------------------------
+
+    async def _call(self, region: str, method: str, path: str, caller: TokenClaims, *, json: Any = None,
+                    params: dict[str, str] | None = None) -> tuple[int, bytes]:
+        """The first answer below 500 from ``region``'s nodes within the deadline; raises PeerUnreachable."""
+        if self._session is None:
+            raise PeerUnreachable("forwarding is not started (the federation is not running)")
+        try:
+            urls = self.config.peer(region).node_urls
+        except KeyError:
+            raise PeerUnreachable(f"region {region} is not a peer of {self.config.region}") from None
+        headers = {"Authorization": f"Bearer {self.signer.issue(caller.sub, caller.role, ttl_s=TOKEN_TTL_S)}"}
+        deadline_ms = self.config.forward_timeout_ms
+        problems: list[str] = []
+        self.forwarded += 1
+        try:
+            async with asyncio.timeout(deadline_ms / 1000):
+                for url in urls:
+                    try:
+                        async with self._session.request(method, url.rstrip("/") + path, json=json, params=params,
+                                                         headers=headers, allow_redirects=False) as response:
+                            body = await response.content.read(_ANSWER_LIMIT_BYTES)
+                            if response.status < 500:
+                                return response.status, body
+                            problems.append(f"{url}: HTTP {response.status}")
+                    except (aiohttp.ClientError, OSError) as exc:
+                        problems.append(f"{url}: {exc.__class__.__name__}")
+        except TimeoutError:
+            problems.append(f"no answer within {deadline_ms} ms")
+        self.unanswered += 1
+        raise PeerUnreachable(f"region {region} did not answer ({'; '.join(problems) or 'no node URL'})")
+
+
+def _json(body: bytes) -> object:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
