@@ -15,16 +15,23 @@ of its calls (fast HTTP 503s) for the middle 30 % of the run and then recovers. 
 answer 429 once ``QUEUE_LIMIT_PER_WORKER`` × workers are waiting; abandoned calls still run.
 
 Load arrives as Poisson traffic at 55 % of the fleet's true capacity, with bursts at 95 %
-(3–6 s long, one every ~20 s on average). Agents heartbeat inflight/queued (and status) every
-``heartbeat_ms`` at their own phase, so the router sees load late, as it does in reality
-(1 s here, which an operator must configure: the SDK's default interval is a third of the
-lease, 10 s; try ``--heartbeat-ms 10000``). Callers behave like ``ReachClient.call`` with
-``idempotent=True``: try the ticket's target, then its alternates (then a fresh decision
-excluding what was tried), at most 3 attempts, backoff 0.5 s × 2^n ± 20 %, one overall
-deadline; they report every attempt's outcome in batches flushed every second (the SDK
-default), which is when the node's OutcomeTracker learns of it. Each request resolves afresh (the SDK's ticket cache is not
-modelled: it would pin each caller to one target for the ticket's lifetime). The breaker is
-not a weight factor: the router applies it under every policy, uniform included.
+(3–6 s long, one every ~20 s on average). Leases are 10 s; agents heartbeat (lease and status)
+every third of it, 3.3 s, each at its own phase, and send their inflight/queued every second
+through the light load report (``PUT /v1/agents/{id}/load``, which touches no stream), so the
+router sees load up to a second late and status up to 3.3 s late. ``--load-report-ms 0`` is the
+node before the light report: load travels with the heartbeats only.
+
+Callers behave like ``ReachClient.call`` with ``idempotent=True``: they keep one route ticket
+per caller for 1 s (the SDK's ticket cache: ``ticket_reuse_ms``, at most 90 % of the ticket's
+10 s life; ``--ticket-reuse-ms 9000`` is the cache before), draw each call's first target
+among the ticket's target and the alternates of its level by the weights the node gave them
+(``--sdk drawn``, the SDK now; ``pinned``: the SDK before, every call to the ticket's target;
+``fresh``: a decision per call, no cache), then fail over to the other targets and to a fresh
+decision excluding what was tried, at most 3 attempts, backoff 0.5 s × 2^n ± 20 %, one overall
+deadline; a failed attempt evicts the caller's ticket if it names that agent. They report
+every attempt's outcome in batches flushed every second (the SDK default), which is when the
+node's OutcomeTracker learns of it. The breaker is not a weight factor: the router applies it
+under every policy, uniform included.
 
 The main metric is decided up front: **p99 of time-to-success, where a request that never
 succeeded counts as the deadline** (it cost the caller at least that). It folds the success
@@ -51,6 +58,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from node.cache import AgentIndex
+from node.client._config import DEFAULT_TICKET_REUSE_MS
+from node.client._tickets import TICKET_EXPIRY_MARGIN
 from node.errors import NoAgentAvailable
 from node.models import (
     AgentRecord,
@@ -63,14 +72,17 @@ from node.models import (
     TokenRole,
 )
 from node.outcomes import OutcomeTracker
-from node.router import ALL_WEIGHT_FACTORS, Router, WeightFactor
+from node.router import ALL_WEIGHT_FACTORS, Decision, Router, WeightFactor
 from node.security import Signer
 
 REGION = "sim"
 CAPABILITY = "sim.work"
 DEFAULT_DURATION_S = 180
 DEFAULT_SEED = 1
-DEFAULT_HEARTBEAT_MS = 1_000
+LEASE_TTL_MS = 10_000
+DEFAULT_HEARTBEAT_MS = LEASE_TTL_MS // 3   # the SDK's default: a third of the lease
+DEFAULT_LOAD_REPORT_MS = 1_000             # the light load report's cadence
+SDK_MODES = ("drawn", "pinned", "fresh")
 REPORT_FLUSH_MS = 1_000          # the SDK's report_flush_interval_ms default
 DEADLINE_MS = 2_000              # the caller's timeout_ms for one call
 MAX_ATTEMPTS = 3                 # the SDK's RetryPolicy defaults from here down
@@ -80,7 +92,6 @@ JITTER_RATIO = 0.2
 NETWORK_MS = 1.0                 # an answer's trip back to the caller; a 429 costs a round trip
 FAILURE_MS = 20.0                # a failing agent answers 503 this fast
 QUEUE_LIMIT_PER_WORKER = 10      # an agent answers 429 beyond this many waiting per worker
-LEASE_TTL_MS = 30_000
 SIZE_SIGMA = 0.5                 # job sizes: lognormal with mean 1
 CALLERS = 16
 BASE_UTILIZATION = 0.55
@@ -138,11 +149,17 @@ class SimConfig:
     duration_ms: int = DEFAULT_DURATION_S * 1000
     seed: int = DEFAULT_SEED
     heartbeat_ms: int = DEFAULT_HEARTBEAT_MS
+    load_report_ms: int = DEFAULT_LOAD_REPORT_MS  # 0: load only with the heartbeats
+    sdk: str = SDK_MODES[0]
+    ticket_reuse_ms: int = DEFAULT_TICKET_REUSE_MS
     fleet: tuple[AgentSpec, ...] = FLEET
 
     def __post_init__(self) -> None:
-        if self.duration_ms <= 0 or self.heartbeat_ms <= 0 or not self.fleet:
-            raise ValueError("duration_ms and heartbeat_ms must be positive and the fleet non-empty")
+        if self.duration_ms <= 0 or self.heartbeat_ms <= 0 or self.load_report_ms < 0 or not self.fleet:
+            raise ValueError("duration_ms and heartbeat_ms must be positive, load_report_ms not negative and the "
+                             "fleet non-empty")
+        if self.sdk not in SDK_MODES:
+            raise ValueError(f"sdk must be one of {', '.join(SDK_MODES)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +283,7 @@ class PolicyResult:
         return self.success_rate > other.success_rate
 
 
-_ARRIVE, _RETRY, _DONE, _ANSWER, _DEADLINE, _HEARTBEAT, _REPORT = range(7)
+_ARRIVE, _RETRY, _DONE, _ANSWER, _DEADLINE, _HEARTBEAT, _REPORT, _LOAD = range(8)
 
 
 class Simulation:
@@ -295,6 +312,9 @@ class Simulation:
         phases = random.Random(f"phases-{config.seed}")
         self.report_phase = [phases.uniform(0, REPORT_FLUSH_MS) for _ in range(CALLERS)]
         self.heartbeat_phase = {agent_id: phases.uniform(0, config.heartbeat_ms) for agent_id in self.agents}
+        self.load_phase = {agent_id: phases.uniform(0, config.load_report_ms or 1) for agent_id in self.agents}
+        self.tickets: dict[int, tuple[Decision, float]] = {}  # per caller: its cached ticket, until when
+        self.draw = random.Random(f"draw-{config.seed}")
 
     def _at(self, at_ms: float, kind: int, payload: object) -> None:
         heapq.heappush(self.events, (at_ms, next(self.sequence), kind, payload))
@@ -303,11 +323,13 @@ class Simulation:
         for agent in self.agents.values():
             self._register(agent.spec)
             self._at(self.heartbeat_phase[agent.spec.agent_id], _HEARTBEAT, agent)
+            if config_load := self.config.load_report_ms:
+                self._at(self.load_phase[agent.spec.agent_id] + config_load, _LOAD, agent)
         for arrival in self.traffic:
             self._at(arrival.at_ms, _ARRIVE, arrival)
         end = self.config.duration_ms + DEADLINE_MS + REPORT_FLUSH_MS
         handlers = (self._arrive, self._retry, self._done, self._answer, self._deadline,
-                    self._heartbeat, self._deliver_report)
+                    self._heartbeat, self._deliver_report, self._load_report)
         while self.events:
             at, _, kind, payload = heapq.heappop(self.events)
             if at > end:
@@ -325,16 +347,17 @@ class Simulation:
             max_concurrency=spec.max_concurrency, status=spec.status, version=next(self.version),
             lease_ttl_ms=LEASE_TTL_MS, lease_expires_at_ms=LEASE_TTL_MS))
 
+    def _record(self, agent: _Agent) -> AgentRecord:
+        record = self.cache.index.get(agent.spec.agent_id)
+        if record is None:
+            raise RuntimeError(f"{agent.spec.agent_id} left the index; the simulation never removes agents")
+        return record
+
     def _heartbeat(self, agent: _Agent) -> None:
         now = self.clock.now
-        spec = agent.spec
-        record = self.cache.index.get(spec.agent_id)
-        if record is None:
-            raise RuntimeError(f"{spec.agent_id} left the index; the simulation never removes agents")
-        status = spec.status
-        if spec.reports_busy:
-            status = Status.BUSY if len(agent.queue) > spec.workers else Status.READY
-        load = Load(inflight=agent.busy, queued=len(agent.queue))
+        record = self._record(agent)
+        load = record.load if self.config.load_report_ms else Load(inflight=agent.busy, queued=len(agent.queue))
+        status = self._status(agent)
         if load != record.load or status is not record.status:
             # What the node does with a heartbeat that changes load or status: a new version.
             self.cache.index.put(record.model_copy(update={
@@ -343,6 +366,19 @@ class Simulation:
         else:
             record.lease_expires_at_ms = int(now) + LEASE_TTL_MS  # as RegionCache.touch_lease
         self._at(now + self.config.heartbeat_ms, _HEARTBEAT, agent)
+
+    def _status(self, agent: _Agent) -> Status:
+        if agent.spec.reports_busy:
+            return Status.BUSY if len(agent.queue) > agent.spec.workers else Status.READY
+        return agent.spec.status
+
+    def _load_report(self, agent: _Agent) -> None:
+        """The light load report: the router's record gets the load; no version, no lease."""
+        record = self._record(agent)
+        load = Load(inflight=agent.busy, queued=len(agent.queue))
+        if load != record.load:
+            self.cache.index.put(record.model_copy(update={"load": load}))
+        self._at(self.clock.now + self.config.load_report_ms, _LOAD, agent)
 
     def _start_service(self, agent: _Agent, attempt: _Attempt) -> None:
         now = self.clock.now
@@ -372,13 +408,41 @@ class Simulation:
         request = _Request(arrival, arrival.at_ms + DEADLINE_MS)
         self.requests.append(request)
         self._at(request.deadline_ms, _DEADLINE, request)
+        decision = self._ticket(arrival.caller)
+        if decision is None:
+            self._fail(request)
+            return
+        request.picks.extend(self._first_drawn(decision))
+        self._attempt(request, request.picks.popleft())
+
+    def _ticket(self, caller: int) -> Decision | None:
+        """The caller's ticket: its cached one for ``ticket_reuse_ms`` (not with ``fresh``)."""
+        cached = self.tickets.get(caller)
+        if cached is not None and cached[1] > self.clock.now and self.config.sdk != "fresh":
+            return cached[0]
         try:
             decision = self.router.decide_exact(self.request, self.caller)
         except NoAgentAvailable:
-            self._fail(request)
-            return
-        request.picks.extend([decision.target.agent_id, *(c.agent_id for c in decision.alternates)])
-        self._attempt(request, request.picks.popleft())
+            self.tickets.pop(caller, None)
+            return None
+        life_ms = TICKET_EXPIRY_MARGIN * (decision.expires_at_ms - decision.issued_at_ms)
+        self.tickets[caller] = (decision, self.clock.now + min(self.config.ticket_reuse_ms, life_ms))
+        return decision
+
+    def _first_drawn(self, decision: Decision) -> list[str]:
+        """The ticket's agents in the order the SDK tries them (``Failover._first_drawn``)."""
+        order = [decision.target, *decision.alternates]
+        if self.config.sdk == "drawn" and decision.drawn > 1:
+            drawn = order[:decision.drawn]
+            first = self.draw.choices(range(len(drawn)), weights=[c.weight for c in drawn])[0]
+            order.insert(0, order.pop(first))
+        return [candidate.agent_id for candidate in order]
+
+    def _evict(self, caller: int, agent_id: str) -> None:
+        """A failed attempt drops the caller's ticket if it names that agent (``TicketCache.evict``)."""
+        cached = self.tickets.get(caller)
+        if cached is not None and agent_id in (cached[0].target.agent_id, *(c.agent_id for c in cached[0].alternates)):
+            del self.tickets[caller]
 
     def _next_target(self, request: _Request) -> str | None:
         while request.picks:
@@ -417,6 +481,7 @@ class Simulation:
             request.finished_ms = now
             return
         self.failed_attempts[outcome.value] += 1
+        self._evict(request.arrival.caller, attempt.agent.spec.agent_id)
         retry = len(request.tried)
         if retry >= MAX_ATTEMPTS:
             self._fail(request)
@@ -553,16 +618,28 @@ def main() -> int:
     parser.add_argument("--duration-s", type=int, default=DEFAULT_DURATION_S, help="simulated seconds per run")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--seeds", type=int, default=2, help="also check the verdict on this many further seeds")
-    parser.add_argument("--heartbeat-ms", type=int, default=DEFAULT_HEARTBEAT_MS)
+    parser.add_argument("--heartbeat-ms", type=int, default=DEFAULT_HEARTBEAT_MS, help="lease and status")
+    parser.add_argument("--load-report-ms", type=int, default=DEFAULT_LOAD_REPORT_MS,
+                        help="the light load report's cadence (0: load only with heartbeats)")
+    parser.add_argument("--sdk", choices=SDK_MODES, default=SDK_MODES[0],
+                        help="drawn: per call among the ticket's targets; pinned: the ticket's target; fresh: no cache")
+    parser.add_argument("--ticket-reuse-ms", type=int, default=DEFAULT_TICKET_REUSE_MS,
+                        help="how long a caller reuses a ticket (the SDK's ticket_reuse_ms; 9000: before)")
     parser.add_argument("--pairs", action="store_true", help="also run every pair of factors")
     args = parser.parse_args()
-    config = SimConfig(duration_ms=args.duration_s * 1000, seed=args.seed, heartbeat_ms=args.heartbeat_ms)
+
+    def config_of(seed: int) -> SimConfig:
+        return SimConfig(duration_ms=args.duration_s * 1000, seed=seed, heartbeat_ms=args.heartbeat_ms,
+                         load_report_ms=args.load_report_ms, sdk=args.sdk, ticket_reuse_ms=args.ticket_reuse_ms)
+
+    config = config_of(args.seed)
     traffic = arrivals(config)
     capacity = sum(spec.capacity_rps for spec in config.fleet)
     print(f"{len(config.fleet)} agents, true capacity {capacity:.0f} req/s; {len(traffic)} requests over "
           f"{args.duration_s} simulated s (mean {len(traffic) / args.duration_s:.0f} req/s, base "
-          f"{BASE_UTILIZATION:.0%} / bursts {BURST_UTILIZATION:.0%} of capacity); heartbeat {args.heartbeat_ms} ms, "
-          f"deadline {DEADLINE_MS} ms, seed {args.seed}")
+          f"{BASE_UTILIZATION:.0%} / bursts {BURST_UTILIZATION:.0%} of capacity); lease {LEASE_TTL_MS} ms, "
+          f"heartbeat {args.heartbeat_ms} ms, load report {args.load_report_ms or 'with heartbeats'} ms, "
+          f"SDK {args.sdk} reusing tickets {args.ticket_reuse_ms} ms, deadline {DEADLINE_MS} ms, seed {args.seed}")
     started = time.perf_counter()
     results = run_policies(config, policies(pairs=args.pairs))
     print(f"\nlatencies in ms; a request that never succeeded counts as the {DEADLINE_MS} ms deadline "
@@ -577,8 +654,7 @@ def main() -> int:
                                         else f"the blend does NOT beat: {', '.join(lost)}") + how)
     verdicts = [not lost]
     for seed in range(args.seed + 1, args.seed + 1 + args.seeds):
-        other = run_policies(SimConfig(duration_ms=config.duration_ms, seed=seed, heartbeat_ms=args.heartbeat_ms),
-                             policies(leave_one_out=True))
+        other = run_policies(config_of(seed), policies(leave_one_out=True))
         lost = losses(other)
         verdicts.append(not lost)
         p99s = "  ".join(f"{name} {r.p99_ms:.0f}/{100 * r.success_rate:.2f}%" for name, r in other.items())

@@ -1,6 +1,7 @@
 """The SDK draws each call among a ticket's targets by their weights (a real node over HTTP).
 
-A cached ticket used to pin every call to its target for the ticket's lifetime; now each call
+A cached ticket used to pin every call to its target for the ticket's lifetime (9 s); now it is
+reused for ``ticket_reuse_ms`` (1 s by default), and each call
 draws its first target among the ticket's target and alternates in proportion to the effective
 weights the node put on them (``POST /v1/resolve?weights=true``). A call with a conversation_id
 keeps the ticket's target; an agent whose breaker opened is drawn no more.
@@ -76,7 +77,8 @@ async def test_weights_are_sent_only_when_asked(node: RunningNode) -> None:
 
 
 async def test_calls_spread_over_one_tickets_targets_in_proportion_to_weight(node: RunningNode) -> None:
-    async with _calling(node, WEIGHTS, seed=3) as (client, servers):
+    # reused for as long as the ticket lives (9 s), so a slow machine still makes all calls on one ticket
+    async with _calling(node, WEIGHTS, seed=3, ticket_reuse_ms=60_000) as (client, servers):
         before = _resolves(node)
         answered = Counter([(await client.call("translate.text", {"n": n})).agent_id for n in range(CALLS)])
         assert _resolves(node) - before == 1, "every call came from the one cached ticket"
@@ -106,3 +108,16 @@ async def test_an_agent_whose_breaker_opened_is_drawn_no_more(node: RunningNode)
         bad_first = sum(1 for result in results if result.attempts[0].agent_id == "lang.translate.bad")
         # half the draws would pick it; the breaker (3 failures) leaves at most a few
         assert servers["lang.translate.bad"].calls == bad_first <= 5, bad_first
+
+
+async def test_a_ticket_is_reused_for_ticket_reuse_ms_only(node: RunningNode) -> None:
+    now = [1_000.0]
+    async with ReachClient(node.url, token=node.admin_token, clock=lambda: now[0], ticket_reuse_ms=1_000) as client:
+        await node.register(registration("lang.translate.reused"))
+        first = await client.resolve("translate.text")
+        now[0] += 0.95
+        assert (await client.resolve("translate.text")).ticket_id == first.ticket_id
+        now[0] += 0.1  # 1.05 s: the ticket lives 10 s, but its weights are a second old
+        assert (await client.resolve("translate.text")).ticket_id != first.ticket_id
+    async with ReachClient(node.url, token=node.admin_token, ticket_reuse_ms=0) as client:
+        assert (await client.resolve("translate.text")).ticket_id != (await client.resolve("translate.text")).ticket_id

@@ -33,7 +33,9 @@ What it guarantees:
   (5 ms); only a C extension that holds the GIL for longer than the lease can starve it.
   ``unknown_agent`` (the lease lapsed) re-registers from the same thread.
 * **Close** stops heartbeats, flushes outcome reports and deregisters.
-* ``resolve()`` caches a ticket until it expires; a failure of any agent it names evicts it, and
+* ``resolve()`` caches a ticket for ``ticket_reuse_ms`` (1 s: agents report load every second, and
+  a ticket's weights are the load when it was issued) or until just before it expires, whichever
+  is first; a failure of any agent it names evicts it, and
   so does the node saying nobody serves the request. ``call()`` draws each call's first target
   among the ticket's target and the alternates of its level, by the weights the node gave them,
   so a cached ticket spreads calls instead of pinning one agent for its lifetime; a call with a

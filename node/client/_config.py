@@ -61,6 +61,9 @@ DEFAULT_BREAKER_COOLDOWN_MS = 10_000
 DEFAULT_REPORT_BATCH_SIZE = 100
 DEFAULT_REPORT_FLUSH_INTERVAL_MS = 1_000
 DEFAULT_REPORT_QUEUE_LIMIT = 10_000
+# A ticket's weights are the node's load figures when it was issued, and agents report load every
+# second: reused longer, the draw spreads calls by stale load (bench/routing.py measures it).
+DEFAULT_TICKET_REUSE_MS = 1_000
 DEFAULT_SIDECAR_PROBE_INTERVAL_MS = 2_000
 DEFAULT_SIDECAR_PROBE_TIMEOUT_MS = 1_000
 DEFAULT_SIDECAR_FAILURE_THRESHOLD = 3
@@ -117,6 +120,9 @@ class ClientSettings(_Settings):
     record_traces: bool = Field(default=True, description="Send direct-call deliveries to the node's trace log.")
     semantic: bool = Field(default=True, description="Let the router's semantic fallback pick an agent when none "
                                                      "has the capability by name (call()/resolve() semantic=).")
+    ticket_reuse_ms: int = Field(default=DEFAULT_TICKET_REUSE_MS, ge=0,
+                                 description="Reuse a route ticket for at most this long (and at most 90 % of its "
+                                             "life), drawing each call among its targets; 0: resolve every call.")
     max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, ge=1,
                                     description="A target's answer beyond this fails the attempt (and is retried "
                                                 "elsewhere if idempotent).")

@@ -141,7 +141,7 @@ class ReachClient:
         self._api: NodeApi | None = None
         self._heartbeater: Heartbeater | None = None
         self._reporter: Reporter | None = None
-        self._tickets = TicketCache(clock=clock)
+        self._tickets = TicketCache(clock=clock, reuse_s=self.settings.ticket_reuse_ms / 1000)
 
     @classmethod
     def from_config(cls, path: str | Path, **kwargs: Any) -> ReachClient:

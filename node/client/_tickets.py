@@ -7,17 +7,19 @@ from collections.abc import Callable
 from ..models import RouteRequest, RouteTicket
 
 TICKET_CACHE_SIZE = 1_024
-TICKET_EXPIRY_MARGIN = 0.9  # a ticket is reused for this share of its lifetime, so it never expires in flight
+TICKET_EXPIRY_MARGIN = 0.9  # a ticket is reused for at most this share of its lifetime, so it never expires in flight
 
 
 class TicketCache:
-    """Tickets by route request (all of it but ``exclude`` and ``trace_id``), each until its expiry.
+    """Tickets by route request (all of it but ``exclude`` and ``trace_id``), each for ``reuse_s`` or
+    until just before its expiry, whichever comes first.
 
     ``clock`` is monotonic seconds. When full, expired tickets go first, else the oldest one.
     """
 
-    def __init__(self, *, clock: Callable[[], float], size: int = TICKET_CACHE_SIZE) -> None:
+    def __init__(self, *, clock: Callable[[], float], reuse_s: float, size: int = TICKET_CACHE_SIZE) -> None:
         self.clock = clock
+        self.reuse_s = reuse_s
         self.size = size
         self._tickets: dict[str, tuple[RouteTicket, float]] = {}
 
@@ -28,7 +30,9 @@ class TicketCache:
         return None
 
     def put(self, request: RouteRequest, ticket: RouteTicket) -> None:
-        lifetime_s = max(0, ticket.expires_at_ms - ticket.issued_at_ms) / 1000 * TICKET_EXPIRY_MARGIN
+        lifetime_s = min(self.reuse_s, max(0, ticket.expires_at_ms - ticket.issued_at_ms) / 1000 * TICKET_EXPIRY_MARGIN)
+        if lifetime_s <= 0:
+            return
         if len(self._tickets) >= self.size:
             now = self.clock()
             for stale in [k for k, (_, until) in self._tickets.items() if until <= now] or [next(iter(self._tickets))]:
