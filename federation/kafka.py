@@ -44,15 +44,16 @@ def make_producer(config: FederationConfig) -> AIOKafkaProducer:
     )
 
 
-def make_consumer(config: FederationConfig) -> AIOKafkaConsumer:
-    """A group-less consumer for manual assignment; offsets live in Redis, never in Kafka."""
+def make_consumer(config: FederationConfig, *, fetch_max_wait_ms: int | None = None) -> AIOKafkaConsumer:
+    """A group-less consumer for manual assignment; offsets live in Redis, never in Kafka.
+    ``fetch_max_wait_ms`` defaults to the config's (what change propagation needs)."""
     return AIOKafkaConsumer(
         bootstrap_servers=config.bootstrap_servers,
         client_id=f"agent-reach-consumer-{config.region}",
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
-        fetch_max_wait_ms=config.fetch_max_wait_ms,
+        fetch_max_wait_ms=fetch_max_wait_ms or config.fetch_max_wait_ms,
         request_timeout_ms=config.request_timeout_ms,
         retry_backoff_ms=config.retry_backoff_ms,
     )

@@ -316,7 +316,10 @@ class SummaryReader:
     async def _session(self) -> None:
         assigned = list(self.partitions)
         await ensure_topics(self.config, [partition.topic for partition in assigned])
-        consumer = make_consumer(self.config)
+        # Summaries come once a second: a long fetch wait costs them nothing and keeps an idle
+        # reader from waking 50 times a second as the change consumer does.
+        consumer = make_consumer(self.config, fetch_max_wait_ms=max(self.config.fetch_max_wait_ms,
+                                                                    min(500, self.config.summary_interval_ms // 2)))
         try:
             await consumer.start()
             consumer.assign(assigned)

@@ -6,8 +6,9 @@ factor, in order. What they leave spills to the fresh peer regions together, eac
 proportional to what it can serve: the healthy weight its summary reports for the capability
 (only the versions the request accepts), discounted by its utilisation
 (``CapabilitySummary.serving_weight``). A region whose summary says nobody healthy serves gets
-nothing. Peers without a usable summary, and requests a summary cannot judge (labels, tags, a
-pattern, an agent_id), count the healthy weight of the replicated records instead. Stale peers
+nothing. Peers without a usable summary (none within ``stale_after_ms``, or one older than the
+replica's version), and requests a summary cannot judge (labels, tags, a pattern, an agent_id),
+count the healthy weight of the replicated records instead. Stale peers
 stay the last resort (the router tries them only when no fresh level can serve).
 
 Inside a replicated region the agent is then drawn from the replica by registered weight ×
@@ -117,7 +118,9 @@ def _capacity(level: Level, peer: PeerView | None, request: RouteRequest, judged
     if not level.candidates:
         return 0.0
     summary = peer.summary if peer is not None and judged else None
-    if summary is not None:
+    # A summary older than the replica (a registration arrived before the next summary) does not
+    # know what the records do: they count until a summary catches up.
+    if summary is not None and summary.watermark >= peer.index.version:  # type: ignore[union-attr]
         return summary.serving_weight(request.capability or "", constraint)
     return level.healthy_weight
 

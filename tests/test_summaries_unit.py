@@ -23,8 +23,8 @@ from .test_router_unit import ADMIN, CAPABILITY, LEASE_MS, START_MS, Peer, index
 pytestmark = pytest.mark.unit
 
 
-def view(region: str, *capabilities: CapabilitySummary, at_ms: int = START_MS) -> SummaryView:
-    return SummaryView.of([RegionSummary(region=region, watermark=1, sent_at_ms=at_ms, generation=at_ms,
+def view(region: str, *capabilities: CapabilitySummary, at_ms: int = START_MS, watermark: int = 10**9) -> SummaryView:
+    return SummaryView.of([RegionSummary(region=region, watermark=watermark, sent_at_ms=at_ms, generation=at_ms,
                                          capabilities=list(capabilities))])
 
 
