@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install browser promtool up test test-unit bench bench-resolve bench-federation bench-semantic bench-routing bench-peers bench-scale clean
+.PHONY: install browser promtool up test test-unit bench bench-resolve bench-federation bench-semantic bench-routing bench-peers bench-scale bench-federation-scale clean
 
 install: $(STAMP)
 
@@ -46,7 +46,7 @@ promtool:
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } || \
 		echo "promtool not installed: tests/test_metrics.py lints /metrics in Python only"
 
-bench: bench-resolve bench-federation bench-semantic bench-routing bench-peers bench-scale
+bench: bench-resolve bench-federation bench-semantic bench-routing bench-peers bench-scale bench-federation-scale
 
 # wrk drives the resolve benchmark from a separate process; it comes from Debian's packages.
 bench-resolve: install
@@ -72,6 +72,14 @@ bench-semantic: install
 
 bench-routing: install
 	$(BIN)/python -m bench.routing
+
+# N regions under heartbeat load, on the commit before issue 12 (exported to a temporary directory,
+# not a worktree) and on this tree; then the arithmetic of docs/SCALE.md.
+FEDERATION_SCALE_BEFORE ?= fef7d88
+bench-federation-scale: install
+	before=$$(mktemp -d) && git archive $(FEDERATION_SCALE_BEFORE) | tar -x -C $$before && \
+	$(BIN)/python -m bench.federation_scale --before-tree $$before; status=$$?; rm -rf $$before; exit $$status
+	$(BIN)/python -m bench.scale_arithmetic
 
 clean:
 	rm -rf $(VENV) build *.egg-info
