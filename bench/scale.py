@@ -6,7 +6,8 @@ Two parts, on an embedded redis-server over 127.0.0.1:
 1. **A node process** (``agent-reach node --no-semantic``): ``--agents`` agents (100,000 by
    default) registered over HTTP by ``--clients`` concurrent clients (registrations/s, p50/p99);
    the node's RSS before and after (bytes per agent); resolve throughput and p99 at that size
-   with wrk -c16 next to a bare aiohttp handler in the same run; then the node is stopped and
+   with wrk -c16 next to a bare aiohttp handler in the same run; the federation snapshot (served
+   streamed; read by a peer streamed and, for comparison, whole); then the node is stopped and
    started again over the stored records (cold start: until /readyz answers 200).
 2. **In this process**: a 10,000-agent pool of one capability whose agents change one at a time
    (a load report), each change followed by a routing lookup: the table patched for the one agent
@@ -28,14 +29,17 @@ import shutil
 import statistics
 import sys
 import time
+import tracemalloc
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import orjson
 
+from federation.snapshot_reader import read_snapshot
 from node.cache import AgentIndex, RegionCache
 from node.candidates import CandidateTables, Source
-from node.models import AgentRecord, Capability, Load, Locality, RouteRequest, TokenRole
+from node.models import AgentRecord, Capability, Load, Locality, RouteRequest, Snapshot, TokenRole
 from node.outcomes import OutcomeTracker
 from node.security import Signer
 from node.store import RegionStore, now_ms
@@ -128,6 +132,8 @@ def node_part(args: argparse.Namespace) -> None:
             figures = run_wrk(url, resolve_script(token), seconds=args.seconds, connections=16)
             print(line(f"resolve @ {args.agents:,} agents", figures)
                   + f"   ratio {figures['RPS'] / base['RPS']:.2f}")
+            asyncio.run(snapshot_figures(url, Signer(SECRET.encode()).issue("bench", TokenRole.PEER, ttl_s=3600),
+                                         node.pid, args.agents))
         finally:
             stop(node)
         started = time.monotonic()
@@ -140,6 +146,60 @@ def node_part(args: argparse.Namespace) -> None:
             stop(node)
     finally:
         redis.stop_sync()
+
+
+async def snapshot_figures(url: str, token: str, pid: int, agents: int) -> None:
+    """The federation snapshot of the whole region: served (time to the first byte and to the
+    last, bytes, the node's RSS growth while serving) and read by a peer, streamed
+    (``federation.snapshot_reader``) against the whole document parsed at once (time, peak memory)."""
+    peak = [rss_bytes(pid)]
+    before = peak[0]
+    sampling = True
+
+    async def sample() -> None:
+        while sampling:
+            peak[0] = max(peak[0], rss_bytes(pid))
+            await asyncio.sleep(0.005)
+
+    sampler = asyncio.create_task(sample())
+    pieces: list[bytes] = []
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session:
+        started = time.perf_counter()
+        async with session.get(f"{url}/v1/federation/snapshot") as response:
+            first_byte = None
+            async for piece in response.content.iter_any():
+                first_byte = first_byte or time.perf_counter() - started
+                pieces.append(piece)
+        served = time.perf_counter() - started
+    sampling = False
+    await sampler
+    body = b"".join(pieces)
+    print(f"snapshot of {agents:,} agents served: {len(body) / 2**20:,.1f} MiB, first byte {first_byte * 1000:,.0f} ms, "
+          f"last {served:,.2f} s; node RSS +{(peak[0] - before) / 2**20:,.0f} MiB while serving")
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), 65_536):
+            yield body[start:start + 65_536]
+
+    async def whole() -> Snapshot:
+        data = orjson.loads(body)
+        return Snapshot.model_validate({**data, "agents": [AgentRecord.model_validate(a) for a in data["agents"]]})
+
+    async def streamed() -> Snapshot:
+        return await read_snapshot(chunks(), bad_record=lambda *problem: None)
+
+    for name, parse in (("whole document", whole), ("streamed", streamed)):
+        started = time.perf_counter()
+        snapshot = await parse()
+        seconds = time.perf_counter() - started
+        del snapshot
+        gc.collect()
+        tracemalloc.start()
+        await parse()
+        peak_bytes = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        print(f"  read by a peer, {name}: {seconds:.2f} s, peak {peak_bytes / 2**20:,.0f} MiB of Python objects "
+              f"beyond the received bytes")
 
 
 async def fill(store: RegionStore, records: int) -> None:
@@ -206,8 +266,7 @@ def table_upkeep(pool: int = 10_000, changes: int = 2_000) -> None:
         kept.table(source, request, now, False)
         started = time.perf_counter()
         for n in range(changes):
-            record = index.get(f"scale.pool.a{n % pool}")
-            index.put(record.model_copy(update={"load": Load(inflight=n % 9)}))
+            index.set_load(f"scale.pool.a{n % pool}", Load(inflight=n % 9 + 1))  # a load report (node.loads)
             (tables or CandidateTables(outcomes=OutcomeTracker())).table(source, request, now, False)
         figures[label] = (time.perf_counter() - started) / changes * 1e6
     print(f"routing table upkeep, {pool:,}-agent pool, one agent's load changed then one lookup: "

@@ -32,12 +32,13 @@ from pydantic import ValidationError
 
 from node.clock import now_ms
 from node.errors import StoreUnavailable, first_problem
-from node.models import AgentRecord, Snapshot
+from node.models import Snapshot
 
 from .config import FederationConfig
 from .errors import SnapshotUnavailable
 from .replica import PeerCatalog
 from .replica_store import ReconcileResult, ReplicaStore
+from .snapshot_reader import read_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -161,22 +162,11 @@ class AntiEntropy:
                  len(result.evicted))
         return result
 
-    def _parse_snapshot(self, peer: str, body: bytes) -> Snapshot:
-        """The snapshot, one record at a time: a record that does not parse is quarantined and
-        left out (the replica then lacks it, as if the peer did), not a reason to refuse the rest."""
-        data = orjson.loads(body)
-        if not isinstance(data, dict) or not isinstance(data.get("agents"), list):
-            raise orjson.JSONDecodeError("a snapshot is an object with an 'agents' list", "", 0)
-        agents = []
-        for position, item in enumerate(data["agents"]):
-            try:
-                agents.append(AgentRecord.model_validate(item))
-            except ValidationError as exc:
-                agent_id = item.get("agent_id") if isinstance(item, dict) else None
-                self.replica_store.quarantine.add(
-                    "snapshot", f"{peer} snapshot agents[{position}]", first_problem(exc).message,
-                    agent_id=agent_id if isinstance(agent_id, str) else None)
-        return Snapshot.model_validate({**data, "agents": agents})
+    def _bad_record(self, peer: str) -> Callable[[int, str | None, str], None]:
+        def quarantine(position: int, agent_id: str | None, problem: str) -> None:
+            self.replica_store.quarantine.add("snapshot", f"{peer} snapshot agents[{position}]", problem,
+                                              agent_id=agent_id)
+        return quarantine
 
     async def fetch_snapshot(self, peer: str) -> Snapshot:
         """The snapshot from the first node of ``peer`` that serves it; raises SnapshotUnavailable."""
@@ -187,11 +177,11 @@ class AntiEntropy:
             try:
                 async with self._session.get(url.rstrip("/") + SNAPSHOT_PATH,
                                              headers={"Authorization": f"Bearer {self.token()}"}) as response:
-                    body = await response.read()
                     if response.status != 200:
-                        problems.append(f"{url}: HTTP {response.status} {body[:200]!r}")
+                        problems.append(f"{url}: HTTP {response.status} {(await response.read())[:200]!r}")
                         continue
-                snapshot = self._parse_snapshot(peer, body)
+                    # Parsed a record at a time as it arrives (federation.snapshot_reader).
+                    snapshot = await read_snapshot(response.content.iter_any(), bad_record=self._bad_record(peer))
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 problems.append(f"{url}: {exc!r}")
                 continue

@@ -67,6 +67,7 @@ from .search import DEFAULT_SEARCH_K, MAX_SEARCH_K
 from .security import require_peer
 from .server import NodeRunner, ServerLimits
 from .service import RegistryNode
+from .snapshot_stream import stream_snapshot
 from .traces import TRACES_KEY
 from .watch_stream import end_watches, watch
 
@@ -372,7 +373,7 @@ async def revoke_token(request: web.Request) -> web.Response:
 
 async def snapshot(request: web.Request) -> web.Response:
     require_peer(_caller(request), "the federation snapshot")
-    return web.Response(body=await _node(request).snapshot_json(), content_type="application/json")
+    return await stream_snapshot(request, _node(request))
 
 
 async def quarantine(request: web.Request) -> web.Response:

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
@@ -449,20 +448,10 @@ class RegistryNode:
             raise Forbidden(too_old, field="signature", code="ticket_expired")
         return claims
 
-    async def snapshot_json(self) -> bytes:
-        """A ``Snapshot`` (live local records + watermark) as JSON, spliced from the stored records.
-
-        A record is parsed only when the cache does not hold it at the same version (the cache
-        parsed it already); one that does not parse is quarantined and left out, so a peer never
-        receives what this region could not read back.
-        """
-        now = now_ms()
-        watermark, records = await self.store.live_records_json(now_ms=now)
-        served = [raw for agent_id, raw in records if self._vetted(agent_id, raw)]
-        head = orjson.dumps({"region": self.region, "watermark": watermark, "taken_at_ms": now})
-        return head[:-1] + b',"agents":[' + ",".join(served).encode() + b"]}"
-
-    def _vetted(self, agent_id: str, raw: str) -> bool:
+    def vetted(self, agent_id: str, raw: str) -> bool:
+        """Whether a stored record may be served raw: parsed only when the cache does not hold it
+        at the same version (the cache parsed it already); one that does not parse is quarantined,
+        so a peer never receives what this region could not read back."""
         known = self.cache.index.get(agent_id)
         if known is not None and stored_version(raw) == known.version:
             return True

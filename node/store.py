@@ -32,7 +32,7 @@ whose record does not parse reads as that agent's deletion, reason ``quarantined
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 import orjson
@@ -70,6 +70,9 @@ def stored_version(raw: str) -> int | None:
     """The version of a record as this store wrote it, read off its JSON without parsing it."""
     match = _STORED_VERSION.match(raw)
     return int(match.group(1)) if match else None
+
+
+RecordChunk = tuple[list[str], list[str], list["float | None"]]  # agent ids, raw records, lease expiries
 
 
 @dataclass(slots=True)
@@ -307,24 +310,30 @@ class RegionStore:
         than the records it holds (``AgentIndex.apply``) is therefore exact, while only one
         chunk of raw JSON is in memory at a time (a 100,000-agent region is 70 MB of it).
         """
-        async with self._translate():
-            version = int(await self.redis.get(self.key_version) or 0)
+        version = await self.version()
         records: list[AgentRecord] = []
+        async for ids, raw_records, leases in self.chunks(chunk=chunk):
+            loads = await self.loads(ids)
+            for agent_id, raw, lease, load in zip(ids, raw_records, leases, loads):
+                record = self._parse_record(agent_id, raw, lease_expires_at_ms=int(lease or 0))
+                if record is not None:
+                    if load is not None:
+                        record.load = load
+                    records.append(record)
+        return SnapshotData(version=version, records=records)
+
+    async def chunks(self, *, chunk: int = _SNAPSHOT_CHUNK) -> AsyncIterator[RecordChunk]:
+        """Every stored record in HSCAN chunks: ``(agent ids, raw records, lease expiries)`` (a
+        lease None: none). Read the version before the first chunk (see :meth:`snapshot`)."""
         cursor = 0
         while True:
             async with self._translate():
                 cursor, raw_records = await self.redis.hscan(self.key_agents, cursor, count=chunk)
                 ids = list(raw_records)
                 leases = await self.redis.zmscore(self.key_leases, ids) if ids else []
-            loads = await self.loads(ids)
-            for agent_id, lease, load in zip(ids, leases, loads):
-                record = self._parse_record(agent_id, raw_records[agent_id], lease_expires_at_ms=int(lease or 0))
-                if record is not None:
-                    if load is not None:
-                        record.load = load
-                    records.append(record)
+            yield ids, list(raw_records.values()), leases
             if cursor == 0:
-                return SnapshotData(version=version, records=records)
+                return
 
     async def snapshot_versions(self) -> StoredVersions:
         """Every agent's version and lease and the region version they are consistent with (one
@@ -348,22 +357,6 @@ class RegionStore:
                 record_version = record.version
             agents[agent_id] = (record_version, lease_of.get(agent_id, 0))
         return StoredVersions(version=version, agents=agents)
-
-    async def live_records_json(self, *, now_ms: int) -> tuple[int, list[tuple[str, str]]]:
-        """The version and ``(agent_id, stored JSON)`` of every agent whose lease has not passed.
-
-        Unparsed, for serving snapshots cheaply (the caller vets what it has not parsed
-        before); a string's ``lease_expires_at_ms`` is the one written at its last change
-        (heartbeats move only the lease set).
-        """
-        async with self._translate():
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.get(self.key_version)
-                pipe.hgetall(self.key_agents)
-                pipe.zrangebyscore(self.key_leases, f"({now_ms}", "+inf")
-                version, raw_records, live = await pipe.execute()
-        live_ids = set(live)
-        return int(version or 0), [(agent_id, raw) for agent_id, raw in raw_records.items() if agent_id in live_ids]
 
     async def version(self) -> int:
         async with self._translate():

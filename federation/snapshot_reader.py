@@ -1,0 +1,89 @@
+"""Reading a peer's snapshot as it arrives (the node's ``node.snapshot_stream`` layout).
+
+The document is ``{"region", "watermark", "taken_at_ms", "agents": [...]}`` with the head on the
+first line and one record per line after it, ending with a line ``]}``. Each record is validated
+when its line is complete, so a 100,000-agent snapshot is never one 70 MB string here; a record
+that does not parse is handed to ``bad_record`` and left out (the replica then lacks it, as if the
+peer did), not a reason to refuse the rest. A document in any other layout — a node that answers
+with one line, say — is read whole and parsed as JSON: the same result, the old way. A document
+that ends early (the serving node lost its Redis and cut the stream) does not parse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+
+import orjson
+from pydantic import ValidationError
+
+from node.errors import first_problem
+from node.models import AgentRecord, Snapshot
+
+__all__ = ["read_snapshot"]
+
+HEAD_END = b'"agents":['
+END = b"]}"
+BadRecord = Callable[[int, "str | None", str], None]  # position, agent_id if known, the problem
+
+
+async def read_snapshot(body: AsyncIterable[bytes], *, bad_record: BadRecord) -> Snapshot:
+    """The snapshot in ``body`` (chunks of bytes as they arrive); raises ``orjson.JSONDecodeError``
+    or ``ValidationError`` when it is no snapshot."""
+    lines = _lines(body)
+    head = await anext(lines, b"")
+    if not head.rstrip().endswith(HEAD_END):
+        rest = [line async for line in lines]
+        return _whole(b"\n".join([head, *rest]), bad_record)
+    fields = orjson.loads(head.rstrip() + END)
+    agents: list[AgentRecord] = []
+    position = 0
+    async for line in lines:
+        line = line.strip()
+        if line == END:
+            return Snapshot.model_validate({**fields, "agents": agents})
+        if not line:
+            continue
+        record = _record(line.removesuffix(b","), position, bad_record)
+        if record is not None:
+            agents.append(record)
+        position += 1
+    raise orjson.JSONDecodeError("the snapshot ended before its last record (the stream was cut)", "", 0)
+
+
+def _record(raw: bytes, position: int, bad_record: BadRecord) -> AgentRecord | None:
+    try:
+        return AgentRecord.model_validate_json(raw)
+    except ValidationError as exc:
+        try:
+            item = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            item = None
+        agent_id = item.get("agent_id") if isinstance(item, dict) else None
+        bad_record(position, agent_id if isinstance(agent_id, str) else None, first_problem(exc).message)
+        return None
+
+
+def _whole(body: bytes, bad_record: BadRecord) -> Snapshot:
+    data = orjson.loads(body)
+    if not isinstance(data, dict) or not isinstance(data.get("agents"), list):
+        raise orjson.JSONDecodeError("a snapshot is an object with an 'agents' list", "", 0)
+    agents = []
+    for position, item in enumerate(data["agents"]):
+        try:
+            agents.append(AgentRecord.model_validate(item))
+        except ValidationError as exc:
+            agent_id = item.get("agent_id") if isinstance(item, dict) else None
+            bad_record(position, agent_id if isinstance(agent_id, str) else None, first_problem(exc).message)
+    return Snapshot.model_validate({**data, "agents": agents})
+
+
+async def _lines(body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    """The lines of ``body`` without their newlines (the last one even if it has none)."""
+    pending = b""
+    async for chunk in body:
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            yield line
+    if pending:
+        yield pending
