@@ -138,10 +138,14 @@ EVAL_SUITE = (
 )
 
 # Ways of forming an owner's score, each printed with its vector, lexical and hybrid rankings:
-# the default, each level alone, and the single-weight blend the tuning set preferred before the
+# the default, the default less spelling correction and/or example vectors, each level alone,
+# and the single-weight blend the tuning set preferred before the
 # two-set rule (see semantic/search.py) turned it down.
 VARIANTS: dict[str, dict[str, object]] = {
     "default": {},
+    "no spelling fix": {"correct_spelling": False},
+    "no example vectors": {"example_weight": 0.0},
+    "neither (before)": {"correct_spelling": False, "example_weight": 0.0},
     "capabilities only": {"agent_vector_weight": 0.0, "agent_lexical_weight": 0.0},
     "agent document only": {"agent_vector_weight": 1.0, "agent_lexical_weight": 1.0},
     "one weight 0.25, w=0.5": {"agent_vector_weight": 0.25, "agent_lexical_weight": 0.25, "vector_weight": 0.5},
@@ -175,8 +179,16 @@ async def relevance(embedder: Embedder, suite: Sequence[EvalSuiteEntry] = EVAL_S
     return table
 
 
+REFUSAL_CURVE = (0.12, 0.14, 0.16, 0.18, 0.20, 0.22)
+
+
+def _share(scores: Sequence[float], threshold: float, *, below: bool) -> float:
+    return sum(1 for score in scores if (score < threshold) == below) / max(len(scores), 1)
+
+
 def print_thresholds(table: Mapping[tuple[str, str, str, str], EvalMetrics]) -> None:
-    """Top-hit scores of the default ranking: what the refusal thresholds were chosen from."""
+    """Top-hit scores of the default ranking: what the refusal thresholds were chosen from, and
+    the trade-off of other hybrid thresholds (refused answerable / routed unanswerable)."""
     print(f"\n== refusal: thresholds hybrid {SUGGESTED_MIN_SCORE_HYBRID}, lexical {SUGGESTED_MIN_SCORE_LEXICAL} "
           "(chosen on the tuning set) ==")
     for (set_name, slice_name, variant, ranking), metrics in table.items():
@@ -187,6 +199,10 @@ def print_thresholds(table: Mapping[tuple[str, str, str, str], EvalMetrics]) -> 
               f"median={statistics.median(answerable):.3f}; of unanswerable median={statistics.median(nobody):.3f} "
               f"max={max(nobody):.3f}; refused {metrics.refused_answerable:.3f} of answerable, routed "
               f"{metrics.routed_unanswerable:.3f} of unanswerable")
+        if variant == "default":
+            print("  " + " " * 16 + " other thresholds (refused/routed): " + "  ".join(
+                f"{threshold:.2f}: {_share(answerable, threshold, below=True):.3f}/"
+                f"{_share(nobody, threshold, below=False):.3f}" for threshold in REFUSAL_CURVE))
 
 
 async def _latency(search: SemanticSearch, cache: _QueryBypassCache, queries: list[str], count: int) -> None:

@@ -37,6 +37,7 @@ from .search import (
     DEFAULT_AGENT_LEXICAL_WEIGHT,
     DEFAULT_AGENT_TEXT_FORMAT,
     DEFAULT_AGENT_VECTOR_WEIGHT,
+    DEFAULT_EXAMPLE_WEIGHT,
     DEFAULT_VECTOR_WEIGHT,
     SUGGESTED_MIN_SCORE_HYBRID,
     SUGGESTED_MIN_SCORE_LEXICAL,
@@ -49,6 +50,7 @@ from .search import (
     SemanticSearch,
     suggested_min_score,
 )
+from .spelling import SpellingCorrector
 
 __all__ = [
     "SemanticSearch",
@@ -61,6 +63,7 @@ __all__ = [
     "DEFAULT_VECTOR_WEIGHT",
     "DEFAULT_AGENT_VECTOR_WEIGHT",
     "DEFAULT_AGENT_LEXICAL_WEIGHT",
+    "DEFAULT_EXAMPLE_WEIGHT",
     "DEFAULT_AGENT_TEXT_FORMAT",
     "SUGGESTED_MIN_SCORE_HYBRID",
     "SUGGESTED_MIN_SCORE_LEXICAL",
@@ -85,6 +88,7 @@ __all__ = [
     "LexicalIndex",
     "LexicalScores",
     "tokenize",
+    "SpellingCorrector",
     "SemanticError",
     "EmbedderUnavailable",
     "EmbeddingError",

@@ -28,6 +28,7 @@ from .errors import (
     SearchClosedError,
     VectorCacheError,
 )
+from .spelling import vocabulary_words
 
 __all__ = [
     "Embedder",
@@ -273,6 +274,17 @@ class Embedder:
                 f"({_INSTALL_HINT})"
             ) from exc
         return model, int(np.asarray(probe).shape[-1])
+
+    def known_words(self) -> frozenset[str] | None:
+        """The whole words of the loaded model's tokenizer vocabulary (the dictionary that tells a
+        typo from a rare word, :mod:`semantic.spelling`); None before :meth:`load` or when the
+        tokenizer exposes no vocabulary."""
+        tokenizer = getattr(self._model, "tokenizer", None) if self._state is EmbedderState.READY else None
+        get_vocab = getattr(tokenizer, "get_vocab", None)
+        if get_vocab is None:
+            return None
+        words = vocabulary_words(get_vocab())
+        return words or None
 
     def cache_key(self, text: str) -> str:
         """The cache key of ``text`` under this model."""

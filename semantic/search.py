@@ -34,6 +34,18 @@ parts on that set and on the blind English set (``semantic_eval_blind.json``) to
   apart (0.797 each), and the agent document is the one that holds the description's words.
 * ``vector_weight`` 0.6: 0.5, 0.6 and 0.7 tie on the tuning set (0.955-0.957), so it stays.
   Hybrid against its parts: tuning 0.955 vs 0.935 / 0.801, blind 0.898 vs 0.838 / 0.747.
+* Example requests (``example_weight`` 0.5, issue 11): vector-ranking MRR tuning 0.935 -> 0.945,
+  blind 0.852 -> 0.867 (with spelling); hybrid tuning 0.955 -> 0.949 (under one query's rank:
+  the set cannot tell) with recall@5 0.992 -> 1.000 and no answerable query refused at 0.16
+  (was 4%); blind 0.903 -> 0.905. Kept for the vector signal and the refusal margin.
+* Spelling correction (:mod:`semantic.spelling`): changes no tuning-set ranking (3 queries
+  rewritten, British spellings); blind hybrid 0.899 -> 0.905, vector 0.852 -> 0.867, lexical
+  0.747 -> 0.767 (27 of 338 queries rewritten, by inspection all true typos or harmless folds).
+  Choosing it among the options looked at the blind set's misses: ``semantic_eval_heldout.json``
+  (written first, scored only for the final report) is the check on that choice.
+* Fusion: reciprocal-rank fusion (k 5..60) and per-query z-score blends lost to the linear blend
+  on both English sets (tuning 0.891-0.945, blind 0.841-0.915 vs 0.949 / 0.905), and both give
+  up the absolute score the router's threshold needs.
 * Turned down: one agent weight shared by both signals (0.25, with vector_weight 0.5) led the
   tuning set's grid (hybrid 0.963) but on the blind set fell below the agent document alone at
   the same vector_weight (0.892 vs 0.905); the better of agent document and best capability
@@ -44,7 +56,10 @@ Thresholds (``SUGGESTED_MIN_SCORE_*``), chosen on the tuning set where the share
 queries refused plus the share of unanswerable ones routed is smallest: hybrid 0.16 (refuses
 4% of its answerable queries, routes none of its 8 unanswerable), lexical 0.07 (25% / 1 of 8).
 The blind sets show the limit of one threshold: their near-miss requests score like real ones
-(blind English: 67% of the unanswerable would still be routed in hybrid mode).
+(blind English at 0.16: 67% of the unanswerable would still be routed, 6% of the answerable
+refused; at 0.20: 38% and 15%). A logistic rule over the top hit's cosine, coverage and margin
+to the runner-up, fitted on the blind set itself, still refused 14% at 40% routed: with this
+model no threshold rule reaches both, so the threshold stays where the tuning set puts it.
 A caller should pick the threshold by ``SearchResult.mode`` (:func:`suggested_min_score`);
 another model needs its own measurement (``semantic_threshold`` in the node's settings).
 
@@ -73,10 +88,12 @@ from .documents import (
     embedding_text,
     lexical_text,
 )
-from .embedder import Embedder
+from .embedder import Embedder, packaged_model_path
 from .errors import EmbedderUnavailable, InvalidDocumentError, SearchClosedError
-from .index import VectorIndex, top_k_of_scores
+from .index import VectorIndex
 from .lexical import DEFAULT_B, DEFAULT_BIGRAMS, DEFAULT_K1, LexicalIndex, mostly_cjk
+from .ranking import LevelSignals, OwnerScorer, Ranking, SearchHit, Weights
+from .spelling import SpellingCorrector, read_vocabulary_file
 
 __all__ = [
     "SemanticSearch",
@@ -89,6 +106,7 @@ __all__ = [
     "DEFAULT_VECTOR_WEIGHT",
     "DEFAULT_AGENT_VECTOR_WEIGHT",
     "DEFAULT_AGENT_LEXICAL_WEIGHT",
+    "DEFAULT_EXAMPLE_WEIGHT",
     "DEFAULT_AGENT_TEXT_FORMAT",
     "DEFAULT_CANDIDATE_POOL",
     "MAX_K",
@@ -102,6 +120,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_VECTOR_WEIGHT = 0.6
 DEFAULT_AGENT_VECTOR_WEIGHT = 0.25
 DEFAULT_AGENT_LEXICAL_WEIGHT = 1.0
+DEFAULT_EXAMPLE_WEIGHT = 0.5
 DEFAULT_AGENT_TEXT_FORMAT = TextFormat.FULL
 DEFAULT_CANDIDATE_POOL = 100  # documents taken from each level and signal before scoring owners
 MAX_K = 1_000
@@ -121,39 +140,12 @@ def suggested_min_score(mode: SearchMode) -> float:
     return SUGGESTED_MIN_SCORE_HYBRID if SearchMode(mode) is SearchMode.HYBRID else SUGGESTED_MIN_SCORE_LEXICAL
 
 
-class Ranking(str, Enum):
-    """Which signal orders a single search (diagnostics and evaluation; default follows the mode)."""
-
-    HYBRID = "hybrid"
-    VECTOR = "vector"
-    LEXICAL = "lexical"
-
-
 class SearchState(Enum):
     """Lifecycle of a :class:`SemanticSearch`."""
 
     NEW = "new"
     READY = "ready"
     CLOSED = "closed"
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    """One owner (agent), its score, and the capability of it that matched best.
-
-    ``capability`` is None only for an owner without capability documents (``doc_id`` is then
-    its description document). ``vector_score`` and ``lexical_score`` are the two parts of
-    ``score`` with the agent and capability levels already weighted in (so that in hybrid
-    ranking ``score = vector_weight * vector_score + (1 - vector_weight) * lexical_score``);
-    ``vector_score`` is None in lexical mode.
-    """
-
-    owner_id: str
-    capability: str | None
-    doc_id: str
-    score: float
-    vector_score: float | None
-    lexical_score: float
 
 
 @dataclass(frozen=True)
@@ -173,45 +165,11 @@ class SearchResult:
     ranking: Ranking
     hits: list[SearchHit]
     timings: SearchTimings = field(default_factory=SearchTimings)
+    corrected_query: str | None = None  # what was ranked, when spelling correction changed the query
 
     @property
     def best(self) -> SearchHit | None:
         return self.hits[0] if self.hits else None
-
-
-@dataclass(frozen=True, slots=True)
-class _Parts:
-    """Cosine (None without vectors) and lexical coverage of one document."""
-
-    cosine: float | None
-    coverage: float
-
-
-class _Signals:
-    """The query's scores on one level (agent or capability): cosines and BM25 coverage."""
-
-    def __init__(self, vectors: VectorIndex | None, similarities: np.ndarray | None, lexical: LexicalIndex,
-                 query: str, use_lexical: bool) -> None:
-        self.vectors = vectors
-        self.similarities = similarities
-        self.lexical = lexical.score(query) if use_lexical else None
-
-    def parts(self, key: str) -> _Parts:
-        cosine = None
-        if self.similarities is not None and self.vectors is not None:
-            row = self.vectors.row_of(key)
-            cosine = None if row is None else float(self.similarities[row])
-        coverage = self.lexical.coverage_of(key) if self.lexical is not None else 0.0
-        return _Parts(cosine, coverage)
-
-    def top(self, pool: int, allow: Callable[[str], bool] | None) -> list[str]:
-        keys: list[str] = []
-        if self.similarities is not None and self.vectors is not None:
-            keys.extend(key for key, _ in top_k_of_scores(self.vectors.ids(), self.similarities, pool, allow))
-        if self.lexical is not None:
-            keys.extend(key for key, _ in top_k_of_scores(self.lexical.doc_ids, self.lexical.normalized(), pool,
-                                                          allow))
-        return keys
 
 
 class SemanticSearch:
@@ -225,6 +183,10 @@ class SemanticSearch:
       * ``agent_vector_weight``, ``agent_lexical_weight``: the share of the agent-level document
         in an owner's cosine and in its BM25 coverage (0: best capability alone, 1: the agent
         document alone); the matched capability is named either way.
+      * ``example_weight``: how much a capability's closest example request can lift its cosine
+        (0: examples only reach BM25; see :mod:`semantic.ranking`).
+      * ``correct_spelling``: rewrite likely typos of a query to the indexed word one edit away
+        (:mod:`semantic.spelling`) before ranking; ``SearchResult.corrected_query`` says so.
       * ``candidate_pool``: documents taken from each level and signal before scoring owners.
       * ``text_format``: how capability documents are flattened for the embedder;
         ``agent_text_format``: how each capability appears in the agent-level text.
@@ -245,6 +207,8 @@ class SemanticSearch:
         vector_weight: float = DEFAULT_VECTOR_WEIGHT,
         agent_vector_weight: float = DEFAULT_AGENT_VECTOR_WEIGHT,
         agent_lexical_weight: float = DEFAULT_AGENT_LEXICAL_WEIGHT,
+        example_weight: float = DEFAULT_EXAMPLE_WEIGHT,
+        correct_spelling: bool = True,
         candidate_pool: int = DEFAULT_CANDIDATE_POOL,
         text_format: TextFormat = DEFAULT_TEXT_FORMAT,
         agent_text_format: TextFormat = DEFAULT_AGENT_TEXT_FORMAT,
@@ -252,17 +216,10 @@ class SemanticSearch:
         bm25_b: float = DEFAULT_B,
         bm25_bigrams: bool = DEFAULT_BIGRAMS,
     ) -> None:
-        if not 0.0 <= vector_weight <= 1.0:
-            raise ValueError(f"vector_weight must be within [0, 1], got {vector_weight}")
-        for name, weight in (("agent_vector_weight", agent_vector_weight), ("agent_lexical_weight",
-                                                                           agent_lexical_weight)):
-            if not 0.0 <= weight <= 1.0:
-                raise ValueError(f"{name} must be within [0, 1], got {weight}")
+        self._weights = Weights(vector=vector_weight, agent_vector=agent_vector_weight,
+                                agent_lexical=agent_lexical_weight, example=example_weight)
         if candidate_pool < 1:
             raise ValueError(f"candidate_pool must be >= 1, got {candidate_pool}")
-        self._vector_weight = vector_weight
-        self._agent_vector_weight = agent_vector_weight
-        self._agent_lexical_weight = agent_lexical_weight
         self._candidate_pool = candidate_pool
         self._text_format = TextFormat(text_format)
         self._agent_text_format = TextFormat(agent_text_format)
@@ -274,6 +231,11 @@ class SemanticSearch:
         self._agent_lexical = LexicalIndex(k1=bm25_k1, b=bm25_b, bigrams=bm25_bigrams)
         self._capability_vectors: VectorIndex | None = None
         self._agent_vectors: VectorIndex | None = None
+        # Example requests: one vector each, keyed "<doc_id>\n<n>"; doc id -> its example keys.
+        self._example_vectors: VectorIndex | None = None
+        self._example_keys: dict[str, tuple[str, ...]] = {}
+        self._correct_spelling = correct_spelling
+        self._speller = SpellingCorrector()
         self._mode = SearchMode.LEXICAL
         self._state = SearchState.NEW
         self._start_lock = asyncio.Lock()
@@ -328,7 +290,12 @@ class SemanticSearch:
                     # Nothing is indexed yet: every mutation starts the facade first.
                     self._capability_vectors = VectorIndex(dimension=self._embedder.dimension)
                     self._agent_vectors = VectorIndex(dimension=self._embedder.dimension)
+                    self._example_vectors = VectorIndex(dimension=self._embedder.dimension)
                     self._mode = SearchMode.HYBRID
+                    self._speller.set_dictionary(self._embedder.known_words())
+            if self._mode is SearchMode.LEXICAL and self._correct_spelling:
+                # No model loaded: the packaged model's word list still tells typos, if installed.
+                self._speller.set_dictionary(_packaged_dictionary())
             self._state = SearchState.READY
 
     async def aclose(self) -> None:
@@ -358,12 +325,14 @@ class SemanticSearch:
         return [self._documents[doc_id] for doc_id in self._owner_docs.get(owner_id, ())]
 
     def embedding_texts(self, documents: Sequence[Document]) -> list[str]:
-        """The texts this facade encodes for one owner's ``documents`` (capabilities, then the
-        agent-level text): what a peer's vector cache must hold for the owner to cost no encoding."""
+        """The texts this facade encodes for one owner's ``documents`` (capabilities, their
+        example requests, then the agent-level text): what a peer's vector cache must hold for the owner to cost no encoding."""
         if not documents:
             return []
-        texts = [embedding_text(document, self._text_format) for document in documents
-                 if document.capability is not None]
+        capabilities = [document for document in documents if document.capability is not None]
+        texts = [embedding_text(document, self._text_format) for document in capabilities]
+        if self._weights.example > 0.0:
+            texts.extend(example for document in capabilities for example in document.examples)
         texts.append(agent_embedding_text(documents, self._agent_text_format))
         return texts
 
@@ -420,9 +389,7 @@ class SemanticSearch:
         doc_ids = self._owner_docs.pop(owner_id, ())
         for doc_id in doc_ids:
             self._forget(doc_id)
-        self._agent_lexical.remove(owner_id)
-        if self._agent_vectors is not None:
-            self._agent_vectors.remove(owner_id)
+        self._forget_agent(owner_id)
         return bool(doc_ids)
 
     def _validate(self, owner_id: str, documents: Sequence[Document]) -> None:
@@ -453,9 +420,7 @@ class SemanticSearch:
             self._forget(doc_id)
         if not documents:
             self._owner_docs.pop(owner_id, None)
-            self._agent_lexical.remove(owner_id)
-            if self._agent_vectors is not None:
-                self._agent_vectors.remove(owner_id)
+            self._forget_agent(owner_id)
             return
         capability_ids = []
         for document in documents:
@@ -467,16 +432,46 @@ class SemanticSearch:
                 self._capability_lexical.remove(document.doc_id)
                 if self._capability_vectors is not None:
                     self._capability_vectors.remove(document.doc_id)
-        self._agent_lexical.upsert(owner_id, agent_lexical_text(documents))
-        if vectors is not None and self._capability_vectors is not None and self._agent_vectors is not None:
-            if capability_ids:
-                self._capability_vectors.upsert_many(capability_ids, vectors[: len(capability_ids)])
-            self._agent_vectors.upsert(owner_id, vectors[len(capability_ids)])
+        agent_text = agent_lexical_text(documents)
+        self._agent_lexical.upsert(owner_id, agent_text)
+        self._speller.upsert(owner_id, agent_text)
+        if vectors is not None:
+            self._store_vectors(owner_id, documents, vectors)
         self._owner_docs[owner_id] = new_ids
+
+    def _store_vectors(self, owner_id: str, documents: Sequence[Document], vectors: np.ndarray) -> None:
+        # Rows come in embedding_texts order: capabilities, then their examples, then the agent.
+        if self._capability_vectors is None or self._agent_vectors is None or self._example_vectors is None:
+            return
+        capabilities = [document for document in documents if document.capability is not None]
+        if capabilities:
+            self._capability_vectors.upsert_many([document.doc_id for document in capabilities],
+                                                 vectors[: len(capabilities)])
+        row = len(capabilities)
+        for document in capabilities:
+            self._forget_examples(document.doc_id)
+            if self._weights.example > 0.0 and document.examples:
+                keys = tuple(f"{document.doc_id}\n{number}" for number in range(len(document.examples)))
+                self._example_vectors.upsert_many(keys, vectors[row : row + len(keys)])
+                self._example_keys[document.doc_id] = keys
+                row += len(keys)
+        self._agent_vectors.upsert(owner_id, vectors[row])
+
+    def _forget_examples(self, doc_id: str) -> None:
+        keys = self._example_keys.pop(doc_id, ())
+        if keys and self._example_vectors is not None:
+            self._example_vectors.remove_many(keys)
+
+    def _forget_agent(self, owner_id: str) -> None:
+        self._agent_lexical.remove(owner_id)
+        self._speller.remove(owner_id)
+        if self._agent_vectors is not None:
+            self._agent_vectors.remove(owner_id)
 
     def _forget(self, doc_id: str) -> None:
         self._documents.pop(doc_id, None)
         self._capability_lexical.remove(doc_id)
+        self._forget_examples(doc_id)
         if self._capability_vectors is not None:
             self._capability_vectors.remove(doc_id)
 
@@ -512,18 +507,20 @@ class SemanticSearch:
             return SearchResult(query, self._mode, chosen, [])
 
         encode_started = time.perf_counter()
+        searched = self._speller.correct(query) if self._correct_spelling else query
         query_vector: np.ndarray | None = None
         if chosen is not Ranking.LEXICAL and self._embedder is not None and self._agent_vectors is not None:
-            query_vector = (await self._embedder.encode([query]))[0]
+            query_vector = (await self._embedder.encode([searched]))[0]
         rank_started = time.perf_counter()
         # No await from here on: the indexes cannot change under the ranking.
-        hits = self._rank(query, query_vector, k, chosen, allow)
+        hits = self._rank(searched, query_vector, k, chosen, allow)
         finished = time.perf_counter()
         timings = SearchTimings(
             encode_ms=(rank_started - encode_started) * 1000.0,
             rank_ms=(finished - rank_started) * 1000.0,
         )
-        return SearchResult(query, self._mode, chosen, hits, timings)
+        return SearchResult(query, self._mode, chosen, hits, timings,
+                            corrected_query=searched if searched != query else None)
 
     def _unreadable(self, query: str) -> bool:
         # An English-only model maps Chinese text to vectors that all look alike (cosines of 0.3
@@ -550,62 +547,37 @@ class SemanticSearch:
         def capability_ok(doc_id: str) -> bool:
             return owner_ok(self._documents[doc_id].owner_id)
 
-        use_lexical = ranking is not Ranking.VECTOR
-        agent_similarities = capability_similarities = None
-        if query_vector is not None and self._agent_vectors is not None and self._capability_vectors is not None:
-            agent_similarities = self._agent_vectors.similarities(query_vector)
-            capability_similarities = self._capability_vectors.similarities(query_vector)
-        agent = _Signals(self._agent_vectors, agent_similarities, self._agent_lexical, query, use_lexical)
-        capability = _Signals(self._capability_vectors, capability_similarities, self._capability_lexical, query,
-                              use_lexical)
+        lexical = ranking is not Ranking.VECTOR
+        agent = LevelSignals(self._agent_vectors, query_vector, self._agent_lexical if lexical else None, query)
+        capability = LevelSignals(self._capability_vectors, query_vector,
+                                  self._capability_lexical if lexical else None, query)
+        examples = LevelSignals(self._example_vectors if self._weights.example > 0.0 else None, query_vector,
+                                None, query)
+        scorer = OwnerScorer(weights=self._weights, ranking=ranking, agent=agent, capability=capability,
+                             examples=examples, example_keys=self._example_keys,
+                             capability_of=lambda doc_id: self._documents[doc_id].capability)
 
         # A pool several times k deep so that grouping by owner still yields k owners when an
         # owner's several capabilities crowd the top of a ranking.
         pool = max(self._candidate_pool, 4 * k)
         candidates = dict.fromkeys(agent.top(pool, owner_ok if allow is not None else None))
-        candidates.update(dict.fromkeys(self._documents[doc_id].owner_id for doc_id in
-                                        capability.top(pool, capability_ok if allow is not None else None)))
+        filtered = capability_ok if allow is not None else None
+        candidates.update(dict.fromkeys(self._documents[doc_id].owner_id for doc_id in capability.top(pool, filtered)))
+        candidates.update(dict.fromkeys(self._documents[key.partition("\n")[0]].owner_id for key in
+                                        examples.top(pool, (lambda key: filtered(key.partition("\n")[0]))
+                                                     if filtered is not None else None)))
 
         scored: list[tuple[float, str, SearchHit]] = []
         for owner_id in candidates:
-            hit = self._score_owner(owner_id, agent, capability, ranking)
+            hit = scorer.score(owner_id, self._owner_docs[owner_id])
             scored.append((hit.score, owner_id, hit))
         scored.sort(key=lambda entry: (-entry[0], entry[1]))
         return [hit for _, _, hit in scored[:k]]
 
-    def _part(self, parts: _Parts, ranking: Ranking) -> float:
-        if ranking is Ranking.VECTOR:
-            return parts.cosine if parts.cosine is not None else 0.0
-        if ranking is Ranking.LEXICAL or parts.cosine is None:
-            return parts.coverage
-        return self._vector_weight * parts.cosine + (1.0 - self._vector_weight) * parts.coverage
 
-    def _score_owner(self, owner_id: str, agent: _Signals, capability: _Signals, ranking: Ranking) -> SearchHit:
-        agent_parts = agent.parts(owner_id)
-        best_doc: str | None = None
-        best_parts = _Parts(agent_parts.cosine, agent_parts.coverage)
-        best_score = -np.inf
-        for doc_id in self._owner_docs[owner_id]:
-            if self._documents[doc_id].capability is None:
-                continue
-            parts = capability.parts(doc_id)
-            score = self._part(parts, ranking)
-            if score > best_score:
-                best_doc, best_parts, best_score = doc_id, parts, score
-        if best_doc is None:  # no capabilities: the agent-level document alone, named by its description
-            vector_share = lexical_share = 1.0
-            best_doc = next(iter(self._owner_docs[owner_id]))
-        else:
-            vector_share, lexical_share = self._agent_vector_weight, self._agent_lexical_weight
-        cosine = None
-        if agent_parts.cosine is not None and best_parts.cosine is not None:
-            cosine = vector_share * agent_parts.cosine + (1.0 - vector_share) * best_parts.cosine
-        coverage = lexical_share * agent_parts.coverage + (1.0 - lexical_share) * best_parts.coverage
-        return SearchHit(
-            owner_id=owner_id,
-            capability=self._documents[best_doc].capability,
-            doc_id=best_doc,
-            score=self._part(_Parts(cosine, coverage), ranking),
-            vector_score=cosine,
-            lexical_score=coverage,
-        )
+def _packaged_dictionary() -> frozenset[str] | None:
+    """The packaged model's word list (a plain file: no torch needed); None when not installed."""
+    try:
+        return read_vocabulary_file(packaged_model_path() / "vocab.txt")
+    except EmbedderUnavailable:
+        return None

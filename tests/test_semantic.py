@@ -676,3 +676,41 @@ def test_bm25_coverage_is_absolute() -> None:
     half_unknown = index.score("ocr receipt zebra giraffe")
     assert float(half_unknown.normalized().max()) < float(covered.normalized().max()) / 1.5
     assert len(index.score("zebra")) == 0
+
+
+# -- spelling correction and example vectors (real model) ----------------------------------
+
+
+async def test_misspelt_query_is_corrected_and_says_so(search: SemanticSearch) -> None:
+    typed = await search.search("transalte this sentence into German", k=3)
+    assert typed.corrected_query == "translate this sentence into German"
+    assert typed.query == "transalte this sentence into German"
+    assert typed.hits[0].owner_id.startswith("lang.translate.")
+    clean = await search.search("translate this sentence into German", k=1)
+    assert clean.corrected_query is None
+    assert typed.hits[0].score == pytest.approx(clean.hits[0].score)
+
+
+async def test_example_requests_lift_their_capability_and_leave_with_it(embedder: Embedder) -> None:
+    owner = "acme.books.closer"
+    query = "match the bank statement against our books before the auditors arrive"
+    example = "reconcile the bank statement with our ledger before the audit"
+
+    def close(examples: tuple[str, ...]) -> Document:
+        return Document.for_capability(owner_id=owner, name="ledger.close", description="Month-end close.",
+                                       examples=examples)
+
+    async with SemanticSearch(embedder=embedder) as with_examples, \
+            SemanticSearch(embedder=embedder, example_weight=0.0) as without:
+        for facade in (with_examples, without):
+            await facade.upsert_owner(owner, [close((example,))])
+        lifted = (await with_examples.search(query, k=1)).hits[0]
+        plain = (await without.search(query, k=1)).hits[0]
+        assert lifted.vector_score is not None and plain.vector_score is not None
+        assert lifted.vector_score > plain.vector_score + 0.05
+        for facade in (with_examples, without):  # the example is gone: so is its lift
+            await facade.upsert_owner(owner, [close(())])
+        plain = (await without.search(query, k=1)).hits[0]
+        again = (await with_examples.search(query, k=1)).hits[0]
+        assert again.vector_score == pytest.approx(plain.vector_score, abs=1e-5)
+        assert with_examples.embedding_texts([close((example,))])[1] == example
