@@ -279,7 +279,7 @@ class CandidateTables:
         if changed is None or len(changed) > max(PATCH_MIN, len(table.candidates) // 8) or table.ejecting:
             return None
         records = source.index.with_capability(name)
-        pairs = [(record, capability_of(record, name)) for agent_id in changed
+        pairs = [(record, capability_of(record, name)) for agent_id in sorted(changed)  # an order not by hash seed
                  if (record := records.get(agent_id)) is not None]
         constraint = version_constraint(request.version) if request.version else None
         screening = self._screen(pairs, source, request, constraint, now_ms=now_ms)
