@@ -14,12 +14,12 @@ from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from .errors import NodeError, NotFound, PeerUnreachable
-from .models import AgentRecord, TokenClaims
+from .models import AgentRecord, Locality, SearchResponse, TokenClaims
 
 if TYPE_CHECKING:
     from .service import RegistryNode
 
-__all__ = ["ask_summary_only", "lookup", "summary_only_regions"]
+__all__ = ["ask_summary_only", "lookup", "search", "summary_only_regions"]
 
 T = TypeVar("T")
 
@@ -69,3 +69,26 @@ async def lookup(node: RegistryNode, agent_id: str, caller: TokenClaims) -> Agen
     unanswered = f"; no answer from region {', '.join(silent)}" if silent else ""
     raise NotFound(f"no agent {agent_id} in region {node.region} or its peers{unanswered}", field="agent_id",
                    code="unknown_agent", details={"unanswered": silent} if silent else None)
+
+
+async def search(node: RegistryNode, here: Awaitable[SearchResponse], query: str, *, k: int, routable_only: bool,
+                 caller: TokenClaims) -> SearchResponse:
+    """``here`` (this node's global search: its region and its replicas) and the same query asked
+    of every summary-only peer's node at once, as ``caller`` (each peer applies its own
+    ``allowed_callers``): the best ``k`` hits of all, by score, and the peers that did not answer.
+
+    Scores come from each region's own index: the vector part is the same cosine everywhere, the
+    lexical part weighs terms by each region's own statistics, so a merge by score is close to —
+    not exactly — one index over every region.
+    """
+    regions = summary_only_regions(node)
+    forwarder = node.router.forwarder
+    if not regions or forwarder is None:
+        return await here
+    asks = [forwarder.search(region, query, k=k, routable_only=routable_only, caller=caller) for region in regions]
+    response, (found, silent) = await asyncio.gather(here, ask_summary_only(regions, asks))
+    hits = list(response.hits)
+    for region, remote_hits in found.items():
+        hits.extend(hit.model_copy(update={"locality": Locality.REMOTE}) for hit in remote_hits if hit.region == region)
+    hits.sort(key=lambda hit: -hit.score)
+    return response.model_copy(update={"hits": hits[:k], "unanswered": silent})

@@ -342,8 +342,12 @@ class RegistryNode:
             raise SearchUnavailable("natural-language search is not attached to this node "
                                     "(run it with 'agent-reach node', which attaches it)")
         started = time.perf_counter()
-        response = await self.searcher.search(query, k=k, scope=scope, routable_only=routable_only,
-                                              visible=lambda record: self.visible(record, caller))
+        here = self.searcher.search(query, k=k, scope=scope, routable_only=routable_only,
+                                    visible=lambda record: self.visible(record, caller))
+        if scope is Scope.GLOBAL:  # and the summary-only peers, asked by their nodes (node.forwarded)
+            response = await forwarded.search(self, here, query, k=k, routable_only=routable_only, caller=caller)
+        else:
+            response = await here
         self.metrics.observe(self.metrics.search_seconds, time.perf_counter() - started, response.mode)
         return response
 

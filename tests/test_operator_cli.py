@@ -62,9 +62,10 @@ async def test_version_and_the_documented_exit_codes() -> None:
 async def test_every_command_against_a_live_node(searchable: RunningNode) -> None:
     node = searchable
     env = {"AGENT_REACH_URL": node.url, "AGENT_REACH_TOKEN": node.admin_token}
-    await node.register(registration("lang.translate.deepl", capability="translate.text",
+    # Long leases: a loaded machine can take seconds per command, and the leases must outlive them all.
+    await node.register(registration("lang.translate.deepl", capability="translate.text", lease_ttl_ms=600_000,
                                      description="Translates contracts and letters between languages"))
-    await node.register(registration("docs.ocr.tesseract", capability="ocr.image",
+    await node.register(registration("docs.ocr.tesseract", capability="ocr.image", lease_ttl_ms=600_000,
                                      description="Reads text from scanned images", status="degraded"))
 
     # agents list: a table, and JSON that parses; flags win over the environment.

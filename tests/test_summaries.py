@@ -21,7 +21,7 @@ from node.api import bound_port, serve
 from node.models import TokenRole
 from node.service import RegistryNode
 from topology import Topology
-from topology.composition import attach_federation
+from topology.composition import attach_discovery, attach_federation
 from topology.embedded import EmbeddedKafka
 
 from .conftest import TEST_SECRET
@@ -36,7 +36,8 @@ CAPABILITY = "spill.capacity"
 class Trio:
     """Three federated regions a, b, c in this process (one Redis, distinct regions)."""
 
-    def __init__(self, redis_url: str, region: str, bootstrap_servers: str) -> None:
+    def __init__(self, redis_url: str, region: str, bootstrap_servers: str, *, discovery: bool = False) -> None:
+        self.discovery = discovery  # lexical search attached, as topology.build_node does
         self.names = a, b, c = (f"{region}-a", f"{region}-b", f"{region}-c")
         self.topology = Topology.model_validate({
             "kafka": {"bootstrap_servers": bootstrap_servers, "topic_prefix": f"test-{region}"},
@@ -55,6 +56,8 @@ class Trio:
     async def start(self, name: str) -> RunningNode:
         node = RegistryNode(self.topology.node_config(name), secret=TEST_SECRET)
         self.federations[name] = attach_federation(node, self.topology, secret=TEST_SECRET)
+        if self.discovery:
+            attach_discovery(node, semantic_enabled=False)
         await node.start()
         runner = await serve(node)
         running = RunningNode(node=node, runner=runner, url=f"http://127.0.0.1:{bound_port(runner)}",

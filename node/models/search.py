@@ -30,3 +30,6 @@ class SearchResponse(Strict):
     scope: Scope
     hits: list[SearchHit]
     took_ms: float
+    unanswered: list[Region] = Field(default_factory=list, description=(
+        "Summary-only peer regions (asked by their nodes, not searched here) that did not answer in time: "
+        "their agents may be missing from the hits."))

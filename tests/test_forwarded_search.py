@@ -1,0 +1,60 @@
+"""Global search reaches summary-only regions: region a keeps only summaries of c, so a search
+from a asks c's node (as the caller) and merges its hits; with c down it answers from what is
+left and names c (``node.forwarded.search``)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from node.models import TokenRole
+from topology.embedded import EmbeddedKafka
+
+from .helpers import registration, wait_for
+from .test_summaries import FORWARD_TIMEOUT_MS, Trio
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
+
+
+async def test_a_global_search_asks_summary_only_regions_and_names_one_that_is_down(redis_url: str,
+                                                                                   region: str) -> None:
+    async with EmbeddedKafka() as kafka:
+        trio = Trio(redis_url, region, kafka.bootstrap_servers, discovery=True)
+        a, b, c = trio.names
+        try:
+            node_a, node_b, node_c = [await trio.start(name) for name in trio.names]
+            here = await node_a.register(registration("find.near.a1", capability="text.translate",
+                                                      description="translates short chat messages"))
+            far = registration("find.far.c1", capability="contract.translate",
+                               description="translates Chinese legal contracts into English")
+            hidden = registration("find.far.c2", capability="contract.translate", allowed_callers=["ops.*.*"],
+                                  description="translates Chinese legal contracts into English, for ops only")
+            await node_c.register(far)
+            await node_c.register(hidden)
+            catalog_a = trio.federations[a].catalog
+            await wait_for(lambda: catalog_a.peer(c).summary is not None, timeout_s=15, message="c's summary in a")
+            assert len(catalog_a.peer(c).index) == 0  # summary-only: a cannot search c's records itself
+
+            caller = node_a.token("app.reader.one", TokenRole.CALLER)
+            status, found = await node_a.call("GET", "/v1/search?q=translate+chinese+contracts&k=5", token=caller)
+            assert status == 200, found
+            by_id = {hit["agent_id"]: hit for hit in found["hits"]}
+            assert by_id["find.far.c1"]["region"] == c and by_id["find.far.c1"]["locality"] == "remote"
+            assert found["hits"][0]["agent_id"] == "find.far.c1", found["hits"]
+            assert "find.far.c2" not in by_id  # c applied its allowed_callers to the forwarded caller
+            assert here["agent_id"] in by_id and found["unanswered"] == []
+            status, local = await node_a.call("GET", "/v1/search?q=translate+chinese+contracts&scope=local",
+                                              token=caller)
+            assert status == 200 and {hit["region"] for hit in local["hits"]} == {a}
+
+            await trio.stop(c)
+            started = time.perf_counter()
+            status, left = await node_a.call("GET", "/v1/search?q=translate+chinese+contracts", token=caller)
+            elapsed = time.perf_counter() - started
+            assert status == 200 and left["unanswered"] == [c], left
+            assert {hit["region"] for hit in left["hits"]} == {a}
+            assert elapsed < FORWARD_TIMEOUT_MS / 1000 + 1.0
+            print(f"\nglobal search with c down: answered in {elapsed * 1000:.0f} ms, unanswered {left['unanswered']}")
+        finally:
+            await trio.aclose()
