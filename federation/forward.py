@@ -77,7 +77,7 @@ class Forwarder:
 
     async def resolve(self, region: str, request: RouteRequest, caller: TokenClaims) -> dict[str, object]:
         local = request.model_copy(update={"scope": Scope.LOCAL, "preferred_region": None})
-        status, body = await self._call(region, "POST", "/v1/resolve", caller,
+        status, body = await self._call(region, "POST", "/v1/resolve", caller, params={"remote": "true"},
                                         json=local.model_dump(mode="json", exclude_none=True))
         answer = _json(body)
         if status == 200 and isinstance(answer, dict):

@@ -272,6 +272,7 @@ async def search(request: web.Request) -> web.Response:
 async def resolve(request: web.Request) -> web.Response:
     started = time.perf_counter()
     node, caller, weights = _node(request), _caller(request), query_flag(request, "weights")  # old SDKs: no weights
+    remote = query_flag(request, "remote")  # forwarded from another region (federation.forward)
     route_request = await parse_body(request, RouteRequest)
     try:
         decision = await node.decide(route_request, caller)
@@ -287,7 +288,7 @@ async def resolve(request: web.Request) -> web.Response:
         await _trace_decision(request, route_request.trace_id, caller, result="ok", agent_id=target["agent_id"],
                               region=target["region"], endpoint=target["endpoint"],
                               detail=f"match {decision.match['kind']}; ticket {decision.ticket_id}")
-    return web.Response(body=decision.to_json(weights=weights), content_type="application/json")
+    return web.Response(body=decision.to_json(weights=weights, remote=remote), content_type="application/json")
 
 
 async def _trace_decision(request: web.Request, trace_id: str, caller: TokenClaims, **fields: object) -> None:
@@ -346,8 +347,7 @@ async def rotate_keys(request: web.Request) -> web.Response:
 # -- the region, federation and admin --------------------------------------------------------
 
 async def regions(request: web.Request) -> web.Response:
-    node = _node(request)
-    remote = node.router.remote
+    node, remote = _node(request), _node(request).router.remote
     peers = list(remote.describe()) if remote is not None else []
     return json_response({
         "region": node.region, "node_id": node.node_id, "version": node.cache.index.version,

@@ -109,11 +109,15 @@ class Decision:
     # each agent its weight's share. 0: not drawn (a semantic match is ranked, not drawn).
     drawn: int = 0
 
-    def as_dict(self, *, weights: bool = False) -> dict[str, object]:
-        """The ticket as plain data; ``weights`` adds each drawn target's effective weight (see ``drawn``)."""
+    def as_dict(self, *, weights: bool = False, remote: bool = False) -> dict[str, object]:
+        """The ticket as plain data; ``weights`` adds each drawn target's effective weight (see ``drawn``);
+        ``remote`` (a resolve forwarded from another region) addresses the targets as a caller there."""
         target = self.target.target if self.credential is None else {**self.target.target,
                                                                       "credential": self.credential}
         alternates = [candidate.target for candidate in self.alternates]
+        if remote:
+            target = _as_remote(target, self.target.record)
+            alternates = [_as_remote(t, c.record) for t, c in zip(alternates, self.alternates)]
         if weights and self.drawn:
             target = {**target, "weight": self.target.weight}
             alternates[:self.drawn - 1] = [{**c.target, "weight": c.weight} for c in self.alternates[:self.drawn - 1]]
@@ -124,12 +128,17 @@ class Decision:
             "expires_at_ms": self.expires_at_ms, "caller": self.caller, "signature": self.signature,
         }
 
-    def to_json(self, *, weights: bool = False) -> bytes:
+    def to_json(self, *, weights: bool = False, remote: bool = False) -> bytes:
         """The ticket as JSON, without building pydantic models (the resolve hot path)."""
-        return orjson.dumps(self.as_dict(weights=weights))
+        return orjson.dumps(self.as_dict(weights=weights, remote=remote))
 
     def ticket(self) -> RouteTicket:
         return RouteTicket.model_validate(self.as_dict())
+
+
+def _as_remote(target: dict[str, object], record: AgentRecord) -> dict[str, object]:
+    """A target as a caller in another region reaches it: the agent's external endpoint (if any)."""
+    return {**target, "endpoint": record.endpoints.get("external", record.endpoints["primary"]), "locality": "remote"}
 
 
 class Router:

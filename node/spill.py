@@ -160,11 +160,11 @@ class ForwardedDecision:
                    issued_at_ms=ticket.issued_at_ms, expires_at_ms=ticket.expires_at_ms, caller=ticket.caller,
                    signature=ticket.signature, wire=wire)
 
-    def as_dict(self, *, weights: bool = False) -> dict[str, object]:
+    def as_dict(self, *, weights: bool = False, remote: bool = False) -> dict[str, object]:
         """The peer's ticket (``weights``: as the peer drew them, when it put any on its targets)."""
         return self.wire
 
-    def to_json(self, *, weights: bool = False) -> bytes:
+    def to_json(self, *, weights: bool = False, remote: bool = False) -> bytes:
         return orjson.dumps(self.as_dict(weights=weights))
 
     def ticket(self) -> RouteTicket:

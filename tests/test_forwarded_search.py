@@ -58,3 +58,26 @@ async def test_a_global_search_asks_summary_only_regions_and_names_one_that_is_d
             print(f"\nglobal search with c down: answered in {elapsed * 1000:.0f} ms, unanswered {left['unanswered']}")
         finally:
             await trio.aclose()
+
+
+async def test_a_forwarded_ticket_addresses_the_agent_as_a_caller_in_another_region(redis_url: str,
+                                                                                  region: str) -> None:
+    async with EmbeddedKafka() as kafka:
+        trio = Trio(redis_url, region, kafka.bootstrap_servers)
+        a, b, c = trio.names
+        try:
+            node_a, _, node_c = [await trio.start(name) for name in trio.names]
+            far = registration("find.far.c3", capability="far.only", lease_ttl_ms=600_000,
+                               endpoints={"primary": "http://127.0.0.1:9101", "external": "http://127.0.0.1:9102"})
+            await node_c.register(far)
+            catalog_a = trio.federations[a].catalog
+            await wait_for(lambda: catalog_a.peer(c).summary is not None
+                           and catalog_a.peer(c).summary.serving_weight("far.only") > 0, timeout_s=15,
+                           message="c's summary of far.only in a")
+            status, ticket = await node_a.resolve(capability="far.only")
+            assert status == 200 and ticket["target"]["region"] == c, ticket
+            assert ticket["target"]["endpoint"] == "http://127.0.0.1:9102" and ticket["locality"] == "remote"
+            status, home = await node_c.resolve(capability="far.only")  # in its own region: the primary
+            assert status == 200 and home["target"]["endpoint"] == "http://127.0.0.1:9101", home
+        finally:
+            await trio.aclose()

@@ -99,6 +99,8 @@ ROUTABLE = query("routable", {"type": "string", "enum": ["true", "false", "1", "
                  "true: only agents the router would consider")
 WEIGHTS = query("weights", {"type": "string", "enum": ["true", "false", "1", "0", "yes", "no"], "default": "false"},
                 "true: each target the caller may draw calls among carries its weight")
+REMOTE = query("remote", {"type": "string", "enum": ["true", "false", "1", "0", "yes", "no"], "default": "false"},
+               "true: the caller is in another region (a forwarded resolve): targets carry their external endpoint")
 PATTERN = query("pattern", {"type": "string", "maxLength": 200, "pattern": f"^(?:{AGENT_PATTERN[1:-1]})?$"},
                 "namespace.group.name with '*' wildcards within a segment (empty: no filter)")
 CAPABILITY = query("capability", {"type": "string"}, "Only agents with this capability (empty: no filter)")

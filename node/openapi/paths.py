@@ -13,6 +13,7 @@ from .operations import (
     AGENT_ID,
     CAPABILITY,
     PATTERN,
+    REMOTE,
     ROUTABLE,
     TRACE_ID,
     WEIGHTS,
@@ -135,7 +136,7 @@ def _routing() -> Paths:
         "/v1/resolve": {
             "post": operation("Route ticket",
                               {"200": json_answer("RouteTicket", "Call target; fail over to alternates")},
-                              body="RouteRequest", errors=(404,), parameters=[WEIGHTS],
+                              body="RouteRequest", errors=(404,), parameters=[WEIGHTS, REMOTE],
                               notes={404: "No agent available (details.stages says why per stage)"}),
         },
         "/v1/credentials": {
