@@ -6,7 +6,8 @@ each preferring the next ones in ring order): one embedded Redis per region, the
 Kafka broker, one node PROCESS per region — what ``agent-reach up`` starts. Then:
 
 1. **Fleet.** ``--agents`` agents per region register over HTTP (``--capabilities`` capabilities,
-   weight 100, ``max_concurrency`` 10, a lease of ``--lease-s``).
+   weight 100, ``max_concurrency`` 10, a lease of ``--lease-s``, 600 s by default so that no
+   agent expires while the rest register on a slow machine: an expiry would be a change too).
 2. **Heartbeats.** Every agent heartbeats every ``--heartbeat-s`` with a load that changes (a
    random inflight count; nine heartbeats in ten carry a different one), open loop, at most
    ``--in-flight`` requests outstanding; one heartbeat period of warm-up, then ``--seconds`` of
@@ -71,7 +72,7 @@ class Params:
     agents: int = 10_000
     capabilities: int = 20
     heartbeat_s: float = 10.0
-    lease_s: float = 60.0
+    lease_s: float = 600.0  # long: a machine that registers slowly loses no agent before its first heartbeat
     seconds: float = 30.0
     in_flight: int = 96
     registrations: int = 200
