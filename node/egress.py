@@ -281,11 +281,12 @@ class EgressPolicy(BaseModel):
         host = parsed.raw_host
         if not host:
             raise EgressDenied(f"{url!r} has no host", address=url, rule="invalid-url")
-        self.check_host(host)
         # An ASCII host that urllib reads differently from yarl is judged too (callers may dial
         # with either); a non-ASCII one is the same name yarl already judged in punycode.
-        if other_host and other_host.isascii() and other_host != host.lower():
-            self.check_host(other_host)
+        for name in (host, other_host) if other_host and other_host.isascii() and other_host != host.lower() else (host,):
+            denied = _host_verdict(self, name)
+            if denied is not None:
+                raise EgressDenied(denied.message, address=denied.address, rule=denied.rule)  # a fresh one
 
     def check_registration(self, registration: Registration) -> EgressDenied | None:
         """The first egress violation of a registration (with ``field`` set), or None.
@@ -310,6 +311,16 @@ class EgressPolicy(BaseModel):
 
 
 DEFAULT_EGRESS_POLICY = EgressPolicy()
+
+
+@functools.lru_cache(maxsize=_JUDGED_URLS)
+def _host_verdict(policy: EgressPolicy, host: str) -> EgressDenied | None:
+    """``policy.check_host`` as a value, remembered: many agents share a host (distinct ports)."""
+    try:
+        policy.check_host(host)
+    except EgressDenied as denied:
+        return denied
+    return None
 
 
 @functools.lru_cache(maxsize=_JUDGED_URLS)

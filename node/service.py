@@ -72,6 +72,8 @@ from .watch import WatchHub
 
 log = logging.getLogger(__name__)
 
+NO_LOAD = Load()  # a new record's load (shared: loads are replaced, never changed in place)
+
 Extension = Callable[[web.Application], None]
 
 
@@ -223,10 +225,11 @@ class RegistryNode:
         now = now_ms()
         # The registration was validated as it was parsed and the rest is the node's own: the
         # record is assembled, not validated a second time (the hot write path).
+        # Every field given: a default pydantic fills in costs a look at its factory's signature.
         record = AgentRecord.model_construct(
-            **registration.__dict__, region=self.region, registered_at_ms=now, updated_at_ms=now,
-            lease_expires_at_ms=now + registration.lease_ttl_ms, ready=registration.readiness_probe is None,
-            a2a=card)
+            **registration.__dict__, region=self.region, version=0, load=NO_LOAD, registered_at_ms=now,
+            updated_at_ms=now, lease_expires_at_ms=now + registration.lease_ttl_ms, live=True,
+            ready=registration.readiness_probe is None, probe_error=None, a2a=card)
         stored, created = await self.store.register(record, at_ms=now)
         self.cache.apply_local(ChangeEvent(kind=ChangeKind.UPSERT, region=self.region, version=stored.version,
                                            agent_id=stored.agent_id, at_ms=now, record=stored))
