@@ -22,7 +22,7 @@ The formula (weights in :class:`Weights`, chosen in ``semantic/search.py``'s doc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -31,7 +31,7 @@ import numpy as np
 from .index import VectorIndex, top_k_of_scores
 from .lexical import LexicalIndex
 
-__all__ = ["Ranking", "SearchHit", "Weights", "LevelSignals", "OwnerScorer"]
+__all__ = ["Ranking", "SearchHit", "Weights", "LevelSignals", "OwnerScorer", "lifted_cosines"]
 
 
 class Ranking(str, Enum):
@@ -88,10 +88,10 @@ class _Parts:
 class LevelSignals:
     """The query's scores on one level (agent or capability): cosines and BM25 coverage."""
 
-    def __init__(self, vectors: VectorIndex | None, query_vector: np.ndarray | None, lexical: LexicalIndex | None,
+    def __init__(self, vectors: VectorIndex | None, similarities: np.ndarray | None, lexical: LexicalIndex | None,
                  query: str) -> None:
         self.vectors = vectors
-        self.similarities = None if vectors is None or query_vector is None else vectors.similarities(query_vector)
+        self.similarities = similarities  # aligned with vectors.ids(); None without a query vector
         self.lexical = None if lexical is None else lexical.score(query)
 
     def cosine(self, key: str) -> float | None:
@@ -113,18 +113,28 @@ class LevelSignals:
         return keys
 
 
+def lifted_cosines(capability_cosines: np.ndarray, example_cosines: np.ndarray, capability_row_of_example: np.ndarray,
+                   example_weight: float) -> np.ndarray:
+    """``cosine(C)`` of the module docstring for every capability row at once.
+
+    ``capability_row_of_example[i]`` is the capability row that example row ``i`` belongs to.
+    """
+    if not len(example_cosines) or example_weight <= 0.0:
+        return capability_cosines
+    closest = np.full_like(capability_cosines, -np.inf)
+    np.maximum.at(closest, capability_row_of_example, example_cosines)
+    return capability_cosines + example_weight * np.maximum(closest - capability_cosines, 0.0)
+
+
 class OwnerScorer:
     """Scores owners for one query from the agent, capability and example signals."""
 
     def __init__(self, *, weights: Weights, ranking: Ranking, agent: LevelSignals, capability: LevelSignals,
-                 examples: LevelSignals, example_keys: Mapping[str, Sequence[str]],
                  capability_of: Callable[[str], str | None]) -> None:
         self._weights = weights
         self._ranking = ranking
         self._agent = agent
-        self._capability = capability
-        self._examples = examples
-        self._example_keys = example_keys
+        self._capability = capability  # its similarities already lifted by examples (lifted_cosines)
         self._capability_of = capability_of
 
     def _part(self, parts: _Parts) -> float:
@@ -135,14 +145,7 @@ class OwnerScorer:
         return self._weights.vector * parts.cosine + (1.0 - self._weights.vector) * parts.coverage
 
     def _capability_parts(self, doc_id: str) -> _Parts:
-        cosine = self._capability.cosine(doc_id)
-        if cosine is not None and self._weights.example > 0.0:
-            example_cosines = [value for key in self._example_keys.get(doc_id, ())
-                               if (value := self._examples.cosine(key)) is not None]
-            if example_cosines:
-                closest = max(cosine, max(example_cosines))
-                cosine = (1.0 - self._weights.example) * cosine + self._weights.example * closest
-        return _Parts(cosine, self._capability.coverage(doc_id))
+        return _Parts(self._capability.cosine(doc_id), self._capability.coverage(doc_id))
 
     def score(self, owner_id: str, doc_ids: Sequence[str]) -> SearchHit:
         """The hit of ``owner_id`` whose documents are ``doc_ids`` (its description among them)."""
