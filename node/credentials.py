@@ -56,7 +56,6 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from jwt.algorithms import OKPAlgorithm
-from jwt.api_jws import PyJWS
 
 from .clock import now_ms
 from .errors import NodeError
@@ -97,7 +96,7 @@ def _b64(data: bytes) -> str:
 class SigningKey:
     """One Ed25519 private key with its key id and public JWK."""
 
-    __slots__ = ("created_at_ms", "jwk", "kid", "private")
+    __slots__ = ("_header", "created_at_ms", "jwk", "kid", "private")
 
     def __init__(self, private: Ed25519PrivateKey, *, region: str, created_at_ms: int) -> None:
         public = OKPAlgorithm.to_jwk(private.public_key(), as_dict=True)
@@ -108,6 +107,15 @@ class SigningKey:
         self.kid = f"{region}.{_b64(hashlib.sha256(canonical).digest())}"
         self.jwk = PublicKey(kty="OKP", crv="Ed25519", x=public["x"], kid=self.kid)
         self.created_at_ms = created_at_ms
+        # The JWS header is the same for every credential of this key (the bytes PyJWT writes).
+        self._header = _b64(orjson.dumps({"alg": ALGORITHM, "kid": self.kid, "typ": "JWT"},
+                                         option=orjson.OPT_SORT_KEYS)).encode("ascii")
+
+    def sign_jwt(self, claims: dict[str, object]) -> str:
+        """A compact JWS (RFC 7515) of ``claims`` signed with this key: header, payload and
+        signature, base64url without padding — what ``jwt.encode`` returns, a third of its cost."""
+        signing_input = self._header + b"." + _b64(orjson.dumps(claims)).encode("ascii")
+        return f"{signing_input.decode('ascii')}.{_b64(self.private.sign(signing_input))}"
 
     @classmethod
     def generate(cls, *, region: str, created_at_ms: int) -> SigningKey:
@@ -206,7 +214,6 @@ class RegionKeys:
         self.state = KeysState.NEW
         self.rotations = 0
         self._key: SigningKey | None = None
-        self._jws = PyJWS(algorithms=[ALGORITHM])
         self._published: dict[str, PublicKey] = {}
         self._published_at_ms = -_PUBLISHED_CACHE_MS
         self._task: asyncio.Task[None] | None = None
@@ -375,8 +382,7 @@ class RegionKeys:
                                      "iat": now_ms_ // 1000, "exp": expires_s}
         if capability is not None:
             claims["cap"] = capability
-        credential = self._jws.encode(orjson.dumps(claims), key.private, algorithm=ALGORITHM,
-                                      headers={"kid": key.kid})
+        credential = key.sign_jwt(claims)
         self._issued[cache_key] = (credential, expires_s)
         self._issued.move_to_end(cache_key)
         if len(self._issued) > _ISSUED_CACHE_SIZE:

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from node.client import CallFailed, CallVerifier, CredentialRejected, ReachClient
 from node.client.host import AgentHost
 from node.clock import now_ms
-from node.credentials import JWKS_PATH, RegionKeys, SigningKeyError
+from node.credentials import JWKS_PATH, RegionKeys, SigningKey, SigningKeyError
 from node.envelope import Envelope
 from node.models import Capability, TokenClaims, TokenRole
 from node.store import RegionStore
@@ -324,3 +324,13 @@ async def test_a_credential_is_signed_once_per_caller_agent_capability_and_expir
     assert issue(caller, "cred.other", second + 100, "0000000000000005") != first
     claims = jwt.decode(first, options={"verify_signature": False})
     assert claims["exp"] == second // 1000 + 1 and claims["tid"] == "0000000000000001"
+
+
+@pytest.mark.unit
+def test_a_credential_is_the_jws_pyjwt_would_write_and_verifies_with_it() -> None:
+    key = SigningKey.generate(region="cred-r1", created_at_ms=0)
+    claims = {"iss": "cred-r1", "sub": "app.x.one", "rol": "caller", "aud": "cred.echo.one", "tid": "t1",
+              "jti": "t1.0", "iat": 1, "exp": 4_102_444_800, "cap": "cred.echo"}
+    written = key.sign_jwt(claims)
+    assert written == jwt.encode(claims, key.private, algorithm="EdDSA", headers={"kid": key.kid})
+    assert jwt.decode(written, key.private.public_key(), algorithms=["EdDSA"], audience="cred.echo.one") == claims
