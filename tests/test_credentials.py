@@ -286,16 +286,20 @@ async def test_calls_in_flight_across_a_rotation_are_served(node: RunningNode) -
 
 
 async def test_unknown_keys_are_looked_up_at_most_once_a_second(node: RunningNode) -> None:
+    # A clock that moves only when the verifier waits: the intervals are the verifier's own
+    # arithmetic, not how long a fetch took on a loaded machine.
     waits: list[float] = []
+    now = [1_000.0]
 
     async def recorded(seconds: float) -> None:
         waits.append(seconds)
+        now[0] += seconds
 
     def forged(letter: str) -> str:
         return jwt.encode({"aud": "cred.junk.one"}, Ed25519PrivateKey.generate(), algorithm="EdDSA",
                           headers={"kid": f"{node.node.region}.{letter * 43}"})
 
-    async with CallVerifier(node.url, agent_id="cred.junk.one", sleep=recorded) as verifier:
+    async with CallVerifier(node.url, agent_id="cred.junk.one", sleep=recorded, clock=lambda: now[0]) as verifier:
         for credential in (forged("B"), forged("B"), forged("B"), forged("C"), forged("D")):
             with pytest.raises(CredentialRejected) as caught:
                 await verifier.verify(f"Bearer {credential}")
