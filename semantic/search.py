@@ -295,7 +295,10 @@ class SemanticSearch:
                     self._agent_vectors = VectorIndex(dimension=self._embedder.dimension)
                     self._example_vectors = VectorIndex(dimension=self._embedder.dimension)
                     self._mode = SearchMode.HYBRID
-                    self._speller.set_dictionary(self._embedder.known_words())
+                    # An embedder without a word list (a stand-in, a tokenizer without vocabulary)
+                    # leaves spelling correction off rather than guessing at typos.
+                    known_words = getattr(self._embedder, "known_words", None)
+                    self._speller.set_dictionary(known_words() if callable(known_words) else None)
             if self._mode is SearchMode.LEXICAL and self._correct_spelling:
                 # No model loaded: the packaged model's word list still tells typos, if installed.
                 self._speller.set_dictionary(_packaged_dictionary())
