@@ -31,7 +31,7 @@ import numpy as np
 from .index import VectorIndex, top_k_of_scores
 from .lexical import LexicalIndex
 
-__all__ = ["Ranking", "SearchHit", "Weights", "LevelSignals", "OwnerScorer", "lifted_cosines"]
+__all__ = ["Ranking", "SearchHit", "Weights", "LevelSignals", "OwnerScorer", "ExampleGroups", "lifted_cosines"]
 
 
 class Ranking(str, Enum):
@@ -113,17 +113,34 @@ class LevelSignals:
         return keys
 
 
-def lifted_cosines(capability_cosines: np.ndarray, example_cosines: np.ndarray, capability_row_of_example: np.ndarray,
-                   example_weight: float) -> np.ndarray:
-    """``cosine(C)`` of the module docstring for every capability row at once.
+@dataclass(frozen=True)
+class ExampleGroups:
+    """Example rows grouped by capability: ``order`` sorts example rows by capability row,
+    ``starts`` opens each capability's run in that order, ``capability_rows`` names each run."""
 
-    ``capability_row_of_example[i]`` is the capability row that example row ``i`` belongs to.
-    """
+    order: np.ndarray
+    starts: np.ndarray
+    capability_rows: np.ndarray
+
+    @classmethod
+    def of(cls, capability_row_of_example: np.ndarray) -> ExampleGroups:
+        order = np.argsort(capability_row_of_example, kind="stable")
+        sorted_rows = capability_row_of_example[order]
+        starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]]) if len(order) else order
+        return cls(order=order, starts=starts, capability_rows=sorted_rows[starts])
+
+
+def lifted_cosines(capability_cosines: np.ndarray, example_cosines: np.ndarray, groups: ExampleGroups,
+                   example_weight: float) -> np.ndarray:
+    """``cosine(C)`` of the module docstring for every capability row at once (one reduction per
+    capability run, no Python loop)."""
     if not len(example_cosines) or example_weight <= 0.0:
         return capability_cosines
-    closest = np.full_like(capability_cosines, -np.inf)
-    np.maximum.at(closest, capability_row_of_example, example_cosines)
-    return capability_cosines + example_weight * np.maximum(closest - capability_cosines, 0.0)
+    closest = np.maximum.reduceat(example_cosines[groups.order], groups.starts)
+    lifted = capability_cosines.copy()
+    own = capability_cosines[groups.capability_rows]
+    lifted[groups.capability_rows] = own + example_weight * np.maximum(closest - own, 0.0)
+    return lifted
 
 
 class OwnerScorer:

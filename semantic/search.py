@@ -93,7 +93,7 @@ from .embedder import Embedder, packaged_model_path
 from .errors import EmbedderUnavailable, InvalidDocumentError, SearchClosedError
 from .index import VectorIndex
 from .lexical import DEFAULT_B, DEFAULT_BIGRAMS, DEFAULT_K1, LexicalIndex, mostly_cjk
-from .ranking import LevelSignals, OwnerScorer, Ranking, SearchHit, Weights, lifted_cosines
+from .ranking import ExampleGroups, LevelSignals, OwnerScorer, Ranking, SearchHit, Weights, lifted_cosines
 from .spelling import SpellingCorrector, read_vocabulary_file
 
 __all__ = [
@@ -236,7 +236,7 @@ class SemanticSearch:
         self._example_vectors: VectorIndex | None = None
         self._example_keys: dict[str, tuple[str, ...]] = {}
         self._vector_version = 0  # bumped by every vector mutation: invalidates _example_rows_cache
-        self._example_rows_cache: tuple[int, np.ndarray] | None = None
+        self._example_rows_cache: tuple[int, ExampleGroups] | None = None
         self._correct_spelling = correct_spelling
         self._speller = SpellingCorrector()
         self._mode = SearchMode.LEXICAL
@@ -541,7 +541,7 @@ class SemanticSearch:
         return lifted_cosines(cosines, self._example_vectors.similarities(query_vector), self._example_rows(),
                               self._weights.example)
 
-    def _example_rows(self) -> np.ndarray:
+    def _example_rows(self) -> ExampleGroups:
         # Rebuilt only after a vector mutation (registrations, not heartbeats, change documents).
         if self._example_rows_cache is None or self._example_rows_cache[0] != self._vector_version:
             capability_rows = [self._capability_vectors.row_of(key.partition("\n")[0])  # type: ignore[union-attr]
@@ -550,7 +550,7 @@ class SemanticSearch:
                                count=len(capability_rows))
             if (rows < 0).any():
                 raise InvalidDocumentError("an example vector outlived its capability (internal bookkeeping error)")
-            self._example_rows_cache = (self._vector_version, rows)
+            self._example_rows_cache = (self._vector_version, ExampleGroups.of(rows))
         return self._example_rows_cache[1]
 
     def _unreadable(self, query: str) -> bool:
