@@ -18,11 +18,10 @@ from pydantic import ValidationError
 
 from node.errors import first_problem
 from node.models import AgentRecord, Snapshot
+from node.snapshot_stream import END, HEAD_END
 
 __all__ = ["read_snapshot"]
 
-HEAD_END = b'"agents":['
-END = b"]}"
 BadRecord = Callable[[int, "str | None", str], None]  # position, agent_id if known, the problem
 
 

@@ -31,10 +31,11 @@ from .errors import StoreUnavailable
 if TYPE_CHECKING:
     from .service import RegistryNode
 
-__all__ = ["END", "stream_snapshot"]
+__all__ = ["END", "HEAD_END", "stream_snapshot"]
 
 log = logging.getLogger(__name__)
 
+HEAD_END = b'"agents":['  # how the first line (the head) ends
 END = b"]}"  # the last line
 CHUNK = 2_000  # records per HSCAN chunk (the store's count hint)
 
@@ -48,7 +49,7 @@ async def stream_snapshot(request: web.Request, node: RegistryNode) -> web.Strea
     response.enable_chunked_encoding()
     await response.prepare(request)
     head = orjson.dumps({"region": node.region, "watermark": watermark, "taken_at_ms": now})
-    await response.write(head[:-1] + b',"agents":[')
+    await response.write(head[:-1] + b"," + HEAD_END)
     separator = b"\n"
     try:
         chunk = first

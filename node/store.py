@@ -199,8 +199,7 @@ class RegionStore:
                 [agent_id, expected, body, "" if lease_expires_at_ms is None else lease_expires_at_ms, at_ms,
                  "1" if renew_lease else "0", load_json])
             if outcome == 0:
-                raise UnknownAgent(f"agent {agent_id} has no lease in region {self.region}: register again",
-                                   field="agent_id")
+                raise self._no_lease(agent_id)
             if outcome == 1:
                 return HeartbeatResult(current.model_copy(update={"version": int(value)}), changed=False)
             if outcome == 2:
@@ -217,8 +216,7 @@ class RegionStore:
         moved); raises :class:`UnknownAgent` otherwise."""
         outcome, _ = await self._updates.submit([agent_id, "", "", "", at_ms, "1", load.model_dump_json()])
         if outcome == 0:
-            raise UnknownAgent(f"agent {agent_id} has no lease in region {self.region}: register again",
-                               field="agent_id")
+            raise self._no_lease(agent_id)
 
     async def loads(self, agent_ids: list[str]) -> list[Load | None]:
         """The loads reported since their records were written, one per agent (None: none)."""
@@ -479,6 +477,9 @@ class RegionStore:
     def vet_record_json(self, agent_id: str, raw: str) -> bool:
         """Whether a stored record parses (quarantining it if not), for callers serving raw JSON."""
         return self._parse_record(agent_id, raw, lease_expires_at_ms=None) is not None
+
+    def _no_lease(self, agent_id: str) -> UnknownAgent:
+        return UnknownAgent(f"agent {agent_id} has no lease in region {self.region}: register again", field="agent_id")
 
     def _translate(self) -> RedisErrors:
         return RedisErrors(self.region)
