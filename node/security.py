@@ -59,8 +59,12 @@ def _unb64(text: str) -> bytes:
 
 
 def new_token_id() -> str:
-    """A fresh token id (``jti``): 96 random bits, base64url (16 characters)."""
-    return secrets.token_urlsafe(12)
+    """A fresh token id (``jti``): 96 random bits, base64url (16 characters), never starting with
+    ``-`` — one that did was taken for an option by ``agent-reach token revoke --jti ID``."""
+    while True:
+        token_id = secrets.token_urlsafe(12)
+        if not token_id.startswith("-"):
+            return token_id
 
 
 def token_claims_unverified(token: str) -> TokenClaims:

@@ -16,7 +16,7 @@ import pytest
 
 from node.models import TokenRole
 from node.revocation import RevocationList
-from node.security import Signer, token_claims_unverified
+from node.security import Signer, new_token_id, token_claims_unverified
 
 from .conftest import TEST_SECRET, NodeFactory
 from .helpers import RunningNode, wait_for
@@ -169,3 +169,11 @@ async def test_a_watch_opened_with_a_revoked_token_ends_at_its_next_event(node_f
         await here.register(registration("lang.translate.after"))
         await wait_for(lambda: watcher.ended, timeout_s=5, message="the stream ending")
         assert watcher.kinds() == ["hello", "revoked"]  # the change after the revocation is not sent
+
+
+@pytest.mark.unit
+def test_a_token_id_can_be_given_to_the_command_line() -> None:
+    # One in 64 base64url ids starts with '-', which argparse takes for an option (--jti -x...).
+    ids = [new_token_id() for _ in range(2_000)]
+    assert not any(token_id.startswith("-") for token_id in ids) and len(set(ids)) == len(ids)
+    assert all(len(token_id) == 16 for token_id in ids)
