@@ -18,7 +18,6 @@ region can never speak for another. Each replica fetches for itself; nothing is 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ import orjson
 
 from node.credentials import JWKS_PATH
 from node.models import PublicKey, key_region, usable_keys
+from node.tasks import cancel_and_wait
 
 from .config import FederationConfig
 
@@ -75,9 +75,7 @@ class PeerKeys:
     async def aclose(self) -> None:
         """Stop refreshing and close the session. Idempotent."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
             self._task = None
         if self._session is not None:
             await self._session.close()

@@ -70,6 +70,7 @@ from .http import CALLER, json_response, parse_body, validation_error
 from .models import CredentialRequest, Outcome, OutcomeReport, RouteRequest, RouteTarget, RouteTicket, TokenClaims
 from .once import Answer, DeliveryInProgress, OnceCache
 from .service import RegistryNode
+from .tasks import cancel_and_wait
 from .traces import TraceLog, install_trace_routes
 
 log = logging.getLogger(__name__)
@@ -145,10 +146,7 @@ class Proxy:
         if self._closed:
             return
         self._closed = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(list(self._tasks))
         if self.session is not None:
             await self.session.close()
 

@@ -6,9 +6,13 @@ Every test is ``unit`` (marked so: no server, socket, subprocess or model; ``mak
 
 from __future__ import annotations
 
+import asyncio
+import io
 import itertools
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+import sys
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from typing import Any
 
 import pytest
@@ -29,6 +33,41 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("unit") is None:
             item.add_marker(pytest.mark.integration)
+
+
+HANG_REPORT_MARGIN_S = 20  # before pytest-timeout's limit: print what every asyncio task awaits
+
+
+def _report_tasks(name: str) -> None:
+    """Print the stack of every live asyncio task (pytest-timeout shows threads only: a hung test's
+    main thread just sits in the selector, and what hangs is a task awaiting something)."""
+    out = io.StringIO()
+    out.write(f"\n+++ {name} still runs {HANG_REPORT_MARGIN_S} s before its timeout; its asyncio tasks:\n")
+    for task in list(asyncio.tasks._all_tasks):  # read from another thread: a best-effort snapshot
+        if task.done():
+            continue
+        out.write(f"--- task {task.get_name()}\n")
+        try:
+            task.print_stack(file=out)
+        except Exception as exc:  # the loop moved the coroutine on meanwhile
+            out.write(f"    (stack unreadable: {exc!r})\n")
+    sys.stderr.write(out.getvalue())
+    sys.stderr.flush()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    limit = float(item.config.getini("timeout") or 0)
+    timer = None
+    if limit > HANG_REPORT_MARGIN_S:
+        timer = threading.Timer(limit - HANG_REPORT_MARGIN_S, _report_tasks, args=(item.nodeid,))
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 @pytest.fixture(scope="session")
