@@ -46,7 +46,7 @@ if TYPE_CHECKING:
         TokenRole,
     )
     from .quarantine import Quarantine
-    from .router import Decision, Matcher, PeerView, RemoteCatalog, Router, SemanticMatch
+    from .router import Decision, Matcher, PeerView, RemoteCatalog, Router, SemanticMatch, SemanticMatches
     from .security import Signer, load_secret
     from .service import RegistryNode
     from .store import RegionStore
@@ -64,6 +64,7 @@ __all__ = [
     "PeerView",
     "Matcher",
     "SemanticMatch",
+    "SemanticMatches",
     "Signer",
     "load_secret",
     "Registration",
@@ -99,7 +100,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "egress": ("EgressPolicy", "EgressDenied"),
     "quarantine": ("Quarantine",),
     "store": ("RegionStore",),
-    "router": ("Router", "Decision", "RemoteCatalog", "PeerView", "Matcher", "SemanticMatch"),
+    "router": ("Router", "Decision", "RemoteCatalog", "PeerView", "Matcher", "SemanticMatch", "SemanticMatches"),
     "security": ("Signer", "load_secret"),
     "models": ("Registration", "AgentRecord", "Capability", "Probe", "Load", "Heartbeat", "Status", "ChangeEvent",
                "RouteRequest", "RouteTicket", "Scope", "TokenRole"),

@@ -3,8 +3,10 @@ attached :class:`Matcher` reads the request's capability as natural language.
 
 Matches are ranked, not drawn: the best-scoring routable agent is the target (a fresher region
 before a stale one), the next best are the alternates. A match counts only above the
-matcher's calibrated threshold (or the node's ``semantic_threshold``), so "close enough" never
-means "anything at all". Never the caller itself, never an agent registered with
+threshold the matcher gives with its matches (calibrated for the ranking that scored them: a
+mostly-Chinese request is ranked by its words, on another scale than a hybrid score) or the
+node's ``semantic_threshold`` (one value for every ranking), so "close enough" never means
+"anything at all". Never the caller itself, never an agent registered with
 ``semantic_fallback: false``. The router owns the await and the reasons; this module turns scored
 hits into candidates and a choice.
 """
@@ -18,7 +20,7 @@ from typing import Protocol
 from .candidates import Candidate, CandidateTables, Level, Source, caller_allowed, route_target, version_of
 from .models import Locality, MatchKind, RouteRequest, TokenClaims
 
-__all__ = ["Matcher", "SemanticChoice", "SemanticMatch", "choose", "semantic_levels"]
+__all__ = ["Matcher", "SemanticChoice", "SemanticMatch", "SemanticMatches", "choose", "semantic_levels"]
 
 MATCHES_ASKED = 10  # the k of Matcher.match: enough to find a routable one behind a few that are not
 
@@ -31,16 +33,23 @@ class SemanticMatch:
     score: float
 
 
+@dataclass(frozen=True, slots=True)
+class SemanticMatches:
+    """Scored matches, best first, and the score one needs to be trusted: calibrated for the
+    ranking that scored them (``ranking``, e.g. "hybrid" or "lexical")."""
+
+    matches: list[SemanticMatch]
+    threshold: float
+    ranking: str
+
+
 class Matcher(Protocol):
     """Natural-language capability matching (attached by the composition root)."""
 
-    @property
-    def suggested_threshold(self) -> float:
-        """The score a match needs to be trusted, for the matcher's current mode."""
-        ...
-
     async def match(self, text: str, *, k: int, allow: Callable[[str, str], bool] | None = None
-                    ) -> list[SemanticMatch]: ...
+                    ) -> SemanticMatches:
+        """Up to ``k`` matches among the agents ``allow(region, agent_id)`` admits, with their threshold."""
+        ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -49,7 +49,7 @@ from .candidates import (
 )
 from .clock import now_ms
 from .errors import NoAgentAvailable, PeerUnreachable
-from .fallback import MATCHES_ASKED, Matcher, SemanticMatch, choose, semantic_levels
+from .fallback import MATCHES_ASKED, Matcher, SemanticMatch, SemanticMatches, choose, semantic_levels
 from .models import AgentRecord, Locality, MatchKind, RouteRequest, RouteTicket, Scope, TokenClaims
 from .outcomes import OutcomeTracker
 from .remote import PeerForwarder, PeerView, RemoteCatalog
@@ -66,7 +66,7 @@ class CredentialIssuer(Protocol):
 __all__ = [
     "ALL_WEIGHT_FACTORS", "CALLER_ITSELF", "DEFAULT_OVERPROVISIONING_FACTOR", "DEFAULT_TICKET_TTL_MS", "Candidate",
     "CredentialIssuer", "Decision",
-    "Matcher", "PeerView", "RegionView", "RemoteCatalog", "Router", "SemanticMatch", "WeightFactor",
+    "Matcher", "PeerView", "RegionView", "RemoteCatalog", "Router", "SemanticMatch", "SemanticMatches", "WeightFactor",
 ]
 
 DEFAULT_TICKET_TTL_MS = 10_000
@@ -450,11 +450,10 @@ class Router:
             record = self._record(region, agent_id)
             return record is not None and record.semantic_fallback and caller_allowed(record, caller)
 
-        hits = await matcher.match(request.capability or "", k=MATCHES_ASKED, allow=visible)
+        found = await matcher.match(request.capability or "", k=MATCHES_ASKED, allow=visible)
+        hits = found.matches
         now = self.clock()
-        threshold = self.semantic_threshold
-        if threshold is None:
-            threshold = matcher.suggested_threshold
+        threshold = self.semantic_threshold if self.semantic_threshold is not None else found.threshold
         above = [hit for hit in hits if hit.score >= threshold]
         good = [hit for hit in above if hit.agent_id != caller.sub]
         if not good:
@@ -463,8 +462,8 @@ class Router:
                                        f"({caller.sub} at {above[0].score:.2f}); a call never goes to the calling "
                                        "agent")
             else:
-                best = f" (best {hits[0].agent_id} at {hits[0].score:.2f})" if hits else ""
-                reasons["semantic"] = f"no match above the threshold {threshold:.2f}{best}"
+                best = f"; best {hits[0].agent_id} at {hits[0].score:.2f}" if hits else ""
+                reasons["semantic"] = f"no match above the threshold {threshold:.2f} ({found.ranking} ranking{best})"
             raise NoAgentAvailable(self._no_agent_message(request), details={"stages": reasons})
         levels = semantic_levels(good, self._sources(request), request=request, caller=caller,
                                  tables=self._tables, now_ms=now)

@@ -5,9 +5,10 @@ is ``tests/data/semantic_eval.json``: agents written as A2A-style skills, and qu
 with the agent (and capability) that should answer them; ``agent_id: null`` marks a query that
 no agent can serve (used to look at absolute scores and refusal, excluded from MRR/recall).
 
-Refusal: a router trusts a top hit only at or above a threshold (``SemanticSearch.suggested_threshold``
-for the search's mode). :func:`evaluate` reports, for the default ranking, the share of
-unanswerable queries that would still be routed and the share of answerable ones refused.
+Refusal: a router trusts a top hit only at or above a threshold, that of the ranking which scored
+it (``SearchResult.suggested_threshold``: a mostly-Chinese query is ranked lexically in hybrid
+mode). :func:`evaluate` reports, for the default ranking, the share of unanswerable queries that
+would still be routed and the share of answerable ones refused.
 """
 
 from __future__ import annotations
@@ -136,24 +137,27 @@ class EvalMetrics:
     correct_top_scores: list[float] = field(default_factory=list)
     answerable_top_scores: list[float] = field(default_factory=list)  # 0.0 when nothing was found
     unanswerable_top_scores: list[float] = field(default_factory=list)  # 0.0 when nothing was found
-    threshold: float | None = None  # the refusal threshold the shares below were taken at
+    threshold: float | None = None  # the refusal threshold of the default ranking (None: no refusal measured)
     unanswerable: int = 0
+    # The threshold each top score above was held to (that of the ranking which scored the query).
+    answerable_thresholds: list[float] = field(default_factory=list)
+    unanswerable_thresholds: list[float] = field(default_factory=list)
 
     @property
     def routed_unanswerable(self) -> float | None:
         """Share of unanswerable queries whose top hit reaches the threshold (would be routed)."""
         if self.threshold is None or not self.unanswerable_top_scores:
             return None
-        routed = sum(1 for score in self.unanswerable_top_scores if score >= self.threshold)
-        return routed / len(self.unanswerable_top_scores)
+        pairs = zip(self.unanswerable_top_scores, self.unanswerable_thresholds, strict=True)
+        return sum(1 for score, threshold in pairs if score >= threshold) / len(self.unanswerable_top_scores)
 
     @property
     def refused_answerable(self) -> float | None:
         """Share of answerable queries whose top hit stays below the threshold (would be refused)."""
         if self.threshold is None or not self.answerable_top_scores:
             return None
-        refused = sum(1 for score in self.answerable_top_scores if score < self.threshold)
-        return refused / len(self.answerable_top_scores)
+        pairs = zip(self.answerable_top_scores, self.answerable_thresholds, strict=True)
+        return sum(1 for score, threshold in pairs if score < threshold) / len(self.answerable_top_scores)
 
     def line(self) -> str:
         text = (
@@ -177,14 +181,16 @@ async def evaluate(
 ) -> EvalMetrics:
     """Search every query and score the rank of its labelled agent (MRR cut off at 10).
 
-    Refusal shares are taken at ``threshold``; by default at ``search.suggested_threshold`` when
-    the ranking is the mode's default (hybrid, or lexical in lexical mode), since the suggested
-    thresholds are calibrated for that score only (None for the diagnostic rankings).
+    Refusal shares are taken at ``threshold``; by default, when the ranking is the mode's default
+    (hybrid, or lexical in lexical mode), at each result's ``suggested_threshold`` (that of the
+    ranking which scored it), since the suggested thresholds are calibrated for those scores
+    only (no refusal for the diagnostic rankings).
     """
     reciprocal_ranks: list[float] = []
     at_1 = at_5 = capability_hits = 0
     default_ranking = Ranking.HYBRID if search.mode is SearchMode.HYBRID else Ranking.LEXICAL
-    if threshold is None and (ranking is None or Ranking(ranking) is default_ranking):
+    per_result = threshold is None and (ranking is None or Ranking(ranking) is default_ranking)
+    if per_result:
         threshold = search.suggested_threshold
     metrics = EvalMetrics(ranking="", queries=0, mrr=0.0, recall_at_1=0.0, recall_at_5=0.0, capability_at_1=0.0,
                           threshold=threshold)
@@ -194,11 +200,14 @@ async def evaluate(
         chosen = result.ranking
         owners = [hit.owner_id for hit in result.hits]
         top_score = result.hits[0].score if result.hits else 0.0
+        held_to = (result.suggested_threshold if per_result else threshold) or 0.0
         if labelled.agent_id is None:
             metrics.unanswerable += 1
             metrics.unanswerable_top_scores.append(top_score)
+            metrics.unanswerable_thresholds.append(held_to)
             continue
         metrics.answerable_top_scores.append(top_score)
+        metrics.answerable_thresholds.append(held_to)
         rank = owners.index(labelled.agent_id) + 1 if labelled.agent_id in owners else None
         reciprocal_ranks.append(1.0 / rank if rank else 0.0)
         if rank == 1:

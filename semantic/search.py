@@ -61,7 +61,8 @@ The blind sets show the limit of one threshold: their near-miss requests score l
 refused; at 0.20: 38% and 15%). A logistic rule over the top hit's cosine, coverage and margin
 to the runner-up, fitted on the blind set itself, still refused 14% at 40% routed: with this
 model no threshold rule reaches both, so the threshold stays where the tuning set puts it.
-A caller should pick the threshold by ``SearchResult.mode`` (:func:`suggested_min_score`);
+A caller should pick the threshold by the ranking that scored the hits
+(``SearchResult.suggested_threshold``; a mostly-Chinese query is ranked lexically in hybrid mode);
 another model needs its own measurement (``semantic_threshold`` in the node's settings).
 
 The packaged model reads English only: a query mostly in Chinese, Japanese or Korean is ranked
@@ -136,9 +137,20 @@ class SearchMode(str, Enum):
     LEXICAL = "lexical"
 
 
-def suggested_min_score(mode: SearchMode) -> float:
-    """The score a top hit needs before a router trusts it, for the packaged model in ``mode``."""
-    return SUGGESTED_MIN_SCORE_HYBRID if SearchMode(mode) is SearchMode.HYBRID else SUGGESTED_MIN_SCORE_LEXICAL
+def suggested_min_score(ranking: SearchMode | Ranking | str) -> float:
+    """The score a top hit needs before a router trusts it, for the packaged model, by the
+    ranking that scored it (a :class:`SearchMode` names its default ranking).
+
+    Hybrid and lexical scores live on different scales (coverage alone is rarely above 0.3), so
+    a hit is held to the threshold of the ranking that produced it. Raises ``ValueError`` for
+    the vector ranking: it is a diagnostic, and no threshold is calibrated for it.
+    """
+    value = ranking.value if isinstance(ranking, Enum) else str(ranking)
+    if value == Ranking.HYBRID.value:
+        return SUGGESTED_MIN_SCORE_HYBRID
+    if value == Ranking.LEXICAL.value:
+        return SUGGESTED_MIN_SCORE_LEXICAL
+    raise ValueError(f"no refusal threshold is calibrated for the {value!r} ranking (hybrid or lexical only)")
 
 
 class SearchState(Enum):
@@ -171,6 +183,12 @@ class SearchResult:
     @property
     def best(self) -> SearchHit | None:
         return self.hits[0] if self.hits else None
+
+    @property
+    def suggested_threshold(self) -> float | None:
+        """The score :attr:`best` needs to be trusted, by :attr:`ranking` (a mostly-Chinese query
+        is ranked lexically even in hybrid mode); None for the diagnostic vector ranking."""
+        return None if self.ranking is Ranking.VECTOR else suggested_min_score(self.ranking)
 
 
 class SemanticSearch:
@@ -258,7 +276,8 @@ class SemanticSearch:
 
     @property
     def suggested_threshold(self) -> float:
-        """The score a top hit needs to be trusted in the current mode (:func:`suggested_min_score`)."""
+        """The score a top hit of the mode's default ranking needs (:func:`suggested_min_score`);
+        a single result's own is :attr:`SearchResult.suggested_threshold`."""
         return suggested_min_score(self._mode)
 
     @property

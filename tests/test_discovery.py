@@ -22,6 +22,7 @@ import pytest
 import pytest_asyncio
 
 from node.config import NodeConfig
+from semantic import SUGGESTED_MIN_SCORE_HYBRID
 from topology import Topology, build_node
 from topology.launcher import LocalCluster
 
@@ -223,6 +224,7 @@ async def test_lexical_mode_without_torch(tmp_path: Path, redis_url: str) -> Non
         sys.modules["torch"] = None
         sys.modules["sentence_transformers"] = None
         from node.config import NodeConfig
+from semantic import SUGGESTED_MIN_SCORE_HYBRID
         from topology import build_node
         from tests.helpers import start_node, registration
 
@@ -302,3 +304,43 @@ async def test_agent_in_one_region_is_found_by_a_query_in_another() -> None:
                                     json={"capability": "contract.chinese_to_english"}) as response:
                 ticket = await response.json()
             assert ticket["match"]["kind"] == "semantic" and ticket["target"]["region"] == "da", ticket
+
+
+PARCELS_IN_CHINESE = {
+    "agent_id": "cn.parcel.kuaidi",
+    "display_name": "快递查询助手",
+    "description": "输入快递单号，查询包裹的物流轨迹、当前位置和预计送达时间，支持顺丰、中通、圆通和韵达。",
+    "capabilities": [{"name": "parcel.track", "version": "1", "description": "根据快递单号查询包裹的物流状态和送达时间。",
+                      "tags": ["快递", "物流", "包裹"]}],
+    "endpoints": {"primary": "http://127.0.0.1:20999"},
+}
+
+
+async def test_a_chinese_request_is_routed_by_meaning_to_a_chinese_described_agent(catalog: RunningNode) -> None:
+    # The packaged model reads no Chinese: such a request is ranked by its words, and its match is
+    # held to the lexical ranking's threshold, not the hybrid one (on which it would be refused).
+    await catalog.register(PARCELS_IN_CHINESE)
+    try:
+        await catalog.node.searcher.settled()
+        status, ticket = await catalog.resolve(capability="我的快递到哪了")  # "where is my parcel"
+        assert status == 200, ticket
+        assert ticket["target"]["agent_id"] == "cn.parcel.kuaidi" and ticket["match"]["kind"] == "semantic", ticket
+        assert ticket["match"]["capability"] == "parcel.track"
+        # A score the hybrid threshold would refuse: the request passes on its own ranking's.
+        assert ticket["match"]["score"] < SUGGESTED_MIN_SCORE_HYBRID, ticket["match"]
+        status, body = await catalog.resolve(capability="订一张去海口的船票")  # "a ferry ticket to Haikou"
+        assert status == 404, body
+        assert "(lexical ranking" in body["details"]["stages"]["semantic"], body
+    finally:
+        await catalog.call("DELETE", "/v1/agents/cn.parcel.kuaidi")
+
+
+async def test_search_says_which_spelling_it_ranked(catalog: RunningNode) -> None:
+    body = await search(catalog, "transalte this contract into English", k=3)
+    assert body["corrected_query"] == "translate this contract into English", body
+    assert ".translate." in body["hits"][0]["agent_id"], body["hits"]
+    assert (await search(catalog, "translate this contract into English", k=3))["corrected_query"] is None
+    from node.openapi import build_openapi
+
+    schema = build_openapi(catalog.node.region)["components"]["schemas"]["SearchResponse"]
+    assert "corrected_query" in schema["properties"] and "corrected_query" not in schema.get("required", [])

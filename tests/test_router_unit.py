@@ -31,7 +31,7 @@ from node.models import (
     TokenRole,
 )
 from node.outcomes import OutcomeTracker
-from node.router import ALL_WEIGHT_FACTORS, Router, SemanticMatch, WeightFactor
+from node.router import ALL_WEIGHT_FACTORS, Router, SemanticMatch, SemanticMatches, WeightFactor
 from node.security import Signer
 
 pytestmark = pytest.mark.unit
@@ -307,16 +307,18 @@ def test_a_ticket_is_signed_for_the_caller_and_expires_after_its_ttl() -> None:
 # -- semantic fallback -----------------------------------------------------------------------
 
 class FixedMatcher:
-    """Answers every query with the same scored hits, filtered by ``allow`` as a real one is."""
+    """Answers every query with the same scored hits, filtered by ``allow`` as a real one is, and
+    the threshold of the ranking it claims to have used."""
 
-    suggested_threshold = 0.5
-
-    def __init__(self, *hits: SemanticMatch) -> None:
+    def __init__(self, *hits: SemanticMatch, threshold: float = 0.5, ranking: str = "hybrid") -> None:
         self.hits = list(hits)
+        self.threshold = threshold
+        self.ranking = ranking
 
     async def match(self, text: str, *, k: int, allow: Callable[[str, str], bool] | None = None
-                    ) -> list[SemanticMatch]:
-        return [hit for hit in self.hits if allow is None or allow(hit.region, hit.agent_id)][:k]
+                    ) -> SemanticMatches:
+        matches = [hit for hit in self.hits if allow is None or allow(hit.region, hit.agent_id)][:k]
+        return SemanticMatches(matches=matches, threshold=self.threshold, ranking=self.ranking)
 
 
 async def test_the_semantic_fallback_takes_the_best_routable_match_above_the_threshold() -> None:
@@ -338,7 +340,28 @@ async def test_the_semantic_fallback_takes_the_best_routable_match_above_the_thr
     assert raised.value.details is not None
     assert raised.value.details["stages"] == {  # type: ignore[index]
         "local": "no agent has capability 'turn french into english'",
-        "semantic": "no match above the threshold 0.92 (best lang.translate.best at 0.90)"}
+        "semantic": "no match above the threshold 0.92 (hybrid ranking; best lang.translate.best at 0.90)"}
+
+
+async def test_the_semantic_fallback_holds_matches_to_the_threshold_of_their_ranking() -> None:
+    # A lexically ranked request (a Chinese one) scores on the lexical scale: its own threshold
+    # decides, not the hybrid one; a node's configured threshold overrides both.
+    router, _, _ = make_router(record("zh.lang.fanyi", capability="lang.translate"))
+    router.matcher = FixedMatcher(SemanticMatch("zh.lang.fanyi", REGION, "lang.translate", 0.09),
+                                  threshold=0.07, ranking="lexical")
+    decision = await router.decide(RouteRequest(capability="把这段话翻译成英文"), OUTSIDER)
+    assert decision.target.agent_id == "zh.lang.fanyi"
+    router.matcher = FixedMatcher(SemanticMatch("zh.lang.fanyi", REGION, "lang.translate", 0.05),
+                                  threshold=0.07, ranking="lexical")
+    with pytest.raises(NoAgentAvailable) as raised:
+        await router.decide(RouteRequest(capability="帮我查一下社保缴纳记录"), OUTSIDER)
+    assert raised.value.details["stages"]["semantic"] == (  # type: ignore[index]
+        "no match above the threshold 0.07 (lexical ranking; best zh.lang.fanyi at 0.05)")
+    router.semantic_threshold = 0.1
+    router.matcher = FixedMatcher(SemanticMatch("zh.lang.fanyi", REGION, "lang.translate", 0.09),
+                                  threshold=0.07, ranking="lexical")
+    with pytest.raises(NoAgentAvailable):
+        await router.decide(RouteRequest(capability="把这段话翻译成英文"), OUTSIDER)
 
 
 def test_a_draw_among_a_tickets_weighted_targets_gives_each_agent_its_weights_share() -> None:

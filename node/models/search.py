@@ -30,6 +30,9 @@ class SearchResponse(Strict):
     scope: Scope
     hits: list[SearchHit]
     took_ms: float
+    corrected_query: str | None = Field(default=None, description=(
+        "What was ranked when spelling correction rewrote the query (a word one edit away from an indexed "
+        "word, e.g. 'transalte' -> 'translate'); null when the query was ranked as given."))
     unanswered: list[Region] = Field(default_factory=list, description=(
         "Summary-only peer regions (asked by their nodes, not searched here) that did not answer in time: "
         "their agents may be missing from the hits."))

@@ -44,7 +44,7 @@ from node.models import (
     SearchResponse,
     TokenRole,
 )
-from node.router import SemanticMatch
+from node.router import SemanticMatch, SemanticMatches
 from node.security import Signer, require_peer
 from node.service import RegistryNode
 from node.tasks import cancel_and_wait
@@ -56,6 +56,7 @@ from semantic import (
     RedisVectorCache,
     SemanticSearch,
     VectorCache,
+    suggested_min_score,
 )
 
 log = logging.getLogger(__name__)
@@ -238,7 +239,8 @@ class SemanticDiscovery:
 
     @property
     def suggested_threshold(self) -> float:
-        """The search's calibrated threshold for its mode (the packaged model's; see semantic.search)."""
+        """The calibrated threshold of the search's default ranking for its mode (the packaged
+        model's; see semantic.search); a single match carries its own (:meth:`match`)."""
         return self.search_index.suggested_threshold
 
     async def search(self, query: str, *, k: int, scope: Scope, routable_only: bool,
@@ -270,11 +272,13 @@ class SemanticDiscovery:
         if scope is Scope.LOCAL_FIRST:
             hits.sort(key=lambda h: h.locality is not Locality.LOCAL)  # stable: score order within each
         return SearchResponse(query=query, mode=result.mode.value, scope=scope, hits=hits,
+                              corrected_query=result.corrected_query,
                               took_ms=round((time.perf_counter() - started) * 1000, 3))
 
     async def match(self, text: str, *, k: int, allow: Callable[[str, str], bool] | None = None
-                    ) -> list[SemanticMatch]:
-        """Router fallback: the best routable agents for a capability name nobody has exactly."""
+                    ) -> SemanticMatches:
+        """Router fallback: the best routable agents for a capability name nobody has exactly, and
+        the threshold of the ranking that scored them (lexical for a mostly-Chinese request)."""
         def allowed(owner: str) -> bool:
             record = self._lookup(owner)
             if record is None or not self.node.routable(record):
@@ -282,12 +286,13 @@ class SemanticDiscovery:
             return allow is None or allow(record.region, record.agent_id)
 
         result = await self.search_index.search(_as_sentence(text), k, allowed)
+        threshold = suggested_min_score(result.ranking)  # the default ranking: hybrid or lexical, never vector
         matches = []
         for hit in result.hits:
             region, _, agent_id = hit.owner_id.partition(_OWNER_SEPARATOR)
             matches.append(SemanticMatch(agent_id=agent_id, region=region, capability=hit.capability,
                                          score=hit.score))
-        return matches
+        return SemanticMatches(matches=matches, threshold=threshold, ranking=result.ranking.value)
 
 
 async def fetch_vectors(session: aiohttp.ClientSession, node_url: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
