@@ -49,6 +49,7 @@ from aiokafka.errors import KafkaError
 
 from node.clock import now_ms
 from node.errors import StoreUnavailable
+from node.tasks import run_together
 
 from .antientropy import AntiEntropy
 from .config import FederationConfig
@@ -127,9 +128,9 @@ class Consumer:
     async def run(self) -> None:
         """Consume until cancelled, with the anti-entropy worker beside it."""
         await self.catalog.wait_loaded()
-        async with self.anti_entropy, asyncio.TaskGroup() as tasks:
-            tasks.create_task(self.anti_entropy.run(), name=f"anti-entropy-{self.config.region}")
-            tasks.create_task(self._consume(), name=f"consumer-{self.config.region}")
+        async with self.anti_entropy:
+            await run_together({f"anti-entropy-{self.config.region}": self.anti_entropy.run(),
+                                f"consumer-{self.config.region}": self._consume()})
 
     async def _consume(self) -> None:
         while True:

@@ -19,6 +19,7 @@ import pytest
 
 from node.config import NodeConfig
 from node.service import RegistryNode
+from node.tasks import awaiting
 from topology.embedded import EmbeddedRedis
 
 from .helpers import RunningNode, start_node
@@ -46,11 +47,10 @@ def _report_tasks(name: str) -> None:
     for task in list(asyncio.tasks._all_tasks):  # read from another thread: a best-effort snapshot
         if task.done():
             continue
-        out.write(f"--- task {task.get_name()}\n")
         try:
-            task.print_stack(file=out)
+            out.write(awaiting(task) + "\n")
         except Exception as exc:  # the loop moved the coroutine on meanwhile
-            out.write(f"    (stack unreadable: {exc!r})\n")
+            out.write(f"{task!r}: stack unreadable: {exc!r}\n")
     sys.stderr.write(out.getvalue())
     sys.stderr.flush()
 
