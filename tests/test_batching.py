@@ -161,21 +161,21 @@ def test_the_collector_is_frozen_again_once_records_grew_by_a_step() -> None:
     from node.loopwatch import FreezeOnGrowth
 
     held = [0]
-    freezer = FreezeOnGrowth(lambda: held[0], min_growth=1_000, fraction=0.1)
+    freezer = FreezeOnGrowth(lambda: held[0], step=200)
     try:
         frozen_before = gc.get_freeze_count()
-        held[0] = 999
+        held[0] = 199
         assert freezer.check() is False
-        held[0] = 1_000
-        assert freezer.check() is True and freezer.frozen_at == 1_000
+        held[0] = 200
+        assert freezer.check() is True and freezer.frozen_at == 200
         assert gc.get_freeze_count() >= frozen_before
-        held[0] = 1_999
-        assert freezer.check() is False  # a step is max(1,000, a tenth of what was frozen)
-        held[0] = 20_000
+        held[0] = 399
+        assert freezer.check() is False  # the step is fixed: the pause follows it, not the region's size
+        held[0] = 1_000_000
         assert freezer.check() is True
-        held[0] = 21_999
-        assert freezer.check() is False  # 2,000 = a tenth of 20,000 not reached yet
-        held[0] = 22_000
+        held[0] = 1_000_199
+        assert freezer.check() is False
+        held[0] = 1_000_200
         assert freezer.check() is True and freezer.freezes == 3
         held[0] = 5_000  # records went: the next step counts from here
         assert freezer.check() is False and freezer.frozen_at == 5_000
