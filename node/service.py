@@ -255,15 +255,17 @@ class RegistryNode:
         result = await self.store.update(agent_id, mutate, at_ms=now, known=known, renew_lease=True, load=load)
         if result.changed:
             self.cache.apply_local(ChangeEvent(kind=ChangeKind.STATUS, region=self.region,
-                                               version=result.record.version, agent_id=agent_id, at_ms=now,
-                                               record=result.record))
+                                               version=result.version, agent_id=agent_id, at_ms=now,
+                                               record=result.stored))
         else:
-            self.cache.touch_lease(agent_id, result.record.lease_expires_at_ms)
+            self.cache.touch_lease(agent_id, result.lease_expires_at_ms)
         if load is not None:
             self.cache.index.set_load(agent_id, load)
         self.metrics.heartbeats("changed" if result.changed else "load" if load is not None else "lease").inc()
-        return HeartbeatResponse(agent_id=agent_id, version=result.record.version,
-                                 lease_expires_at_ms=result.record.lease_expires_at_ms, changed=result.changed)
+        # Every field is the store's (the agent id was found there under that name): no validation.
+        return HeartbeatResponse.model_construct(agent_id=agent_id, version=result.version,
+                                                 lease_expires_at_ms=result.lease_expires_at_ms,
+                                                 changed=result.changed)
 
     async def report_load(self, agent_id: str, load: Load, caller: TokenClaims) -> LoadReportResponse:
         """Store the load an agent reports between heartbeats: no lease moved, no version, no

@@ -77,8 +77,22 @@ RecordChunk = tuple[list[str], list[str], list["float | None"]]  # agent ids, ra
 
 @dataclass(slots=True)
 class HeartbeatResult:
-    record: AgentRecord
+    """What :meth:`RegionStore.update` stored: the version and lease, and whether the record changed.
+
+    A lease-only heartbeat builds no record (``record`` makes one when asked): the hot path
+    answers from ``version`` and ``lease_expires_at_ms``.
+    """
+
+    version: int
+    lease_expires_at_ms: int
     changed: bool
+    stored: AgentRecord  # the changed record as stored; unchanged: the record before this update
+
+    @property
+    def record(self) -> AgentRecord:
+        if self.changed:
+            return self.stored
+        return self.stored.model_copy(update={"version": self.version, "lease_expires_at_ms": self.lease_expires_at_ms})
 
 
 @dataclass(slots=True)
@@ -186,13 +200,12 @@ class RegionStore:
                     raise UnknownAgent(f"agent {agent_id} is not registered in region {self.region}: register again",
                                        field="agent_id")
             lease_expires_at_ms = at_ms + current.lease_ttl_ms if renew_lease else None
-            if lease_expires_at_ms is not None:
-                current = current.model_copy(update={"lease_expires_at_ms": lease_expires_at_ms})
             changed = mutate(current)
             if changed is None:
                 expected, body = "", ""
             else:
-                changed = changed.model_copy(update={"updated_at_ms": at_ms})
+                changed = changed.model_copy(update={"updated_at_ms": at_ms, "lease_expires_at_ms": (
+                    current.lease_expires_at_ms if lease_expires_at_ms is None else lease_expires_at_ms)})
                 expected, body = str(current.version), changed.model_dump_json(exclude={"version"})
                 self._written.remember(agent_id, body, changed)
             outcome, value = await self._updates.submit(
@@ -200,11 +213,12 @@ class RegionStore:
                  "1" if renew_lease else "0", load_json])
             if outcome == 0:
                 raise self._no_lease(agent_id)
+            lease = current.lease_expires_at_ms if lease_expires_at_ms is None else lease_expires_at_ms
             if outcome == 1:
-                return HeartbeatResult(current.model_copy(update={"version": int(value)}), changed=False)
-            if outcome == 2:
-                return HeartbeatResult(changed.model_copy(update={"version": int(value)}),  # type: ignore[union-attr]
-                                       changed=True)
+                return HeartbeatResult(int(value), lease, changed=False, stored=current)
+            if outcome == 2 and changed is not None:
+                version = int(value)
+                return HeartbeatResult(version, lease, changed=True, stored=changed.model_copy(update={"version": version}))
             current = self._parse_record(agent_id, value, lease_expires_at_ms=current.lease_expires_at_ms)
             if current is None:
                 raise UnknownAgent(f"the stored record of {agent_id} in region {self.region} does not parse "
