@@ -25,6 +25,7 @@ DEFAULT_FEED_BLOCK_MS = 1_000
 DEFAULT_KEY_REFRESH_INTERVAL_MS = 60_000
 DEFAULT_SUMMARY_INTERVAL_MS = 1_000
 DEFAULT_FORWARD_TIMEOUT_MS = 1_000
+DEFAULT_FORWARD_BACKOFF_MS = 5_000
 TOPIC_PREFIX_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
 
 
@@ -70,6 +71,9 @@ class FederationConfig(BaseModel):
                                                     "first), summaries only for the rest; None = every peer.")
     forward_timeout_ms: int = Field(default=DEFAULT_FORWARD_TIMEOUT_MS, ge=50, le=60_000,
                                     description="Deadline of a lookup forwarded to a summary-only peer's node.")
+    forward_backoff_ms: int = Field(default=DEFAULT_FORWARD_BACKOFF_MS, ge=0, le=600_000,
+                                    description="After a summary-only peer did not answer, lookups are not "
+                                                "forwarded to it for this long (0: ask every time).")
 
     @model_validator(mode="after")
     def _check(self) -> FederationConfig:

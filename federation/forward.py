@@ -10,13 +10,18 @@ it. Resolves go with ``scope=local``, so the peer never forwards them again.
 
 Every call has one deadline (``forward_timeout_ms``) across the peer's node URLs, tried in order;
 when it passes, or no node answers, :class:`node.errors.PeerUnreachable` says which region and
-why, and the caller falls back to what it has.
+why, and the caller falls back to what it has. A peer that did not answer is then not asked for
+``forward_backoff_ms``: a region that hangs rather than refuses would otherwise cost the whole
+deadline on every lookup that lands on it until its summary goes stale; meanwhile those lookups
+fail over at once, and the first call after the pause tries it again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -40,11 +45,15 @@ _ANSWER_LIMIT_BYTES = 8 * 1024 * 1024
 class Forwarder:
     """Asks summary-only peers' nodes (see the module docstring); an async context manager."""
 
-    def __init__(self, config: FederationConfig, *, signer: Signer) -> None:
+    def __init__(self, config: FederationConfig, *, signer: Signer,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.signer = signer
+        self.clock = clock
         self.forwarded = 0
         self.unanswered = 0
+        self.skipped = 0  # lookups failed over at once: their region did not answer shortly before
+        self._silent_since: dict[str, float] = {}  # region -> when it last did not answer (clock seconds)
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -107,6 +116,13 @@ class Forwarder:
             urls = self.config.peer(region).node_urls
         except KeyError:
             raise PeerUnreachable(f"region {region} is not a peer of {self.config.region}") from None
+        silent_since = self._silent_since.get(region)
+        if silent_since is not None:
+            quiet_s = self.config.forward_backoff_ms / 1000 - (self.clock() - silent_since)
+            if quiet_s > 0:
+                self.skipped += 1
+                raise PeerUnreachable(f"region {region} did not answer {self.clock() - silent_since:.1f} s ago; "
+                                      f"it is asked again in {quiet_s:.1f} s")
         headers = {"Authorization": f"Bearer {self.signer.issue(caller.sub, caller.role, ttl_s=TOKEN_TTL_S)}"}
         deadline_ms = self.config.forward_timeout_ms
         problems: list[str] = []
@@ -119,6 +135,7 @@ class Forwarder:
                                                          headers=headers, allow_redirects=False) as response:
                             body = await response.content.read(_ANSWER_LIMIT_BYTES)
                             if response.status < 500:
+                                self._silent_since.pop(region, None)
                                 return response.status, body
                             problems.append(f"{url}: HTTP {response.status}")
                     except (aiohttp.ClientError, OSError) as exc:
@@ -126,6 +143,7 @@ class Forwarder:
         except TimeoutError:
             problems.append(f"no answer within {deadline_ms} ms")
         self.unanswered += 1
+        self._silent_since[region] = self.clock()
         raise PeerUnreachable(f"region {region} did not answer ({'; '.join(problems) or 'no node URL'})")
 
 

@@ -155,7 +155,8 @@ class Federation:
                                      "replicate_depth": self.config.replicate_depth,
                                      "read": {"records": reader.records, "applied": reader.applied,
                                               "invalid": reader.invalid, "failures": reader.failures},
-                                     "forwarded": self.forwarder.forwarded, "unanswered": self.forwarder.unanswered}
+                                     "forwarded": self.forwarder.forwarded, "unanswered": self.forwarder.unanswered,
+                                     "skipped": self.forwarder.skipped}
         publisher = self.summary_publisher
         if publisher is not None:
             stats = publisher.stats

@@ -81,3 +81,59 @@ async def test_a_forwarded_ticket_addresses_the_agent_as_a_caller_in_another_reg
             assert status == 200 and home["target"]["endpoint"] == "http://127.0.0.1:9101", home
         finally:
             await trio.aclose()
+
+
+async def test_a_peer_that_hangs_is_not_asked_again_until_its_pause_ends() -> None:
+    """A summary-only peer whose node accepts connections and never answers costs the deadline
+    once; for ``forward_backoff_ms`` after that its lookups fail over at once, then it is tried again."""
+    import asyncio
+
+    from federation.config import FederationConfig
+    from federation.forward import Forwarder
+    from node.errors import PeerUnreachable
+    from node.models import TokenClaims
+    from node.security import Signer
+
+    connections: list[asyncio.StreamWriter] = []
+    answering = False
+
+    async def node(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        while True:  # one request after another on the connection
+            await reader.readuntil(b"\r\n\r\n")
+            if not answering:
+                await asyncio.Event().wait()  # hangs: never refuses, never answers
+            body = b'{"error": "unknown_agent", "message": "no such agent"}'
+            writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+            await writer.drain()
+
+    server = await asyncio.start_server(node, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    now = [1_000.0]
+    config = FederationConfig(region="home", peers=[{"region": "far", "node_urls": [f"http://127.0.0.1:{port}"]}],
+                              bootstrap_servers="127.0.0.1:1", forward_timeout_ms=200, forward_backoff_ms=5_000)
+    caller = TokenClaims(sub="ops.caller.x", role=TokenRole.CALLER, iat=int(time.time()), exp=int(time.time()) + 60)
+    try:
+        async with Forwarder(config, signer=Signer(b"test-secret-0123456789abcdef"), clock=lambda: now[0]) as forwarder:
+            with pytest.raises(PeerUnreachable, match="no answer within 200 ms"):
+                await forwarder.agent("far", "far.grp.a", caller)
+            assert len(connections) == 1 and forwarder.unanswered == 1
+
+            now[0] += 4.9  # within the pause: failed over at once, the node not asked
+            with pytest.raises(PeerUnreachable, match="asked again in 0.1 s"):
+                await forwarder.agent("far", "far.grp.a", caller)
+            assert len(connections) == 1 and forwarder.skipped == 1
+
+            now[0] += 0.2  # the pause is over: asked again, and an answer ends the pause for good
+            answering = True
+            assert await forwarder.agent("far", "far.grp.a", caller) is None  # its 404: no such agent
+            assert len(connections) == 2
+            now[0] += 0.1
+            assert await forwarder.agent("far", "far.grp.a", caller) is None
+            assert forwarder.skipped == 1 and forwarder.unanswered == 1
+    finally:
+        for writer in connections:
+            writer.close()
+        server.close()
+        await server.wait_closed()

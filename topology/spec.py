@@ -48,6 +48,7 @@ from federation.config import (
     DEFAULT_ANTI_ENTROPY_MIN_INTERVAL_MS,
     DEFAULT_BEACON_INTERVAL_MS,
     DEFAULT_FETCH_MAX_WAIT_MS,
+    DEFAULT_FORWARD_BACKOFF_MS,
     DEFAULT_FORWARD_TIMEOUT_MS,
     DEFAULT_KEY_REFRESH_INTERVAL_MS,
     DEFAULT_REQUEST_TIMEOUT_MS,
@@ -164,6 +165,9 @@ class FederationSpec(_Model):
                                                     "preference order, summaries only for the rest (none: all).")
     forward_timeout_ms: int = Field(default=DEFAULT_FORWARD_TIMEOUT_MS, ge=50, le=60_000,
                                     description="Deadline of a lookup forwarded to a summary-only peer's node.")
+    forward_backoff_ms: int = Field(default=DEFAULT_FORWARD_BACKOFF_MS, ge=0, le=600_000,
+                                    description="How long a summary-only peer that did not answer is not asked "
+                                                "again (its lookups fail over at once meanwhile; 0: ask every time).")
 
     @model_validator(mode="after")
     def _stale_after_beacons(self) -> FederationSpec:
