@@ -39,6 +39,7 @@ import orjson
 from federation.snapshot_reader import read_snapshot
 from node.cache import AgentIndex, RegionCache
 from node.candidates import CandidateTables, Source
+from node.loopwatch import collector_paused
 from node.models import AgentRecord, Capability, Load, Locality, RouteRequest, Snapshot, TokenRole
 from node.outcomes import OutcomeTracker
 from node.security import Signer
@@ -237,7 +238,8 @@ async def million_part(records: int) -> None:
         before = rss_bytes()
         started = time.perf_counter()
         cache = RegionCache(store)
-        await cache.start()
+        with collector_paused():  # as `agent-reach node` starts (node.loopwatch)
+            await cache.start()
         seconds = time.perf_counter() - started
         gc.collect()
         after = rss_bytes()

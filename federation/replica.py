@@ -31,6 +31,7 @@ from node.clock import now_ms
 from node.errors import first_problem
 from node.follower import FollowerState, StreamFollower
 from node.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason, SummaryView
+from node.stored_records import read_record
 
 from .digest import digest_hex, entry_hash
 from .events import RegionBeacon
@@ -308,7 +309,7 @@ class PeerCatalog(StreamFollower[FeedEntry]):
             elif entry.type == "beacon" and entry.body:
                 peer.beacon = RegionBeacon.model_validate_json(entry.body)
             elif entry.type == "put" and entry.body:
-                if (change := peer.put_record(AgentRecord.model_validate_json(entry.body))) is not None:
+                if (change := peer.put_record(read_record(entry.body))) is not None:
                     changes.append(change)
             elif entry.type == "evict" and entry.agent_id:
                 if (change := peer.evict(entry.agent_id, entry.version)) is not None:

@@ -41,6 +41,7 @@ from node.errors import first_problem
 from node.models import AgentRecord, Snapshot
 from node.quarantine import Quarantine
 from node.store import RedisErrors
+from node.stored_records import read_record
 
 from .events import FederationMessage, RegionBeacon
 
@@ -335,7 +336,7 @@ class ReplicaStore:
         base = self._peer_keys(peer)[0]
         for agent_id, raw in raw_agents.items():
             try:
-                records.append(AgentRecord.model_validate_json(raw))
+                records.append(read_record(raw))
             except ValidationError as exc:
                 # Skipped, not fatal: the peer's next beacon disagrees and anti-entropy re-syncs it.
                 self.quarantine.add("replica", f"{base}/{agent_id}", first_problem(exc).message,

@@ -25,7 +25,7 @@ from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from .clock import now_ms
-from .compact import compact, shared_load
+from .compact import build, compact, share_load
 from .errors import StoreUnavailable
 from .follower import FollowerState, StreamFollower
 from .loads import LoadFeed
@@ -72,8 +72,10 @@ class AgentIndex:
         return self.by_capability.get(name, {})
 
     def put(self, record: AgentRecord) -> AgentRecord | None:
-        """Insert or replace (the record made compact: ``node.compact``); returns the record it replaced."""
-        compact(record)
+        """Insert or replace (a compact equal of ``record`` is held: ``node.compact``); returns the
+        record it replaced."""
+        record = compact(record)
+        record.__dict__["load"] = share_load(record.load)  # a reader may have set a load of its own
         previous = self.records.get(record.agent_id)
         if previous is not None:
             self._unindex(previous)
@@ -90,7 +92,7 @@ class AgentIndex:
         record = self.records.get(agent_id)
         if record is None or record.load == load:
             return False
-        record.__dict__["load"] = shared_load(load)
+        record.__dict__["load"] = share_load(load)
         self._bump(record)
         return True
 
@@ -149,7 +151,7 @@ class AgentIndex:
     def replace_all(self, records: list[AgentRecord], version: int) -> list[ChangeEvent]:
         """Swap in a full snapshot; returns the changes that turn the old view into the new.
 
-        The changes are built without validation (``model_construct``): their records were
+        The changes are built without validation (``node.compact.build``): their records were
         validated as they were read, and a region reload makes one per record.
         """
         at = now_ms()
@@ -157,15 +159,17 @@ class AgentIndex:
         changes: list[ChangeEvent] = []
         for agent_id, old in list(self.records.items()):
             if agent_id not in incoming:
-                changes.append(ChangeEvent.model_construct(kind=ChangeKind.DELETE, region=self.region, version=version,
-                                                           agent_id=agent_id, at_ms=at, reason=DeleteReason.EVICTED,
-                                                           allowed_callers=old.allowed_callers))
+                changes.append(build(ChangeEvent, {"kind": ChangeKind.DELETE, "region": self.region, "version": version,
+                                                   "agent_id": agent_id, "at_ms": at, "record": None,
+                                                   "reason": DeleteReason.EVICTED,
+                                                   "allowed_callers": old.allowed_callers}))
         for record in records:
             old = self.records.get(record.agent_id)
             if old is None or old.version != record.version:
-                changes.append(ChangeEvent.model_construct(kind=ChangeKind.UPSERT, region=self.region,
-                                                           version=record.version, agent_id=record.agent_id,
-                                                           at_ms=at, record=record))
+                changes.append(build(ChangeEvent, {"kind": ChangeKind.UPSERT, "region": self.region,
+                                                   "version": record.version, "agent_id": record.agent_id,
+                                                   "at_ms": at, "record": record, "reason": None,
+                                                   "allowed_callers": None}))
         self.records.clear()
         self.by_capability.clear()
         self.capability_generation.clear()

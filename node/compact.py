@@ -2,105 +2,171 @@
 
 A region's records are read far more often than written, and they repeat themselves: the same
 capability (name, version, description, tags, examples) on every instance of a pool, the same
-load on most, the same region and transport on all. Parsed from JSON, each record nevertheless
-carries its own copies, and each pydantic model carries its own set of the fields that were
-given (2 KiB for a 25-field record, more than the record's data). :func:`compact` rewrites a
-record in place before it enters an index (``node.cache.AgentIndex.put``): equal capabilities
-and loads become one shared object, repeated strings one interned string, and every record of a
-model shares one fields-set naming all its fields. About 5.7 KiB → 2 KiB per record (measured
-in ``bench/scale.py``).
+load, labels, callers and lease length on most, the same region and transport on all. Parsed
+from JSON, each record nevertheless carries its own copies, and each pydantic model its own
+fields-set and its own ``__dict__`` (832 B for the 26 fields, more than the record's data).
+:func:`compact` makes a record's compact equal before it enters an index
+(``node.cache.AgentIndex.put``): equal capabilities, capability lists, loads, labels and caller
+lists become one shared object, repeated strings and numbers one object, every record of a model
+shares one fields-set naming all its fields, and the instance is built attribute by attribute in
+field order, so CPython gives it a key-sharing ``__dict__`` (the keys are held once per class;
+280 B per record instead of 832). :func:`build` makes such an instance from field values directly
+(``node.stored_records`` reads stored JSON that way). Measured in ``bench/scale.py``.
 
 Sharing is safe because records and their parts are not mutated in place: changes make new
-records (``model_copy``), whose fields-set is a copy; the one attribute assigned in place,
-``lease_expires_at_ms``, is already in the shared set. Dumps do not use ``exclude_unset``.
+records (``model_copy``, whose ``__dict__`` copy stays key-sharing); the attributes assigned in
+place, ``lease_expires_at_ms`` and ``load``, are replaced, never changed, and are already in the
+shared fields-set. Dumps do not use ``exclude_unset``.
 """
 
 from __future__ import annotations
 
-import sys
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from .models import AgentRecord, Capability, Load
 
-__all__ = ["MAX_SHARED", "WrittenRecords", "compact", "shared_load"]
+__all__ = ["MAX_SHARED", "build", "capability_key", "compact", "is_compact", "share_capabilities", "share_capability", "share_load",
+           "share_parts", "shared_capability", "shared_load"]
 
-MAX_SHARED = 100_000  # distinct capabilities / loads remembered; beyond it the tables start again
+MAX_SHARED = 100_000  # distinct values a table remembers; beyond it the table starts again
 
 _capabilities: dict[tuple[object, ...], Capability] = {}
+_capability_lists: dict[tuple[int, ...], list[Capability]] = {}
 _loads: dict[tuple[object, ...], Load] = {}
+_labels: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+_caller_lists: dict[tuple[str, ...], list[str]] = {}
+_texts: dict[object, Any] = {}  # strings and numbers that repeat across records (_REPEATED)
 _all_fields: dict[type[BaseModel], set[str]] = {}
+_field_names: dict[type[BaseModel], tuple[str, ...]] = {}
+_set = object.__setattr__
+# Record fields whose values repeat across records (no bools among them: True == 1 in a table).
+_REPEATED = ("region", "transport", "description", "lease_ttl_ms", "weight", "max_concurrency")
+
+M = TypeVar("M", bound=BaseModel)
+V = TypeVar("V")
 
 
 def _fields_of(model: type[BaseModel]) -> set[str]:
     fields = _all_fields.get(model)
     if fields is None:
+        # Shared, and mutable because pydantic's __setattr__ adds to it: it already holds every name.
         fields = _all_fields[model] = set(model.model_fields)
     return fields
 
 
-def _share_fields(instance: BaseModel) -> None:
-    object.__setattr__(instance, "__pydantic_fields_set__", _fields_of(type(instance)))
+def build(model: type[M], values: dict[str, Any]) -> M:
+    """An instance of ``model`` holding ``values`` (every field, trusted: nothing is validated),
+    with a key-sharing ``__dict__`` and the shared all-fields set."""
+    names = _field_names.get(model)
+    if names is None:
+        names = _field_names[model] = tuple(model.model_fields)
+    instance = model.__new__(model)
+    fields = instance.__dict__  # a fresh one, sharing the class's keys
+    for name in names:  # always in field order, as the prototype set them
+        fields[name] = values[name]
+    _set(instance, "__pydantic_fields_set__", _fields_of(model))
+    _set(instance, "__pydantic_extra__", None)
+    _set(instance, "__pydantic_private__", None)
+    return instance
 
 
-S = TypeVar("S", bound=BaseModel)
+def _prototype(model: type[M]) -> M:
+    """An instance holding every field, built first: it sets the order of the class's shared
+    ``__dict__`` keys (instances of a class given its attributes in another order first were
+    seen to get a dict of their own, 1,584 B)."""
+    return build(model, {name: field.get_default(call_default_factory=True)
+                         for name, field in model.model_fields.items()})
 
 
-def _shared(table: dict[tuple[object, ...], S], key: tuple[object, ...], value: S) -> S:
-    """The instance ``table`` holds for ``key``, or ``value`` (made compact) from now on."""
+def _remembered(table: dict[Any, V], key: Any, value: V) -> V:
+    """What ``table`` holds for ``key``, or ``value`` from now on."""
     shared = table.get(key)
     if shared is None:
         if len(table) >= MAX_SHARED:
             table.clear()
-        _share_fields(value)
         shared = table[key] = value
     return shared
 
 
+def capability_key(name: str, version: str, description: str, tags: list[str], examples: list[str]) -> tuple[object, ...]:
+    return (name, version, description, *tags, "\0", *examples)
+
+
+def share_capability(capability: Capability) -> Capability:
+    """The one instance of capabilities equal to ``capability`` (compact, built once)."""
+    c = capability
+    key = capability_key(c.name, c.version, c.description, c.tags, c.examples)
+    shared = _capabilities.get(key)
+    if shared is None:
+        shared = _remembered(_capabilities, key, build(Capability, dict(c.__dict__)))
+    return shared
+
+
+def shared_capability(key: tuple[object, ...]) -> Capability | None:
+    """The shared capability of ``key`` (:func:`capability_key`) if one is held."""
+    return _capabilities.get(key)
+
+
+def share_capabilities(capabilities: list[Capability]) -> list[Capability]:
+    """One list of equal lists of shared capabilities (pass shared ones: the key is their ids)."""
+    if len(_capabilities) >= MAX_SHARED - len(capabilities):
+        _capability_lists.clear()  # its keys are ids of capabilities the table is about to drop
+    return _remembered(_capability_lists, tuple(map(id, capabilities)), capabilities)
+
+
+def share_load(load: Load) -> Load:
+    """The one instance of loads equal to ``load`` (compact, built once)."""
+    key = (load.queued, load.inflight, load.rps)
+    shared = _loads.get(key)
+    if shared is None:
+        shared = _remembered(_loads, key, build(Load, dict(load.__dict__)))
+    return shared
+
+
+def shared_load(key: tuple[int, int, float]) -> Load | None:
+    """The shared load of ``(queued, inflight, rps)`` if one is held."""
+    return _loads.get(key)
+
+
+def share_labels(labels: dict[str, str]) -> dict[str, str]:
+    return _remembered(_labels, tuple(labels.items()), labels)
+
+
+def share_callers(callers: list[str]) -> list[str]:
+    return _remembered(_caller_lists, tuple(callers), callers)
+
+
+_PROTOTYPES = [_prototype(model) for model in (AgentRecord, Capability, Load)]
+
+
+def is_compact(record: BaseModel) -> bool:
+    """Whether ``record`` was built compact (a copy is not: pydantic gives it a fields-set of its own)."""
+    return record.__pydantic_fields_set__ is _all_fields.get(type(record))
+
+
 def compact(record: AgentRecord) -> AgentRecord:
-    """``record``, its parts shared with equal ones already seen (in place; returns it)."""
-    fields = record.__dict__
-    _share_fields(record)
-    capabilities = record.capabilities
-    for position, c in enumerate(capabilities):
-        capabilities[position] = _shared(_capabilities, (c.name, c.version, c.description, *c.tags, "\0", *c.examples), c)
-    fields["load"] = shared_load(record.load)
-    fields["region"] = sys.intern(record.region)
-    fields["transport"] = sys.intern(record.transport)
-    return record
+    """A compact record equal to ``record`` (``record`` itself is left as it is, and returned if
+    it is compact already)."""
+    if is_compact(record):
+        return record
+    values = dict(record.__dict__)
+    share_parts(values)
+    values["capabilities"] = share_capabilities([share_capability(c) for c in record.capabilities])
+    values["load"] = share_load(record.load)
+    return build(AgentRecord, values)
 
 
-def shared_load(load: Load) -> Load:
-    """The one instance of loads equal to ``load`` (``load`` itself the first time)."""
-    return _shared(_loads, (load.queued, load.inflight, load.rps), load)
-
-
-class WrittenRecords:
-    """What this process wrote lately, by agent: the record JSON as sent and the record.
-
-    The change stream hands the same JSON back (with its version spliced in first, see
-    ``node.store_scripts``); :meth:`recall` then copies the record instead of validating the JSON
-    again, for the readers of this process's own writes (the cache's tail, the publisher).
-    """
-
-    def __init__(self, limit: int = 10_000) -> None:
-        self.limit = limit
-        self._records: dict[str, tuple[str, AgentRecord]] = {}
-
-    def remember(self, agent_id: str, body: str, record: AgentRecord) -> None:
-        records = self._records
-        records.pop(agent_id, None)
-        records[agent_id] = (body, record)
-        if len(records) > self.limit:
-            del records[next(iter(records))]
-
-    def recall(self, agent_id: str, version: int, raw: str) -> AgentRecord:
-        """The record a change entry's ``raw`` JSON holds: the one written here if it is that JSON, else parsed."""
-        memo = self._records.get(agent_id)
-        if memo is not None:
-            body, record = memo
-            # raw is '{"version":N,' + body[1:]
-            if len(raw) - len(body) == len(str(version)) + 11 and raw.endswith(body[1:]):
-                return record.model_copy(update={"version": version})
-        return AgentRecord.model_validate_json(raw)
+def share_parts(values: dict[str, Any]) -> None:
+    """Replace the plain parts of a record's ``values`` by their shared equals (in place)."""
+    texts = _texts
+    if len(texts) >= MAX_SHARED:
+        texts.clear()
+    for name in _REPEATED:
+        value = values[name]
+        values[name] = texts.setdefault(value, value)
+    if values["updated_at_ms"] == values["registered_at_ms"]:
+        values["updated_at_ms"] = values["registered_at_ms"]
+    values["labels"] = share_labels(values["labels"])
+    values["allowed_callers"] = share_callers(values["allowed_callers"])

@@ -46,13 +46,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .batch import Coalescer
 from .clock import now_ms
-from .compact import WrittenRecords
 from .errors import Conflict, UnknownAgent, first_problem
 from .loads import parse_load
 from .models import AGENT_ID_RE, AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Load
 from .quarantine import RECORD, Quarantine
 from .redis_errors import RedisErrors
 from .store_scripts import ACQUIRE, DELETE, REGISTER, RELEASE, UPDATE
+from .stored_records import WrittenRecords, read_record
 
 DEFAULT_KEY_PREFIX = "ar"
 DEFAULT_CHANGE_STREAM_MAXLEN = 100_000
@@ -476,7 +476,7 @@ class RegionStore:
     def _parse_record(self, agent_id: str, raw: str, *, lease_expires_at_ms: int | None) -> AgentRecord | None:
         """A stored record, or None (quarantined) when it does not parse."""
         try:
-            record = AgentRecord.model_validate_json(raw)
+            record = read_record(raw)
             if record.agent_id != agent_id:
                 raise ValueError(f"the record names agent {record.agent_id!r}")
         except ValueError as exc:  # pydantic's ValidationError included

@@ -39,7 +39,7 @@ from node.credentials import SigningKeyError
 from node.egress import EgressPolicy
 from node.envconfig import merge_settings, settings_from_env, variable_of
 from node.errors import NodeError, first_problem
-from node.loopwatch import FreezeOnGrowth, tune_gc
+from node.loopwatch import FreezeOnGrowth, collector_paused, tune_gc
 from node.models import TokenRole
 from node.redact import mask_url
 from node.security import DEFAULT_TOKEN_TTL_S, SecretError, Signer, load_secret
@@ -235,7 +235,8 @@ async def _start(args: argparse.Namespace, plan: _Plan,
     built = build_node(config, secret=plan.secret, topology=plan.topology, bootstrap_servers=args.kafka)
     drain = Drain()
     built.extensions.append(drain.install)
-    node = await stack.enter_async_context(built)
+    with collector_paused():
+        node = await stack.enter_async_context(built)
     # The records loaded at start live as long as the process: keep the cyclic collector from
     # re-scanning them on every full collection (a 10k-agent region showed ~15 ms pauses), and
     # collect less often (node.loopwatch.tune_gc; agent_reach_gc_pause_seconds shows the effect).

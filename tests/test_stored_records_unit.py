@@ -1,0 +1,133 @@
+"""Records read back from the region's Redis without pydantic validating them again
+(node.stored_records) and records made compact (node.compact): equal to what pydantic reads,
+dumped byte for byte the same, their common parts shared — and a stored value that is not this
+schema's record still refused with pydantic's error."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import orjson
+import pytest
+
+from node.compact import compact, is_compact
+from node.models import AgentRecord, Status
+from node.stored_records import WrittenRecords, read_record
+
+pytestmark = pytest.mark.unit
+
+BASE: dict[str, Any] = {"agent_id": "unit.stored.a1", "region": "r1",
+                        "capabilities": [{"name": "cap.one", "version": "2", "description": "does one thing"}],
+                        "endpoints": {"primary": "http://127.0.0.1:9000"}, "version": 7,
+                        "registered_at_ms": 1_700_000_000_000, "updated_at_ms": 1_700_000_000_000,
+                        "lease_expires_at_ms": 1_700_000_030_000}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "everything": {"display_name": "Ünïcode \u00e9 agent", "description": "line one\nline two\ttab",
+                   "capabilities": [{"name": "cap.one", "version": "1.4.0", "description": "x", "tags": ["a", "b"],
+                                     "examples": ["do it", "again"]}, {"name": "cap:img/search"}],
+                   "endpoints": {"primary": "https://example.com/a", "admin": "grpc://example.com:81"},
+                   "callback_endpoint": "http://127.0.0.1:9001/cb", "transport": "a2a+jsonrpc",
+                   "liveness_probe": {"url": "http://127.0.0.1:9000/live", "interval_ms": 500},
+                   "readiness_probe": {"url": "http://127.0.0.1:9000/ready", "accept": "listening"},
+                   "lease_ttl_ms": 60_000, "labels": {"env": "prod", "zone": "a"}, "weight": 0,
+                   "max_concurrency": 12, "allowed_callers": ["payment.*.*", "admin"], "semantic_fallback": False,
+                   "status": "draining", "load": {"queued": 3, "inflight": 2, "rps": 1.5}, "live": False,
+                   "ready": False, "probe_error": "connection refused",
+                   "a2a": {"card": {"name": "x", "skills": [{"id": "s"}]}, "format": "1.0", "binding": "JSONRPC",
+                           "protocol_version": "1.0", "public": True}},
+}
+
+
+def stored_json(**changes: Any) -> str:
+    return AgentRecord.model_validate({**BASE, **changes}).model_dump_json()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_stored_record_reads_as_pydantic_reads_it_and_dumps_the_same_bytes(variant: str) -> None:
+    raw = stored_json(**VARIANTS[variant])
+    expected = AgentRecord.model_validate_json(raw)
+    record = read_record(raw)
+    assert record == expected
+    assert record.model_dump_json() == expected.model_dump_json() == raw
+    assert record.model_dump(mode="json") == expected.model_dump(mode="json")
+    assert record.model_dump_json(exclude={"version"}) == expected.model_dump_json(exclude={"version"})
+    assert is_compact(record) and record.model_fields_set == expected.model_fields_set
+    assert isinstance(record.status, Status)
+    assert sys.getsizeof(record.__dict__) < sys.getsizeof(expected.__dict__) / 2  # a key-sharing __dict__
+
+
+def test_records_share_what_they_have_in_common() -> None:
+    first = read_record(stored_json(agent_id="unit.stored.a1", labels={"env": "prod"}))
+    second = read_record(stored_json(agent_id="unit.stored.a2", labels={"env": "prod"}))
+    assert first.capabilities is second.capabilities and first.labels is second.labels
+    assert first.load is second.load and first.allowed_callers is second.allowed_callers
+    assert first.agent_id != second.agent_id
+    parsed = AgentRecord.model_validate_json(stored_json(agent_id="unit.stored.a3", labels={"env": "prod"}))
+    made = compact(parsed)
+    assert made == parsed and made.model_dump_json() == parsed.model_dump_json()
+    assert made.capabilities is first.capabilities and made.labels is first.labels
+    assert compact(made) is made and not is_compact(parsed)
+
+
+def test_a_compact_record_changes_like_any_record() -> None:
+    record = read_record(stored_json())
+    record.lease_expires_at_ms = 5  # what the cache does when a lease moves
+    copied = record.model_copy(update={"status": Status.BUSY})
+    assert copied.status is Status.BUSY and record.status is Status.READY and copied.lease_expires_at_ms == 5
+    assert read_record(stored_json()).lease_expires_at_ms == BASE["lease_expires_at_ms"]
+
+
+NOT_RECORDS = {
+    "rps null": lambda raw: raw.replace('"rps":0.0', '"rps":null'),
+    "not json": lambda raw: raw[:-1],
+    "a word for a number": lambda raw: raw.replace('"weight":100', '"weight":"heavy"'),
+    "a negative version": lambda raw: raw.replace('"version":7', '"version":-7'),
+    "an unknown status": lambda raw: raw.replace('"status":"ready"', '"status":"sleepy"'),
+    "a field of another schema": lambda raw: raw[:-1] + ',"colour":"red"}',
+    "no primary endpoint": lambda raw: raw.replace('"primary"', '"other"'),
+    "a capability field of another schema": lambda raw: raw.replace('"tags":[]', '"tags":[],"x":1'),
+    "a tag that is no string": lambda raw: raw.replace('"tags":[]', '"tags":[1]'),
+    "a list": lambda raw: "[" + raw + "]",
+}
+
+
+@pytest.mark.parametrize("spoil", NOT_RECORDS)
+def test_a_stored_value_that_is_not_a_record_is_refused_as_pydantic_refuses_it(spoil: str) -> None:
+    raw = NOT_RECORDS[spoil](stored_json())
+    with pytest.raises(ValueError) as refused:
+        read_record(raw)
+    with pytest.raises(ValueError) as by_pydantic:
+        AgentRecord.model_validate_json(raw)
+    assert str(refused.value) == str(by_pydantic.value)
+
+
+def test_what_pydantic_would_coerce_is_read_by_pydantic() -> None:
+    raw = stored_json().replace('"weight":100', '"weight":"100"').replace('"rps":0.0', '"rps":0')
+    assert read_record(raw) == AgentRecord.model_validate_json(raw)
+    assert read_record(raw).model_dump_json() == stored_json()
+    raw = stored_json().replace('"weight":100', '"weight":true')
+    assert read_record(raw) == AgentRecord.model_validate_json(raw)
+    assert read_record(raw).model_dump_json() == stored_json(weight=1)
+
+
+def test_a_record_of_an_older_schema_is_read_by_pydantic() -> None:
+    data = orjson.loads(stored_json(probe_error=None))
+    del data["a2a"], data["probe_error"]  # written before those fields existed
+    raw = orjson.dumps(data)
+    assert read_record(raw) == AgentRecord.model_validate_json(raw)
+    assert is_compact(read_record(raw))
+
+
+def test_the_change_stream_reads_back_what_this_process_wrote() -> None:
+    written = WrittenRecords(limit=2)
+    record = AgentRecord.model_validate({**BASE, "version": 0})
+    body = record.model_dump_json(exclude={"version"})
+    written.remember(record.agent_id, body, record)
+    raw = '{"version":9,' + body[1:]
+    recalled = written.recall(record.agent_id, 9, raw)
+    assert recalled == AgentRecord.model_validate_json(raw) and is_compact(recalled)
+    assert recalled.model_dump_json() == AgentRecord.model_validate_json(raw).model_dump_json()
+    other = written.recall("unit.stored.zz", 9, raw.replace("unit.stored.a1", "unit.stored.zz"))
+    assert other.agent_id == "unit.stored.zz"
