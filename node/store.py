@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
 
 import orjson
 import redis.asyncio as aioredis
@@ -51,6 +50,7 @@ from .loads import parse_load
 from .models import AGENT_ID_RE, AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Load
 from .quarantine import RECORD, Quarantine
 from .redis_errors import RedisErrors
+from .store_results import HeartbeatResult, SnapshotData, StoredVersions
 from .store_scripts import ACQUIRE, DELETE, REGISTER, RELEASE, UPDATE
 from .stored_records import WrittenRecords, read_record
 
@@ -73,40 +73,6 @@ def stored_version(raw: str) -> int | None:
 
 
 RecordChunk = tuple[list[str], list[str], list["float | None"]]  # agent ids, raw records, lease expiries
-
-
-@dataclass(slots=True)
-class HeartbeatResult:
-    """What :meth:`RegionStore.update` stored: the version and lease, and whether the record changed.
-
-    A lease-only heartbeat builds no record (``record`` makes one when asked): the hot path
-    answers from ``version`` and ``lease_expires_at_ms``.
-    """
-
-    version: int
-    lease_expires_at_ms: int
-    changed: bool
-    stored: AgentRecord  # the changed record as stored; unchanged: the record before this update
-
-    @property
-    def record(self) -> AgentRecord:
-        if self.changed:
-            return self.stored
-        return self.stored.model_copy(update={"version": self.version, "lease_expires_at_ms": self.lease_expires_at_ms})
-
-
-@dataclass(slots=True)
-class SnapshotData:
-    version: int
-    records: list[AgentRecord]
-
-
-@dataclass(slots=True)
-class StoredVersions:
-    """The region version and, per agent, ``(version, lease expiry ms)`` consistent with it."""
-
-    version: int
-    agents: dict[str, tuple[int, int]]
 
 
 class RegionStore:

@@ -233,7 +233,7 @@ def test_node_exports_are_lazy_and_complete() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert int(done.stdout) == 38
+    assert int(done.stdout) == 39
 
 
 async def test_a_caller_token_is_enough_for_both(node: RunningNode, target: Target) -> None:

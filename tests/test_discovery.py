@@ -224,7 +224,6 @@ async def test_lexical_mode_without_torch(tmp_path: Path, redis_url: str) -> Non
         sys.modules["torch"] = None
         sys.modules["sentence_transformers"] = None
         from node.config import NodeConfig
-from semantic import SUGGESTED_MIN_SCORE_HYBRID
         from topology import build_node
         from tests.helpers import start_node, registration
 
