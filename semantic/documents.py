@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import Enum
-
-from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "Document",
@@ -29,25 +28,31 @@ __all__ = [
 ]
 
 
-class Document(BaseModel):
-    """One searchable unit: a capability of an agent, or the agent's description.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Document:
+    """One searchable unit: a capability of an agent, or the agent's description (a slotted
+    dataclass: the index holds two per agent, and a pydantic model cost ~1.2 KiB each).
 
     ``doc_id`` must be unique across all owners; :meth:`for_capability` and
     :meth:`for_description` build conventional ids (``"<owner_id>#<capability>[@<version>]"``
     and ``"<owner_id>#"``). ``capability`` is None for the agent-description document.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     # No length caps beyond non-empty ids: the registry validates registrations at its boundary,
     # and the embedder truncates long text to the model's window (256 word pieces) by itself.
-    doc_id: str = Field(min_length=1)
-    owner_id: str = Field(min_length=1)
+    doc_id: str
+    owner_id: str
     capability: str | None = None
     title: str = ""
     text: str = ""
     tags: tuple[str, ...] = ()  # lists are accepted and frozen into tuples
     examples: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.doc_id or not self.owner_id:
+            raise ValueError("a document needs a non-empty doc_id and owner_id")
+        object.__setattr__(self, "tags", tuple(self.tags))
+        object.__setattr__(self, "examples", tuple(self.examples))
 
     @classmethod
     def for_capability(
