@@ -131,3 +131,11 @@ def test_the_change_stream_reads_back_what_this_process_wrote() -> None:
     assert recalled.model_dump_json() == AgentRecord.model_validate_json(raw).model_dump_json()
     other = written.recall("unit.stored.zz", 9, raw.replace("unit.stored.a1", "unit.stored.zz"))
     assert other.agent_id == "unit.stored.zz"
+
+
+def test_the_stored_shape_names_every_field_of_the_models() -> None:
+    from node.models import Capability, Load
+    from node.stored_records import _Stored, _StoredCapability, _StoredLoad
+
+    for mirror, model in ((_Stored, AgentRecord), (_StoredCapability, Capability), (_StoredLoad, Load)):
+        assert list(mirror.__annotations__) == list(model.model_fields), model.__name__
