@@ -155,7 +155,7 @@ class AgentIndex:
         validated as they were read, and a region reload makes one per record.
         """
         at = now_ms()
-        incoming = {record.agent_id: record for record in records}
+        incoming = {record.agent_id: record for record in records} if self.records else {}
         changes: list[ChangeEvent] = []
         for agent_id, old in list(self.records.items()):
             if agent_id not in incoming:

@@ -62,11 +62,12 @@ def build(model: type[M], values: dict[str, Any]) -> M:
     names = _field_names.get(model)
     if names is None:
         names = _field_names[model] = tuple(model.model_fields)
+        _fields_of(model)
     instance = model.__new__(model)
     fields = instance.__dict__  # a fresh one, sharing the class's keys
     for name in names:  # always in field order, as the prototype set them
         fields[name] = values[name]
-    _set(instance, "__pydantic_fields_set__", _fields_of(model))
+    _set(instance, "__pydantic_fields_set__", _all_fields[model])
     _set(instance, "__pydantic_extra__", None)
     _set(instance, "__pydantic_private__", None)
     return instance
