@@ -141,17 +141,15 @@ EVAL_SUITE = (
 )
 
 # Ways of forming an owner's score, each printed with its vector, lexical and hybrid rankings:
-# the default, the default less spelling correction and/or example vectors, each level alone,
-# and the single-weight blend the tuning set preferred before the
-# two-set rule (see semantic/search.py) turned it down.
+# the default, the default less one of its query-side steps or the example lift, and each level
+# (capabilities, agent vector) alone in the cosine (the coverage is the agent document's in all).
 VARIANTS: dict[str, dict[str, object]] = {
     "default": {},
     "no spelling fix": {"correct_spelling": False},
-    "no example vectors": {"example_weight": 0.0},
-    "neither (before)": {"correct_spelling": False, "example_weight": 0.0},
+    "no opening strip": {"strip_request_openings": False},
+    "no example lift": {"example_weight": 0.0},
     "capabilities only": {"agent_vector_weight": 0.0, "agent_lexical_weight": 0.0},
-    "agent document only": {"agent_vector_weight": 1.0, "agent_lexical_weight": 1.0},
-    "one weight 0.25, w=0.5": {"agent_vector_weight": 0.25, "agent_lexical_weight": 0.25, "vector_weight": 0.5},
+    "agent level only": {"agent_vector_weight": 1.0, "agent_lexical_weight": 1.0},
 }
 RANKINGS = (Ranking.VECTOR, Ranking.LEXICAL, Ranking.HYBRID)
 LEXICAL_MODE = "lexical mode"  # semantic_enabled=False: what a node without torch serves

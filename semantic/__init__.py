@@ -10,8 +10,8 @@ from .documents import (
     DEFAULT_TEXT_FORMAT,
     Document,
     TextFormat,
-    agent_embedding_text,
     agent_lexical_text,
+    embedding_query,
     embedding_text,
     lexical_text,
 )
@@ -35,7 +35,6 @@ from .index import VectorIndex
 from .lexical import LexicalIndex, LexicalScores, tokenize
 from .search import (
     DEFAULT_AGENT_LEXICAL_WEIGHT,
-    DEFAULT_AGENT_TEXT_FORMAT,
     DEFAULT_AGENT_VECTOR_WEIGHT,
     DEFAULT_EXAMPLE_WEIGHT,
     DEFAULT_VECTOR_WEIGHT,
@@ -64,7 +63,6 @@ __all__ = [
     "DEFAULT_AGENT_VECTOR_WEIGHT",
     "DEFAULT_AGENT_LEXICAL_WEIGHT",
     "DEFAULT_EXAMPLE_WEIGHT",
-    "DEFAULT_AGENT_TEXT_FORMAT",
     "SUGGESTED_MIN_SCORE_HYBRID",
     "SUGGESTED_MIN_SCORE_LEXICAL",
     "suggested_min_score",
@@ -73,7 +71,7 @@ __all__ = [
     "DEFAULT_TEXT_FORMAT",
     "embedding_text",
     "lexical_text",
-    "agent_embedding_text",
+    "embedding_query",
     "agent_lexical_text",
     "Embedder",
     "EmbedderState",

@@ -1,10 +1,11 @@
 """Documents: what the semantic index knows about an agent, and the text built from it.
 
 An agent contributes one document per capability plus one for its plain-language description
-(``capability=None``). From all of them together the index also builds the agent-level text
-(:func:`agent_embedding_text`, :func:`agent_lexical_text`): display name, description and every
-capability's name, description, tags and examples, so that an agent is found by what it is as a
-whole, not only by its best single capability. The texts handed to the embedder and to BM25 are
+(``capability=None``). From all of them together the index also builds the agent level: its BM25
+text (:func:`agent_lexical_text`: display name, description and every capability's name,
+description, tags and examples) and its vector (the mean of its description's, capabilities' and
+example requests' vectors, see ``semantic/search.py``), so that an agent is found by what it is
+as a whole, not only by its best single capability. The texts handed to the embedder and to BM25 are
 built here, in one place, so that the format chosen by measurement (see ``bench/semantic.py``)
 applies everywhere.
 """
@@ -22,7 +23,7 @@ __all__ = [
     "DEFAULT_TEXT_FORMAT",
     "embedding_text",
     "lexical_text",
-    "agent_embedding_text",
+    "embedding_query",
     "agent_lexical_text",
     "humanize_name",
 ]
@@ -148,15 +149,28 @@ def embedding_text(document: Document, text_format: TextFormat = DEFAULT_TEXT_FO
     return " ".join(parts)
 
 
-def agent_embedding_text(documents: Sequence[Document], text_format: TextFormat = TextFormat.FULL) -> str:
-    """The agent-level text the embedder sees: the description document(s) first, then every
-    capability under ``text_format``, as one passage (the model reads its first 256 word pieces).
-    """
-    parts = [_sentence(embedding_text(document, TextFormat.NAME_DESCRIPTION))
-             for document in documents if document.capability is None]
-    parts.extend(_sentence(embedding_text(document, text_format)) for document in documents
-                 if document.capability is not None)
-    return " ".join(part for part in parts if part)
+# Request boilerplate that opens a query ("can you", "I need someone to", "is there an agent that
+# can"): it names no job, and a sentence model's single vector of a short query is diluted by it.
+# The lexical side drops such words as stopwords already.
+_REQUEST_OPENING = re.compile(
+    r"^\s*(?:(?:please|hey|hi|hello)[,.!:]?\s+)*"
+    r"(?:(?:can|could|would|will) (?:you|someone|somebody|anyone|anybody)(?: please)?\s+"
+    r"|(?:i|we) (?:need|want|would like|'d like|wanna)(?: (?:to|someone to|something to|a way to|an agent to|you to))?\s+"
+    r"|help me(?: to)?\s+"
+    r"|is there (?:an agent|something|anything|a tool|a way)(?: that| which| to)?(?: can| could)?\s+"
+    r"|(?:who|what) can\s+"
+    r"|how (?:do|can|could|would) (?:i|we|you)\s+"
+    r"|please\s+)?",
+    re.IGNORECASE,
+)
+_SHORTEST_QUERY = 3
+
+
+def embedding_query(query: str) -> str:
+    """The text the embedder sees for a query: without a request opening ("could you please",
+    "I need someone to", "is there an agent that can"); the query itself if little would be left."""
+    stripped = _REQUEST_OPENING.sub("", query, count=1).strip()
+    return stripped if len(stripped) >= _SHORTEST_QUERY else query
 
 
 def agent_lexical_text(documents: Sequence[Document]) -> str:

@@ -196,6 +196,14 @@ class LexicalScores:
             return np.zeros_like(self.scores)
         return self.scores / self.ceiling
 
+    def coverage_of_slots(self, slots: np.ndarray) -> np.ndarray:
+        """Coverage (float64) of the documents at ``slots`` (:meth:`LexicalIndex.slot_of`; -1: none)."""
+        if self.ceiling <= 0.0 or not len(slots):
+            return np.zeros(len(slots))
+        present = (slots >= 0) & (slots < len(self._totals))
+        totals = self._totals[np.where(present, slots, 0)].astype(np.float64)
+        return np.where(present, totals / self.ceiling, 0.0)
+
     def coverage_of(self, doc_id: str) -> float:
         """Coverage of one document (0.0 when it shares no term with the query)."""
         slot = self._slot_of.get(doc_id)
@@ -234,6 +242,10 @@ class LexicalIndex:
 
     def __contains__(self, doc_id: object) -> bool:
         return doc_id in self._slot_of
+
+    def slot_of(self, doc_id: str) -> int | None:
+        """Where ``doc_id``'s score sits in :class:`LexicalScores` (until it is upserted or removed)."""
+        return self._slot_of.get(doc_id)
 
     def upsert(self, doc_id: str, text: str) -> None:
         """Index ``text`` under ``doc_id``, replacing any previous text. O(terms of the doc)."""

@@ -3,12 +3,16 @@
 One owner (agent) is scored from three kinds of vectors and two lexical indexes, all held by
 :class:`~semantic.search.SemanticSearch`:
 
-* the agent-level document (display name, description, every capability's fields) — a vector
-  and a BM25 entry, keyed by owner id;
+* the agent level — a vector (the normalised mean of its description's, capabilities' and
+  example requests' vectors) and a BM25 entry of every field of the agent, keyed by owner id;
 * each capability document — a vector and a BM25 entry, keyed by doc id;
 * each example request of a capability — a vector of its own, keyed by example key. Examples
   are written the way people ask ("add this taxi receipt to my expenses"), so a query close to
   an example is close to that capability even when it shares little with the description.
+
+Every owner is scored for every query, in a few array operations over :class:`OwnerLayout`
+(where each owner's rows and BM25 slots are), so no candidate pool can leave a good owner out
+and the cost is that of the matrix products, not of a Python loop per candidate.
 
 The formula (weights in :class:`Weights`, chosen in ``semantic/search.py``'s docstring)::
 
@@ -22,16 +26,16 @@ The formula (weights in :class:`Weights`, chosen in ``semantic/search.py``'s doc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
 
-from .index import VectorIndex, top_k_of_scores
-from .lexical import LexicalIndex
+from .lexical import LexicalScores
 
-__all__ = ["Ranking", "SearchHit", "Weights", "LevelSignals", "OwnerScorer", "ExampleGroups", "lifted_cosines"]
+__all__ = ["Ranking", "SearchHit", "Weights", "OwnerLayout", "QuerySignals", "rank_owners", "ExampleGroups",
+           "lifted_cosines"]
 
 
 class Ranking(str, Enum):
@@ -77,42 +81,6 @@ class Weights:
                 raise ValueError(f"{name}_weight must be within [0, 1], got {weight}")
 
 
-@dataclass(frozen=True, slots=True)
-class _Parts:
-    """Cosine (None without vectors) and lexical coverage of one document."""
-
-    cosine: float | None
-    coverage: float
-
-
-class LevelSignals:
-    """The query's scores on one level (agent or capability): cosines and BM25 coverage."""
-
-    def __init__(self, vectors: VectorIndex | None, similarities: np.ndarray | None, lexical: LexicalIndex | None,
-                 query: str) -> None:
-        self.vectors = vectors
-        self.similarities = similarities  # aligned with vectors.ids(); None without a query vector
-        self.lexical = None if lexical is None else lexical.score(query)
-
-    def cosine(self, key: str) -> float | None:
-        if self.similarities is None or self.vectors is None:
-            return None
-        row = self.vectors.row_of(key)
-        return None if row is None else float(self.similarities[row])
-
-    def coverage(self, key: str) -> float:
-        return self.lexical.coverage_of(key) if self.lexical is not None else 0.0
-
-    def top(self, pool: int, allow: Callable[[str], bool] | None) -> list[str]:
-        keys: list[str] = []
-        if self.similarities is not None and self.vectors is not None:
-            keys.extend(key for key, _ in top_k_of_scores(self.vectors.ids(), self.similarities, pool, allow))
-        if self.lexical is not None:
-            keys.extend(key for key, _ in top_k_of_scores(self.lexical.doc_ids, self.lexical.normalized(), pool,
-                                                          allow))
-        return keys
-
-
 @dataclass(frozen=True)
 class ExampleGroups:
     """Example rows grouped by capability: ``order`` sorts example rows by capability row,
@@ -143,54 +111,174 @@ def lifted_cosines(capability_cosines: np.ndarray, example_cosines: np.ndarray, 
     return lifted
 
 
-class OwnerScorer:
-    """Scores owners for one query from the agent, capability and example signals."""
+@dataclass(frozen=True)
+class OwnerLayout:
+    """Where every owner's documents sit in the indexes, as arrays, so that one query scores all
+    owners in a few vectorised steps. Rebuilt after a mutation (rows and slots move); -1 marks a
+    document without a vector or a BM25 entry.
 
-    def __init__(self, *, weights: Weights, ranking: Ranking, agent: LevelSignals, capability: LevelSignals,
-                 capability_of: Callable[[str], str | None]) -> None:
-        self._weights = weights
-        self._ranking = ranking
-        self._agent = agent
-        self._capability = capability  # its similarities already lifted by examples (lifted_cosines)
-        self._capability_of = capability_of
+    Capability documents ("entries") are grouped by owner, in each owner's document order, so the
+    first best entry of a group is the capability an owner is named by (as a loop would pick).
+    """
 
-    def _part(self, parts: _Parts) -> float:
-        if self._ranking is Ranking.VECTOR:
-            return parts.cosine if parts.cosine is not None else 0.0
-        if self._ranking is Ranking.LEXICAL or parts.cosine is None:
-            return parts.coverage
-        return self._weights.vector * parts.cosine + (1.0 - self._weights.vector) * parts.coverage
+    owner_ids: list[str]
+    tie_rank: np.ndarray  # position of each owner id in sorted order: equal scores break by id
+    agent_rows: np.ndarray
+    agent_slots: np.ndarray
+    named_without_capability: list[str]  # the doc id naming an owner without capabilities
+    entry_doc_ids: list[str]
+    entry_rows: np.ndarray
+    entry_slots: np.ndarray
+    group_starts: np.ndarray  # first entry of each owner that has capabilities
+    group_owners: np.ndarray  # that owner's position in owner_ids
 
-    def _capability_parts(self, doc_id: str) -> _Parts:
-        return _Parts(self._capability.cosine(doc_id), self._capability.coverage(doc_id))
-
-    def score(self, owner_id: str, doc_ids: Sequence[str]) -> SearchHit:
-        """The hit of ``owner_id`` whose documents are ``doc_ids`` (its description among them)."""
-        agent_parts = _Parts(self._agent.cosine(owner_id), self._agent.coverage(owner_id))
-        best_doc: str | None = None
-        best_parts = agent_parts
-        best_score = -np.inf
-        for doc_id in doc_ids:
-            if self._capability_of(doc_id) is None:
-                continue
-            parts = self._capability_parts(doc_id)
-            score = self._part(parts)
-            if score > best_score:
-                best_doc, best_parts, best_score = doc_id, parts, score
-        if best_doc is None:  # no capabilities: the agent-level document alone, named by its description
-            vector_share = lexical_share = 1.0
-            best_doc = doc_ids[0]
-        else:
-            vector_share, lexical_share = self._weights.agent_vector, self._weights.agent_lexical
-        cosine = None
-        if agent_parts.cosine is not None and best_parts.cosine is not None:
-            cosine = vector_share * agent_parts.cosine + (1.0 - vector_share) * best_parts.cosine
-        coverage = lexical_share * agent_parts.coverage + (1.0 - lexical_share) * best_parts.coverage
-        return SearchHit(
-            owner_id=owner_id,
-            capability=self._capability_of(best_doc),
-            doc_id=best_doc,
-            score=self._part(_Parts(cosine, coverage)),
-            vector_score=cosine,
-            lexical_score=coverage,
+    @classmethod
+    def of(cls, owner_docs: Mapping[str, Sequence[str]], capability_of: Callable[[str], str | None], *,
+           agent_row: Callable[[str], int | None], agent_slot: Callable[[str], int | None],
+           capability_row: Callable[[str], int | None], capability_slot: Callable[[str], int | None]
+           ) -> OwnerLayout:
+        owner_ids = list(owner_docs)
+        entry_doc_ids: list[str] = []
+        group_starts: list[int] = []
+        group_owners: list[int] = []
+        for position, owner_id in enumerate(owner_ids):
+            capabilities = [doc_id for doc_id in owner_docs[owner_id] if capability_of(doc_id) is not None]
+            if capabilities:
+                group_starts.append(len(entry_doc_ids))
+                group_owners.append(position)
+                entry_doc_ids.extend(capabilities)
+        tie_rank = np.empty(len(owner_ids), dtype=np.int64)
+        tie_rank[np.argsort(np.array(owner_ids, dtype=object), kind="stable")] = np.arange(len(owner_ids))
+        return cls(
+            owner_ids=owner_ids,
+            tie_rank=tie_rank,
+            agent_rows=_positions(owner_ids, agent_row),
+            agent_slots=_positions(owner_ids, agent_slot),
+            named_without_capability=[owner_docs[owner_id][0] for owner_id in owner_ids],
+            entry_doc_ids=entry_doc_ids,
+            entry_rows=_positions(entry_doc_ids, capability_row),
+            entry_slots=_positions(entry_doc_ids, capability_slot),
+            group_starts=np.array(group_starts, dtype=np.int64),
+            group_owners=np.array(group_owners, dtype=np.int64),
         )
+
+
+def _positions(keys: Sequence[str], position_of: Callable[[str], int | None]) -> np.ndarray:
+    positions = (position_of(key) for key in keys)
+    return np.fromiter((-1 if position is None else position for position in positions), dtype=np.int64,
+                       count=len(keys))
+
+
+@dataclass(frozen=True)
+class QuerySignals:
+    """One query's raw signals: cosines by vector row (None without a query vector; the
+    capability ones already lifted by examples) and BM25 scores (None for the vector ranking)."""
+
+    agent_cosines: np.ndarray | None
+    capability_cosines: np.ndarray | None
+    agent_lexical: LexicalScores | None
+    capability_lexical: LexicalScores | None
+
+
+def _cosines(similarities: np.ndarray | None, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(cosine, has a cosine) of each row; NaN where there is none."""
+    present = rows >= 0 if similarities is not None else np.zeros(len(rows), dtype=bool)
+    if similarities is None or not len(rows):
+        return np.full(len(rows), np.nan), present
+    values = similarities[np.where(present, rows, 0)].astype(np.float64)
+    return np.where(present, values, np.nan), present
+
+
+def _coverages(lexical: LexicalScores | None, slots: np.ndarray) -> np.ndarray:
+    return np.zeros(len(slots)) if lexical is None else lexical.coverage_of_slots(slots)
+
+
+def _part(weights: Weights, ranking: Ranking, cosine: np.ndarray, has_cosine: np.ndarray,
+          coverage: np.ndarray) -> np.ndarray:
+    if ranking is Ranking.VECTOR:
+        return np.where(has_cosine, cosine, 0.0)
+    if ranking is Ranking.LEXICAL:
+        return coverage
+    return np.where(has_cosine, weights.vector * cosine + (1.0 - weights.vector) * coverage, coverage)
+
+
+def rank_owners(layout: OwnerLayout, signals: QuerySignals, *, weights: Weights, ranking: Ranking, k: int,
+                allow: Callable[[str], bool] | None, capability_of: Callable[[str], str | None]) -> list[SearchHit]:
+    """The ``k`` best owners allowed by ``allow`` (called at most once per owner), best first,
+    scored by the formula of the module docstring for every owner at once."""
+    owners = len(layout.owner_ids)
+    agent_cosine, agent_has = _cosines(signals.agent_cosines, layout.agent_rows)
+    agent_coverage = _coverages(signals.agent_lexical, layout.agent_slots)
+    entry_cosine, entry_has = _cosines(signals.capability_cosines, layout.entry_rows)
+    entry_coverage = _coverages(signals.capability_lexical, layout.entry_slots)
+
+    best_cosine, best_has, best_coverage = agent_cosine.copy(), agent_has.copy(), agent_coverage.copy()
+    best_entry = np.full(owners, -1, dtype=np.int64)
+    touched = agent_coverage > 0.0  # without vectors, an owner must share a word with the query
+    if len(layout.entry_doc_ids):
+        entry_part = _part(weights, ranking, entry_cosine, entry_has, entry_coverage)
+        lengths = np.diff(np.r_[layout.group_starts, len(entry_part)])
+        top = np.maximum.reduceat(entry_part, layout.group_starts)
+        maxima = np.flatnonzero(entry_part == np.repeat(top, lengths))
+        group_of = np.repeat(np.arange(len(lengths)), lengths)[maxima]
+        first = maxima[np.r_[True, group_of[1:] != group_of[:-1]]]  # the first best entry of each group
+        holders = layout.group_owners
+        best_entry[holders] = first
+        best_cosine[holders], best_has[holders] = entry_cosine[first], entry_has[first]
+        best_coverage[holders] = entry_coverage[first]
+        touched[holders] |= np.maximum.reduceat(entry_coverage > 0.0, layout.group_starts)
+    has_capability = best_entry >= 0
+    vector_share = np.where(has_capability, weights.agent_vector, 1.0)
+    lexical_share = np.where(has_capability, weights.agent_lexical, 1.0)
+    has_cosine = agent_has & best_has
+    cosine = vector_share * agent_cosine + (1.0 - vector_share) * best_cosine
+    coverage = lexical_share * agent_coverage + (1.0 - lexical_share) * best_coverage
+    score = _part(weights, ranking, cosine, has_cosine, coverage)
+
+    eligible = np.flatnonzero(agent_has | touched if signals.agent_cosines is not None else touched)
+    hits: list[SearchHit] = []
+    for position in _best_first(score, layout.tie_rank, eligible, k, allow, layout.owner_ids):
+        entry = int(best_entry[position])
+        doc_id = layout.entry_doc_ids[entry] if entry >= 0 else layout.named_without_capability[position]
+        hits.append(SearchHit(
+            owner_id=layout.owner_ids[position],
+            capability=capability_of(doc_id),
+            doc_id=doc_id,
+            score=float(score[position]),
+            vector_score=float(cosine[position]) if has_cosine[position] else None,
+            lexical_score=float(coverage[position]),
+        ))
+    return hits
+
+
+def _best_first(score: np.ndarray, tie_rank: np.ndarray, eligible: np.ndarray, k: int,
+                allow: Callable[[str], bool] | None, owner_ids: Sequence[str]) -> list[int]:
+    """Positions of the ``k`` best eligible owners that ``allow`` admits, by score then owner id.
+
+    Looks at a window a few times ``k`` wide first (every owner tied with its last one included)
+    and widens it only when ``allow`` turns most of it down; verdicts are remembered.
+    """
+    verdicts: dict[int, bool] = {}
+    window = max(4 * k, 32)
+    while True:
+        if window < len(eligible):
+            scores = score[eligible]
+            cut = scores[np.argpartition(-scores, window - 1)[window - 1]]
+            chosen = eligible[scores >= cut]
+        else:
+            chosen = eligible
+        ordered = chosen[np.lexsort((tie_rank[chosen], -score[chosen]))]
+        accepted: list[int] = []
+        for position in ordered.tolist():
+            if allow is not None:
+                verdict = verdicts.get(position)
+                if verdict is None:
+                    verdict = verdicts[position] = bool(allow(owner_ids[position]))
+                if not verdict:
+                    continue
+            accepted.append(position)
+            if len(accepted) == k:
+                return accepted
+        if len(chosen) >= len(eligible):
+            return accepted
+        window *= 4

@@ -105,7 +105,7 @@ async def test_filters_updates_and_removals_change_what_is_found() -> None:
     before = embedder.encoded
     await search.upsert_owners({"eu/img.search.sim": [Document.for_capability(
         owner_id="eu/img.search.sim", name="image.search", description="Sum the bill")]})
-    assert embedder.encoded == before + 2  # only the changed texts: the capability and the agent-level text
+    assert embedder.encoded == before + 1  # only the changed text (the agent vector is the mean of its parts)
     moved = await search.search(query, 3)
     updated = next(hit for hit in moved.hits if hit.owner_id == "eu/img.search.sim")
     assert updated.vector_score < first.hits[0].vector_score  # the new description means less of the query
