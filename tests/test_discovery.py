@@ -321,7 +321,7 @@ async def test_a_chinese_request_is_routed_by_meaning_to_a_chinese_described_age
     await catalog.register(PARCELS_IN_CHINESE)
     try:
         await catalog.node.searcher.settled()
-        status, ticket = await catalog.resolve(capability="我的快递到哪了")  # "where is my parcel"
+        status, ticket = await catalog.resolve(capability="我的包裹什么时候送到")  # "when will my parcel arrive"
         assert status == 200, ticket
         assert ticket["target"]["agent_id"] == "cn.parcel.kuaidi" and ticket["match"]["kind"] == "semantic", ticket
         assert ticket["match"]["capability"] == "parcel.track"

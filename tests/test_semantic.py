@@ -684,6 +684,18 @@ def test_bm25_coverage_is_absolute() -> None:
     assert len(index.score("zebra")) == 0
 
 
+@pytest.mark.unit
+def test_chinese_particles_leave_coverage_alone_unseen_content_does_not() -> None:
+    index = LexicalIndex()
+    index.upsert("parcel", "parcel.track 输入快递单号查询物流")
+    index.upsert("weather", "weather.forecast 查询天气预报")
+    plain = float(index.score("快递单号").normalized().max())
+    # 我的 and 的快 straddle words and hold a particle or pronoun: they do not dilute the query.
+    assert float(index.score("我的快递单号").normalized().max()) == pytest.approx(plain)
+    # 船票 (a ferry ticket) is content no agent has: half the query is uncovered.
+    assert float(index.score("快递单号船票").normalized().max()) < plain / 1.3
+
+
 # -- spelling correction and example vectors (real model) ----------------------------------
 
 
