@@ -45,6 +45,7 @@ DEFAULT_K1 = 1.2
 DEFAULT_B = 0.75
 DEFAULT_BIGRAMS = True
 _INITIAL_SLOTS = 1024
+_ONE = 1 << 32  # a one-document posting: slot * _ONE + frequency (a frequency is below 2**32)
 
 # Snowball's "english" (Porter2). Measured with the default ranking, lexical ranking MRR on the
 # tuning set (tests/data/semantic_eval.json): english 0.801, porter 0.797 (identical, query for
@@ -243,7 +244,9 @@ class LexicalIndex:
         self._terms_at: dict[int, tuple[str, ...]] = {}
         self._lengths = np.zeros(_INITIAL_SLOTS, dtype=np.float32)
         self._total_length = 0
-        self._postings: dict[str, dict[int, int]] = {}
+        # term -> {slot: frequency}; a term of one document only (most are: numbers, names, the
+        # word pairs around them) is one int, slot * _ONE + frequency (a one-entry dict is ~230 B).
+        self._postings: dict[str, dict[int, int] | int] = {}
         self._posting_arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def __len__(self) -> int:
@@ -267,8 +270,15 @@ class LexicalIndex:
         length = sum(terms.values())
         self._lengths[slot] = length
         self._total_length += length
+        postings = self._postings
         for term, frequency in terms.items():
-            self._postings.setdefault(term, {})[slot] = frequency
+            held = postings.get(term)
+            if held is None:
+                postings[term] = slot * _ONE + frequency
+            elif type(held) is int:
+                postings[term] = {held // _ONE: held % _ONE, slot: frequency}
+            else:
+                held[slot] = frequency
             self._posting_arrays.pop(term, None)
 
     def remove(self, doc_id: str) -> bool:
@@ -276,11 +286,16 @@ class LexicalIndex:
         slot = self._slot_of.pop(doc_id, None)
         if slot is None:
             return False
+        postings = self._postings
         for term in self._terms_at.pop(slot):
-            postings = self._postings[term]
-            del postings[slot]
-            if not postings:
-                del self._postings[term]
+            held = postings[term]
+            if type(held) is int:
+                del postings[term]
+            else:
+                del held[slot]
+                if len(held) == 1:
+                    (other, frequency), = held.items()
+                    postings[term] = other * _ONE + frequency
             self._posting_arrays.pop(term, None)
         self._total_length -= int(self._lengths[slot])
         self._lengths[slot] = 0.0
@@ -291,7 +306,8 @@ class LexicalIndex:
     def idf(self, term: str) -> float:
         """Okapi IDF with the +1 that keeps it positive for terms in most documents."""
         count = len(self._slot_of)
-        frequency = len(self._postings.get(term, ()))
+        held = self._postings.get(term)
+        frequency = 0 if held is None else 1 if type(held) is int else len(held)
         return math.log(1.0 + (count - frequency + 0.5) / (frequency + 0.5))
 
     def score(self, query: str) -> LexicalScores:
@@ -340,8 +356,10 @@ class LexicalIndex:
         arrays = self._posting_arrays.get(term)
         if arrays is None:
             postings = self._postings.get(term)
-            if not postings:
+            if postings is None:
                 return None
+            if type(postings) is int:
+                postings = {postings // _ONE: postings % _ONE}
             arrays = (
                 np.fromiter(postings.keys(), dtype=np.int64, count=len(postings)),
                 np.fromiter(postings.values(), dtype=np.float32, count=len(postings)),
