@@ -1,16 +1,19 @@
-"""Records read back from the region's own Redis: checked for shape in one pass, built compact.
+"""Records read back from the region's own Redis: checked in one pass, built compact.
 
 Every record in the region's hash, its change stream and the federation replica was validated
-by a node before it was written, so reading one back needs to know only that it is still a record
-of this schema: the fields named exactly, each of its JSON type. :func:`read_record` has
-pydantic-core check that much against a strict mirror of the record (:class:`_Stored`, plain
-types only: no patterns, no URL or version parsing, no Python validators; about 4 µs) and builds
-the compact record (``node.compact``) from it, without validating the model again (7–9 µs, plus
-an 832-byte ``__dict__`` and a fields-set per record); a new capability, probe or card is
-validated by its own model, once. Anything else — a foreign writer's value, another schema, JSON
-that does not parse — goes through ``AgentRecord.model_validate_json``, which reads it as it
-always did or raises the error the store quarantines. Peers' snapshots are not read here: what
-crosses a trust boundary is validated in full (``federation.snapshot_reader``).
+by a node before it was written, so reading one back checks that it is still a record of this
+schema — the fields named exactly, each of its JSON type and within the model's patterns,
+lengths and bounds — without running the model's Python validators again. :func:`read_record`
+has pydantic-core check that against a strict mirror of the record (:class:`_Stored`, in Rust:
+about 4.7 µs, 0.7 of it the patterns and bounds) and builds the compact record
+(``node.compact``) from it, without validating the model (7–9 µs, plus an 832-byte
+``__dict__`` and a fields-set per record). Not checked again: the forms of endpoint URLs and
+the syntax of caller patterns (a foreign writer's well-typed URL is served as written; the
+egress policy still judges every address the node contacts). A new capability, probe or card
+is validated by its own model, once. Anything else — a foreign writer's value, another schema,
+JSON that does not parse — goes through ``AgentRecord.model_validate_json``, which reads it as
+it always did or raises the error the store quarantines. Peers' snapshots are not read here:
+what crosses a trust boundary is validated in full (``federation.snapshot_reader``).
 """
 
 from __future__ import annotations
@@ -32,11 +35,25 @@ from .compact import (
     shared_load,
 )
 from .models import AgentRecord, Capability, CardListing, Load, Probe, Status
+from .models.fields import (
+    LABEL_KEY_PATTERN,
+    SINGLE_LINE_PATTERN,
+    TRANSPORT_PATTERN,
+    AgentId,
+    Count,
+    EndpointName,
+    LongText,
+    Millis,
+    Region,
+    ShortText,
+)
+from .models.records import MAX_LEASE_TTL_MS, MIN_LEASE_TTL_MS
 
 __all__ = ["WrittenRecords", "read_record"]
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 _Count = Annotated[int, Field(ge=0)]
+_Url = Annotated[str, Field(max_length=2_000)]
 
 
 class _StoredCapability(TypedDict):
@@ -56,31 +73,34 @@ class _StoredLoad(TypedDict):
 
 
 class _Stored(TypedDict):
-    """An :class:`~node.models.AgentRecord` as stored, by JSON type (tests check it names every field)."""
+    """An :class:`~node.models.AgentRecord` as stored, by JSON type and with the model's patterns,
+    lengths and bounds (tests check it names every field); what it leaves to the Python
+    validators it skips — URL forms, caller-pattern syntax — is listed in the module doc."""
 
     __pydantic_config__ = _STRICT  # type: ignore[misc]
-    agent_id: str
-    display_name: str
-    description: str
-    capabilities: list[_StoredCapability]
-    endpoints: dict[str, str]
-    callback_endpoint: str | None
-    transport: str
+    agent_id: AgentId
+    display_name: ShortText
+    description: LongText
+    capabilities: Annotated[list[_StoredCapability], Field(max_length=64)]
+    endpoints: Annotated[dict[EndpointName, _Url], Field(min_length=1, max_length=16)]
+    callback_endpoint: _Url | None
+    transport: Annotated[str, Field(pattern=TRANSPORT_PATTERN)]
     liveness_probe: dict[str, Any] | None
     readiness_probe: dict[str, Any] | None
-    lease_ttl_ms: _Count
-    labels: dict[str, str]
-    weight: _Count
-    max_concurrency: _Count | None
-    allowed_callers: list[str]
+    lease_ttl_ms: Annotated[int, Field(ge=MIN_LEASE_TTL_MS, le=MAX_LEASE_TTL_MS)]
+    labels: Annotated[dict[Annotated[str, Field(pattern=LABEL_KEY_PATTERN)], ShortText], Field(max_length=64)]
+    weight: Annotated[int, Field(ge=0, le=10_000)]
+    max_concurrency: Annotated[int, Field(ge=1, le=1_000_000)] | None
+    allowed_callers: Annotated[list[Annotated[str, Field(max_length=200, pattern=SINGLE_LINE_PATTERN)]],
+                               Field(max_length=64)]
     semantic_fallback: bool
     status: Status
-    region: str
-    version: _Count
+    region: Region
+    version: Count
     load: _StoredLoad
-    registered_at_ms: _Count
-    updated_at_ms: _Count
-    lease_expires_at_ms: _Count
+    registered_at_ms: Millis
+    updated_at_ms: Millis
+    lease_expires_at_ms: Millis
     live: bool
     ready: bool
     probe_error: str | None

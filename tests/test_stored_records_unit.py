@@ -90,6 +90,17 @@ NOT_RECORDS = {
     "a capability field of another schema": lambda raw: raw.replace('"tags":[]', '"tags":[],"x":1'),
     "a tag that is no string": lambda raw: raw.replace('"tags":[]', '"tags":[1]'),
     "a list": lambda raw: "[" + raw + "]",
+    # Well typed, but outside the model's patterns, lengths and bounds: refused all the same.
+    "an agent id of another form": lambda raw: raw.replace('"unit.stored.a1"', '"Unit Stored A1"'),
+    "a region of another form": lambda raw: raw.replace('"region":"r1"', '"region":"R 1"'),
+    "a control character in a name": lambda raw: raw.replace('"display_name":""', '"display_name":"a\\u0007b"'),
+    "a weight past its bound": lambda raw: raw.replace('"weight":100', '"weight":20000'),
+    "a lease shorter than any": lambda raw: raw.replace('"lease_ttl_ms":30000', '"lease_ttl_ms":5'),
+    "a label key of another form": lambda raw: raw.replace('"labels":{}', '"labels":{"Bad Key":"v"}'),
+    "an endpoint name of another form": lambda raw: raw.replace('"primary":"http', '"primary":"http", "9x":"http'),
+    "a transport of another form": lambda raw: raw.replace('"transport":"http+token"', '"transport":"HTTP TOKEN"'),
+    "seventeen endpoints": lambda raw: raw.replace('"endpoints":{', '"endpoints":{' + "".join(
+        f'"e{n}":"http://127.0.0.1:{n}",' for n in range(16))),
 }
 
 
