@@ -13,10 +13,10 @@ pytestmark = pytest.mark.unit
 
 
 async def _stubborn(swallowed: list[int]) -> None:
-    """Sleeps forever, swallowing the first cancel as aiokafka's consumer ``stop()`` does."""
+    """Waits forever, swallowing the first cancel as aiokafka's consumer ``stop()`` does."""
     while True:
         try:
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()
         except asyncio.CancelledError:
             if swallowed:
                 raise
@@ -25,7 +25,7 @@ async def _stubborn(swallowed: list[int]) -> None:
 
 async def test_an_owner_stops_even_when_a_child_swallows_its_cancel() -> None:
     swallowed: list[int] = []
-    owner = asyncio.create_task(run_together({"stubborn": _stubborn(swallowed), "idle": asyncio.sleep(3600)}))
+    owner = asyncio.create_task(run_together({"stubborn": _stubborn(swallowed), "idle": asyncio.Event().wait()}))
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     async with asyncio.timeout(10):  # a TaskGroup owner would wait here forever
@@ -38,7 +38,7 @@ async def test_the_first_loop_to_fail_stops_the_others_and_its_error_is_raised()
 
     async def idle() -> None:
         try:
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()
         finally:
             stopped.set()
 
