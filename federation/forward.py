@@ -118,10 +118,11 @@ class Forwarder:
             raise PeerUnreachable(f"region {region} is not a peer of {self.config.region}") from None
         silent_since = self._silent_since.get(region)
         if silent_since is not None:
-            quiet_s = self.config.forward_backoff_ms / 1000 - (self.clock() - silent_since)
+            silent_for_s = self.clock() - silent_since
+            quiet_s = self.config.forward_backoff_ms / 1000 - silent_for_s
             if quiet_s > 0:
                 self.skipped += 1
-                raise PeerUnreachable(f"region {region} did not answer {self.clock() - silent_since:.1f} s ago; "
+                raise PeerUnreachable(f"region {region} did not answer {silent_for_s:.1f} s ago; "
                                       f"it is asked again in {quiet_s:.1f} s")
         headers = {"Authorization": f"Bearer {self.signer.issue(caller.sub, caller.role, ttl_s=TOKEN_TTL_S)}"}
         deadline_ms = self.config.forward_timeout_ms

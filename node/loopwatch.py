@@ -93,7 +93,6 @@ class FreezeOnGrowth:
         self.step = step
         self.frozen_at = count()
         self.freezes = 0
-        self.last_pause_s = 0.0
 
     def check(self) -> bool:
         held = self.count()
@@ -106,8 +105,8 @@ class FreezeOnGrowth:
         gc.freeze()
         self.frozen_at = held
         self.freezes += 1
-        self.last_pause_s = time.perf_counter() - started
-        log.debug("%d records held: froze the collector's view after %.1f ms", held, self.last_pause_s * 1000)
+        log.debug("%d records held: froze the collector's view after %.1f ms", held,
+                  (time.perf_counter() - started) * 1000)
         return True
 
 

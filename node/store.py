@@ -166,12 +166,12 @@ class RegionStore:
                     raise UnknownAgent(f"agent {agent_id} is not registered in region {self.region}: register again",
                                        field="agent_id")
             lease_expires_at_ms = at_ms + current.lease_ttl_ms if renew_lease else None
+            lease = current.lease_expires_at_ms if lease_expires_at_ms is None else lease_expires_at_ms
             changed = mutate(current)
             if changed is None:
                 expected, body = "", ""
             else:
-                changed = changed.model_copy(update={"updated_at_ms": at_ms, "lease_expires_at_ms": (
-                    current.lease_expires_at_ms if lease_expires_at_ms is None else lease_expires_at_ms)})
+                changed = changed.model_copy(update={"updated_at_ms": at_ms, "lease_expires_at_ms": lease})
                 expected, body = str(current.version), changed.model_dump_json(exclude={"version"})
                 self._written.remember(agent_id, body, changed)
             outcome, value = await self._updates.submit(
@@ -179,7 +179,6 @@ class RegionStore:
                  "1" if renew_lease else "0", load_json])
             if outcome == 0:
                 raise self._no_lease(agent_id)
-            lease = current.lease_expires_at_ms if lease_expires_at_ms is None else lease_expires_at_ms
             if outcome == 1:
                 return HeartbeatResult(int(value), lease, changed=False, stored=current)
             if outcome == 2 and changed is not None:

@@ -9,9 +9,10 @@ bigrams ("发票查验" -> 发票, 票查, 查验), the usual CJK analysis of se
 ``CJKBigramFilter``), so a Chinese description is found by a Chinese query without a dictionary;
 an unseen query bigram holding a particle or pronoun does not count against coverage.
 
-Postings are kept per term as {slot: term frequency}; each term's postings are also cached as
-two numpy arrays (rebuilt lazily after that term changes), so a query costs a few vectorised
-operations per query term instead of a Python loop over every posting.
+Postings are kept per term as {slot: term frequency} (a term of one document as one int); each
+term's postings are also cached as two numpy arrays (rebuilt lazily after that term changes), so
+a query costs a few vectorised operations per query term instead of a Python loop over every
+posting.
 """
 
 from __future__ import annotations
