@@ -9,24 +9,29 @@ bigrams ("发票查验" -> 发票, 票查, 查验), the usual CJK analysis of se
 ``CJKBigramFilter``), so a Chinese description is found by a Chinese query without a dictionary;
 an unseen query bigram holding a particle or pronoun does not count against coverage.
 
-Postings are kept per term as {slot: term frequency} (a term of one document as one int); each
-term's postings are also cached as two numpy arrays (rebuilt lazily after that term changes), so
-a query costs a few vectorised operations per query term instead of a Python loop over every
-posting.
+Postings are kept per term as ints, slot * 2**32 + term frequency: one int for a term of one
+document, an ``array('Q')`` of them sorted by slot for a term of several (8 B a posting, found by
+binary search; a dict of {slot: frequency} cost ~45). Each term's postings are also cached as two numpy arrays (rebuilt lazily
+after that term changes), so a query costs a few vectorised operations per query term instead of
+a Python loop over every posting. An index given ``text_of`` (the owner of the texts hands a
+document's text back) keeps no term list per document: a removal works the terms out again.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import re
 import sys
+from array import array
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import Stemmer
 
+from .errors import InvalidDocumentError
 from .index import top_k_of_scores
 
 __all__ = [
@@ -46,7 +51,7 @@ DEFAULT_K1 = 1.2
 DEFAULT_B = 0.75
 DEFAULT_BIGRAMS = True
 _INITIAL_SLOTS = 1024
-_ONE = 1 << 32  # a one-document posting: slot * _ONE + frequency (a frequency is below 2**32)
+_ONE = 1 << 32  # a posting: slot * _ONE + frequency (a frequency is below 2**32)
 
 # Snowball's "english" (Porter2). Measured with the default ranking, lexical ranking MRR on the
 # tuning set (tests/data/semantic_eval.json): english 0.801, porter 0.797 (identical, query for
@@ -223,13 +228,22 @@ class LexicalScores:
         return float(self._totals[slot]) / self.ceiling
 
 
+def _drop_slot(postings: array[int], slot: int) -> None:
+    """Remove ``slot``'s posting from ``postings`` (sorted: a binary search and a memmove)."""
+    position = bisect.bisect_left(postings, slot * _ONE)
+    if position == len(postings) or postings[position] // _ONE != slot:
+        raise InvalidDocumentError(f"slot {slot} has no posting here: the index is inconsistent")
+    del postings[position]
+
+
 class LexicalIndex:
     """Incremental Okapi BM25 (``k1`` term-frequency saturation, ``b`` length normalisation).
 
     Not thread-safe: use from one thread (the event loop) only.
     """
 
-    def __init__(self, *, k1: float = DEFAULT_K1, b: float = DEFAULT_B, bigrams: bool = DEFAULT_BIGRAMS) -> None:
+    def __init__(self, *, k1: float = DEFAULT_K1, b: float = DEFAULT_B, bigrams: bool = DEFAULT_BIGRAMS,
+                 text_of: Callable[[str], str] | None = None) -> None:
         if k1 < 0.0:
             raise ValueError(f"k1 must be >= 0, got {k1}")
         if not 0.0 <= b <= 1.0:
@@ -240,14 +254,16 @@ class LexicalIndex:
         self._slot_of: dict[str, int] = {}
         self._doc_id_at: list[str | None] = []
         self._free_slots: list[int] = []
-        # Per slot its terms, interned (a Counter per document held ~1 KiB of an agent's 1.8 in the
-        # agent-level index).
+        # Per slot its terms, interned, for remove(); not held when the owner of the texts can
+        # give a document's text back (``text_of``): the terms are then worked out again.
+        self._text_of = text_of
         self._terms_at: dict[int, tuple[str, ...]] = {}
         self._lengths = np.zeros(_INITIAL_SLOTS, dtype=np.float32)
         self._total_length = 0
-        # term -> {slot: frequency}; a term of one document only (most are: numbers, names, the
-        # word pairs around them) is one int, slot * _ONE + frequency (a one-entry dict is ~230 B).
-        self._postings: dict[str, dict[int, int] | int] = {}
+        # term -> its postings, each slot * _ONE + frequency: one int for a term of one document
+        # (most are: numbers, names, the word pairs around them), else an array of them sorted
+        # by slot (a dict of {slot: frequency} cost ~45 B a posting, the array 8).
+        self._postings: dict[str, array[int] | int] = {}
         self._posting_arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def __len__(self) -> int:
@@ -261,42 +277,54 @@ class LexicalIndex:
         return self._slot_of.get(doc_id)
 
     def upsert(self, doc_id: str, text: str) -> None:
-        """Index ``text`` under ``doc_id``, replacing any previous text. O(terms of the doc)."""
+        """Index ``text`` under ``doc_id``, replacing any previous text. O(terms of the doc) binary
+        searches and memmoves of postings arrays."""
         self.remove(doc_id)
         terms = Counter(map(sys.intern, index_terms(text, bigrams=self._bigrams)))
         slot = self._free_slots.pop() if self._free_slots else self._new_slot()
         self._slot_of[doc_id] = slot
         self._doc_id_at[slot] = doc_id
-        self._terms_at[slot] = tuple(terms)  # for remove(); the frequencies are in the postings
+        if self._text_of is None:
+            self._terms_at[slot] = tuple(terms)  # the frequencies are in the postings
         length = sum(terms.values())
         self._lengths[slot] = length
         self._total_length += length
         postings = self._postings
+        arrays = self._posting_arrays
         for term, frequency in terms.items():
             held = postings.get(term)
             if held is None:
                 postings[term] = slot * _ONE + frequency
             elif type(held) is int:
-                postings[term] = {held // _ONE: held % _ONE, slot: frequency}
+                postings[term] = array("Q", sorted((held, slot * _ONE + frequency)))
             else:
-                held[slot] = frequency
-            self._posting_arrays.pop(term, None)
+                bisect.insort(held, slot * _ONE + frequency)
+            if term in arrays:
+                del arrays[term]
 
     def remove(self, doc_id: str) -> bool:
-        """Forget ``doc_id``; returns whether it was present. O(terms of the doc)."""
-        slot = self._slot_of.pop(doc_id, None)
+        """Forget ``doc_id``; returns whether it was present. O(terms of the doc) binary searches
+        and memmoves of postings arrays."""
+        slot = self._slot_of.get(doc_id)
         if slot is None:
             return False
+        if self._text_of is None:
+            terms: Iterable[str] = self._terms_at.pop(slot)
+        else:
+            counted = Counter(index_terms(self._text_of(doc_id), bigrams=self._bigrams))
+            if sum(counted.values()) != self._lengths[slot]:
+                raise InvalidDocumentError(f"the text given back for {doc_id!r} is not the text indexed")
+            terms = counted
+        del self._slot_of[doc_id]
         postings = self._postings
-        for term in self._terms_at.pop(slot):
+        for term in terms:
             held = postings[term]
             if type(held) is int:
                 del postings[term]
             else:
-                del held[slot]
+                _drop_slot(held, slot)
                 if len(held) == 1:
-                    (other, frequency), = held.items()
-                    postings[term] = other * _ONE + frequency
+                    postings[term] = held[0]
             self._posting_arrays.pop(term, None)
         self._total_length -= int(self._lengths[slot])
         self._lengths[slot] = 0.0
@@ -356,15 +384,11 @@ class LexicalIndex:
     def _arrays(self, term: str) -> tuple[np.ndarray, np.ndarray] | None:
         arrays = self._posting_arrays.get(term)
         if arrays is None:
-            postings = self._postings.get(term)
-            if postings is None:
+            held = self._postings.get(term)
+            if held is None:
                 return None
-            if type(postings) is int:
-                postings = {postings // _ONE: postings % _ONE}
-            arrays = (
-                np.fromiter(postings.keys(), dtype=np.int64, count=len(postings)),
-                np.fromiter(postings.values(), dtype=np.float32, count=len(postings)),
-            )
+            packed = np.array([held] if type(held) is int else held, dtype=np.uint64)  # a copy: held may grow
+            arrays = ((packed >> np.uint64(32)).astype(np.int64), (packed & np.uint64(_ONE - 1)).astype(np.float32))
             self._posting_arrays[term] = arrays
         return arrays
 

@@ -247,9 +247,12 @@ class SemanticSearch:
         self._semantic_enabled = semantic_enabled
         self._owns_embedder = embedder is None and semantic_enabled
         self._embedder = embedder if embedder is not None or not semantic_enabled else Embedder()
-        # Capability documents are keyed by doc id, agent-level documents by owner id.
-        self._capability_lexical = LexicalIndex(k1=bm25_k1, b=bm25_b, bigrams=bm25_bigrams)
-        self._agent_lexical = LexicalIndex(k1=bm25_k1, b=bm25_b, bigrams=bm25_bigrams)
+        # Capability documents are keyed by doc id, agent-level documents by owner id. Both hand
+        # a replaced or removed text back from the documents held here (text_of) instead of the
+        # indexes keeping every document's terms: ~460 B per agent at 30,000 agents.
+        self._capability_lexical = LexicalIndex(k1=bm25_k1, b=bm25_b, bigrams=bm25_bigrams,
+                                                text_of=self._capability_text)
+        self._agent_lexical = LexicalIndex(k1=bm25_k1, b=bm25_b, bigrams=bm25_bigrams, text_of=self._agent_text)
         self._capability_vectors: VectorIndex | None = None
         self._agent_vectors: VectorIndex | None = None
         # Example requests: one vector each, keyed "<doc_id>\n<n>"; doc id -> its example keys.
@@ -415,10 +418,10 @@ class SemanticSearch:
         if owner_id in self._owner_generation:
             self._generation += 1
             self._owner_generation[owner_id] = self._generation
+        self._forget_agent(owner_id)  # first: its text is read back from the documents
         doc_ids = self._owner_docs.pop(owner_id, ())
         for doc_id in doc_ids:
             self._forget(doc_id)
-        self._forget_agent(owner_id)
         return bool(doc_ids)
 
     def _validate(self, owner_id: str, documents: Sequence[Document]) -> None:
@@ -444,30 +447,38 @@ class SemanticSearch:
         return await self._embedder.encode(texts)
 
     def _replace(self, owner_id: str, documents: Sequence[Document], vectors: np.ndarray | None) -> None:
+        # The lexical indexes read a text they replace back from the documents held (text_of):
+        # each is re-indexed before the documents it was built from are dropped or replaced.
         self._version += 1
         new_ids = tuple(document.doc_id for document in documents)
+        agent_text = agent_lexical_text(documents)
+        if documents:
+            self._agent_lexical.upsert(owner_id, agent_text)
+        else:
+            self._forget_agent(owner_id)
         for doc_id in set(self._owner_docs.get(owner_id, ())) - set(new_ids):
             self._forget(doc_id)
         if not documents:
             self._owner_docs.pop(owner_id, None)
-            self._forget_agent(owner_id)
             return
-        capability_ids = []
         for document in documents:
-            self._documents[document.doc_id] = document
             if document.capability is not None:
-                capability_ids.append(document.doc_id)
                 self._capability_lexical.upsert(document.doc_id, lexical_text(document))
             else:  # a description is part of the agent-level document only
                 self._capability_lexical.remove(document.doc_id)
                 if self._capability_vectors is not None:
                     self._capability_vectors.remove(document.doc_id)
-        agent_text = agent_lexical_text(documents)
-        self._agent_lexical.upsert(owner_id, agent_text)
+            self._documents[document.doc_id] = document
+        self._owner_docs[owner_id] = new_ids
         self._speller.upsert(owner_id, agent_text)
         if vectors is not None:
             self._store_vectors(owner_id, documents, vectors)
-        self._owner_docs[owner_id] = new_ids
+
+    def _capability_text(self, doc_id: str) -> str:
+        return lexical_text(self._documents[doc_id])
+
+    def _agent_text(self, owner_id: str) -> str:
+        return agent_lexical_text(self.documents_of(owner_id))
 
     def _store_vectors(self, owner_id: str, documents: Sequence[Document], vectors: np.ndarray) -> None:
         # Rows come in embedding_texts order: capabilities, then their examples, then descriptions.
@@ -503,8 +514,8 @@ class SemanticSearch:
             self._agent_vectors.remove(owner_id)
 
     def _forget(self, doc_id: str) -> None:
+        self._capability_lexical.remove(doc_id)  # first: its text is read back from the document
         self._documents.pop(doc_id, None)
-        self._capability_lexical.remove(doc_id)
         self._forget_examples(doc_id)  # bumps _version: capability rows move on removal too
         if self._capability_vectors is not None:
             self._capability_vectors.remove(doc_id)

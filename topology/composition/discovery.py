@@ -75,8 +75,10 @@ def owner_id(region: str, agent_id: str) -> str:
     return f"{region}{_OWNER_SEPARATOR}{agent_id}"
 
 
-def documents_of(record: AgentRecord) -> list[Document]:
-    owner = owner_id(record.region, record.agent_id)
+def documents_of(record: AgentRecord, *, owner: str | None = None) -> list[Document]:
+    """The search documents of ``record``; pass its ``owner`` id when it is at hand (the index
+    then holds one such string per agent, not one per place it is used)."""
+    owner = owner or owner_id(record.region, record.agent_id)
     documents = [Document.for_capability(owner_id=owner, name=capability.name, description=capability.description,
                                          tags=capability.tags, examples=capability.examples,
                                          version=capability.version)
@@ -102,7 +104,6 @@ class SemanticDiscovery:
         self.vectors_from_peers = 0
         self._peer_session: aiohttp.ClientSession | None = None
         self._pending: dict[str, AgentRecord | None] = {}
-        self._indexed: dict[str, list[Document]] = {}
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -180,12 +181,12 @@ class SemanticDiscovery:
                 for owner, record in batch.items():
                     if record is None:
                         self.search_index.remove_owner(owner)
-                        self._indexed.pop(owner, None)
                         continue
-                    documents = documents_of(record)
+                    documents = documents_of(record, owner=owner)
                     # Re-registrations (restarts, weight or endpoint changes) rarely change the
-                    # texts: skip them rather than re-index.
-                    if self._indexed.get(owner) != documents:
+                    # texts: skip them rather than re-index (compared with what the index holds,
+                    # not with a copy of it: ~120 B per agent).
+                    if self.search_index.documents_of(owner) != documents:
                         upserts[owner] = documents
                 if upserts:
                     try:
@@ -195,8 +196,6 @@ class SemanticDiscovery:
                         raise
                     except Exception:  # one bad batch must not stop indexing; it is retried on next change
                         log.exception("region %s: indexing %d agents failed", self.node.region, len(upserts))
-                    else:
-                        self._indexed.update(upserts)
                 self.applied += len(batch)
                 await asyncio.sleep(0)
             self._idle.set()
