@@ -97,3 +97,26 @@ def test_too_many_or_unknown_changes_rebuild() -> None:
     latest = index.capability_generation[CAPABILITY]
     index.replace_all([_record(1, rng)], version=5)
     assert index.changes_since(CAPABILITY, latest) is None  # a snapshot was swapped in
+
+
+def test_a_bulk_load_holds_what_puts_would_and_is_patched_after() -> None:
+    rng = random.Random(5)
+    records = [_record(n, rng) for n in range(200)] + [_record(3, rng)]  # agent 3 twice: the last counts
+    loaded, put = AgentIndex("home"), AgentIndex("home")
+    loaded.put(_record(999, rng))  # replaced by the snapshot
+    for record in records:
+        put.put(record)
+    loaded.replace_all(records, version=9)
+    assert loaded.records == put.records and loaded.by_capability == put.by_capability
+    assert loaded.records["pool.grp.a3"] is loaded.by_capability[CAPABILITY]["pool.grp.a3"]
+    generation = loaded.capability_generation[CAPABILITY]
+    assert generation > 0 and loaded.changes_since(CAPABILITY, generation) == set()
+    source = Source(region="home", index=loaded, locality=Locality.LOCAL, lease_horizon_ms=NOW)
+    request = RouteRequest(capability=CAPABILITY)
+    tables = CandidateTables(outcomes=OutcomeTracker())
+    before = tables.table(source, request, NOW, False)
+    loaded.set_load("pool.grp.a7", Load(inflight=99))
+    assert loaded.changes_since(CAPABILITY, generation) == {"pool.grp.a7"}
+    after = tables.table(source, request, NOW, False)
+    assert after is not before and after.index_generation == loaded.capability_generation[CAPABILITY]
+    assert _shape(after) == _shape(CandidateTables(outcomes=OutcomeTracker()).table(source, request, NOW, False))
