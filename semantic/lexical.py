@@ -9,9 +9,9 @@ bigrams ("发票查验" -> 发票, 票查, 查验), the usual CJK analysis of se
 ``CJKBigramFilter``), so a Chinese description is found by a Chinese query without a dictionary;
 an unseen query bigram holding a particle or pronoun does not count against coverage.
 
-Postings are kept per term as ints, slot * 2**32 + term frequency: one int for a term of one
-document, an ``array('Q')`` of them sorted by slot for a term of several (8 B a posting, found by
-binary search; a dict of {slot: frequency} cost ~45). Each term's postings are also cached as two numpy arrays (rebuilt lazily
+Postings are kept per term as ints, slot * 2**32 + term frequency: for a term of one document
+its id (frequency 1) or one int, for a term of several an ``array('Q')`` of them sorted by slot
+(8 B a posting, found by binary search; a dict of {slot: frequency} cost ~45). Each term's postings are also cached as two numpy arrays (rebuilt lazily
 after that term changes), so a query costs a few vectorised operations per query term instead of
 a Python loop over every posting. An index given ``text_of`` (the owner of the texts hands a
 document's text back) keeps no term list per document: a removal works the terms out again.
@@ -260,10 +260,12 @@ class LexicalIndex:
         self._terms_at: dict[int, tuple[str, ...]] = {}
         self._lengths = np.zeros(_INITIAL_SLOTS, dtype=np.float32)
         self._total_length = 0
-        # term -> its postings, each slot * _ONE + frequency: one int for a term of one document
-        # (most are: numbers, names, the word pairs around them), else an array of them sorted
-        # by slot (a dict of {slot: frequency} cost ~45 B a posting, the array 8).
-        self._postings: dict[str, array[int] | int] = {}
+        # term -> its postings, each slot * _ONE + frequency: for a term of one document (most
+        # are: numbers, names, the word pairs around them) that document's id when it holds the
+        # term once (an object held anyway; an int is 32 B more), else one int; for a term of
+        # several an array of them sorted by slot (a dict of {slot: frequency} cost ~45 B a
+        # posting, the array 8).
+        self._postings: dict[str, array[int] | int | str] = {}
         self._posting_arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def __len__(self) -> int:
@@ -294,11 +296,11 @@ class LexicalIndex:
         for term, frequency in terms.items():
             held = postings.get(term)
             if held is None:
-                postings[term] = slot * _ONE + frequency
-            elif type(held) is int:
-                postings[term] = array("Q", sorted((held, slot * _ONE + frequency)))
-            else:
+                postings[term] = doc_id if frequency == 1 else slot * _ONE + frequency
+            elif isinstance(held, array):
                 bisect.insort(held, slot * _ONE + frequency)
+            else:
+                postings[term] = array("Q", sorted((self._packed(held), slot * _ONE + frequency)))
             if term in arrays:
                 del arrays[term]
 
@@ -319,12 +321,13 @@ class LexicalIndex:
         postings = self._postings
         for term in terms:
             held = postings[term]
-            if type(held) is int:
+            if not isinstance(held, array):
                 del postings[term]
             else:
                 _drop_slot(held, slot)
                 if len(held) == 1:
-                    postings[term] = held[0]
+                    other, frequency = divmod(held[0], _ONE)
+                    postings[term] = self._doc_id_at[other] if frequency == 1 else held[0]  # type: ignore[assignment]
             self._posting_arrays.pop(term, None)
         self._total_length -= int(self._lengths[slot])
         self._lengths[slot] = 0.0
@@ -336,7 +339,7 @@ class LexicalIndex:
         """Okapi IDF with the +1 that keeps it positive for terms in most documents."""
         count = len(self._slot_of)
         held = self._postings.get(term)
-        frequency = 0 if held is None else 1 if type(held) is int else len(held)
+        frequency = 0 if held is None else len(held) if isinstance(held, array) else 1
         return math.log(1.0 + (count - frequency + 0.5) / (frequency + 0.5))
 
     def score(self, query: str) -> LexicalScores:
@@ -387,10 +390,14 @@ class LexicalIndex:
             held = self._postings.get(term)
             if held is None:
                 return None
-            packed = np.array([held] if type(held) is int else held, dtype=np.uint64)  # a copy: held may grow
+            packed = np.array(held if isinstance(held, array) else [self._packed(held)], dtype=np.uint64)  # a copy
             arrays = ((packed >> np.uint64(32)).astype(np.int64), (packed & np.uint64(_ONE - 1)).astype(np.float32))
             self._posting_arrays[term] = arrays
         return arrays
+
+    def _packed(self, held: int | str) -> int:
+        """The posting a one-document entry stands for (a document id: its slot, frequency 1)."""
+        return self._slot_of[held] * _ONE + 1 if isinstance(held, str) else held
 
     def _new_slot(self) -> int:
         slot = len(self._doc_id_at)

@@ -247,9 +247,9 @@ class SemanticSearch:
         self._semantic_enabled = semantic_enabled
         self._owns_embedder = embedder is None and semantic_enabled
         self._embedder = embedder if embedder is not None or not semantic_enabled else Embedder()
-        # Capability documents are keyed by doc id, agent-level documents by owner id. Both hand
-        # a replaced or removed text back from the documents held here (text_of) instead of the
-        # indexes keeping every document's terms: ~460 B per agent at 30,000 agents.
+        # Capability documents are keyed by doc id, agent-level documents by owner id. Both (and
+        # the speller) read a replaced or removed text back from the documents held here
+        # (text_of) instead of keeping every document's terms: ~460 B per agent at 30,000.
         self._capability_lexical = LexicalIndex(k1=bm25_k1, b=bm25_b, bigrams=bm25_bigrams,
                                                 text_of=self._capability_text)
         self._agent_lexical = LexicalIndex(k1=bm25_k1, b=bm25_b, bigrams=bm25_bigrams, text_of=self._agent_text)
@@ -264,7 +264,7 @@ class SemanticSearch:
         self._layout_cache: tuple[int, OwnerLayout] | None = None
         self._correct_spelling = correct_spelling
         self._strip_request_openings = strip_request_openings
-        self._speller = SpellingCorrector()
+        self._speller = SpellingCorrector(text_of=self._agent_text)
         self._mode = SearchMode.LEXICAL
         self._state = SearchState.NEW
         self._start_lock = asyncio.Lock()
@@ -454,6 +454,7 @@ class SemanticSearch:
         agent_text = agent_lexical_text(documents)
         if documents:
             self._agent_lexical.upsert(owner_id, agent_text)
+            self._speller.upsert(owner_id, agent_text)
         else:
             self._forget_agent(owner_id)
         for doc_id in set(self._owner_docs.get(owner_id, ())) - set(new_ids):
@@ -470,7 +471,6 @@ class SemanticSearch:
                     self._capability_vectors.remove(document.doc_id)
             self._documents[document.doc_id] = document
         self._owner_docs[owner_id] = new_ids
-        self._speller.upsert(owner_id, agent_text)
         if vectors is not None:
             self._store_vectors(owner_id, documents, vectors)
 

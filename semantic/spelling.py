@@ -23,7 +23,7 @@ import re
 import string
 import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 __all__ = ["SpellingCorrector", "MIN_WORD_LENGTH", "vocabulary_words", "read_vocabulary_file"]
@@ -81,9 +81,13 @@ class SpellingCorrector:
     a query. Not thread-safe: use from one thread (the event loop) only.
     """
 
-    def __init__(self, dictionary: frozenset[str] | None = None) -> None:
+    def __init__(self, dictionary: frozenset[str] | None = None, *,
+                 text_of: Callable[[str], str] | None = None) -> None:
         self._dictionary = dictionary
         self._text_count: Counter[str] = Counter()
+        # With ``text_of`` (a key's current text, "" for none: the search's documents) no word
+        # set is kept per key; a replaced or removed text's words are read from it again.
+        self._text_of = text_of
         self._words_of: dict[str, frozenset[str]] = {}
         self._shared_sets: dict[frozenset[str], frozenset[str]] = {}
 
@@ -102,6 +106,9 @@ class SpellingCorrector:
         one string (``sys.intern``), so agents described alike cost a pointer each, not a set
         (about 1 KiB per agent at 30,000 agents before)."""
         self.remove(key)
+        if self._text_of is not None:
+            self._text_count.update(sys.intern(word) for word in _surface_words(text))
+            return
         words = frozenset(sys.intern(word) for word in _surface_words(text))
         words = self._shared_sets.setdefault(words, words)
         if len(self._shared_sets) > _SHARED_SETS_MAX:
@@ -110,7 +117,9 @@ class SpellingCorrector:
         self._text_count.update(words)
 
     def remove(self, key: str) -> None:
-        for word in self._words_of.pop(key, ()):
+        """Forget ``key``'s text (given ``text_of``: call this while it still gives that text)."""
+        held = self._words_of.pop(key, ()) if self._text_of is None else _surface_words(self._text_of(key))
+        for word in held:
             remaining = self._text_count[word] - 1
             if remaining > 0:
                 self._text_count[word] = remaining

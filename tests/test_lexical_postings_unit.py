@@ -1,7 +1,7 @@
-"""The BM25 index's postings (semantic.lexical): arrays of packed ints that shrink by moving their
-last posting into a removed one's place, and an index that keeps no terms per document
-(``text_of``). After any churn an index scores every document exactly as an index built afresh
-from the documents left; a text handed back that is not the one indexed is refused."""
+"""The BM25 index's postings (semantic.lexical): a document id, an int or a sorted array of packed
+ints; and an index that keeps no terms per document (``text_of``). After any churn an index
+scores every document exactly as an index built afresh from the documents left; a text handed
+back that is not the one indexed is refused. So for the spelling corrector's word counts."""
 
 from __future__ import annotations
 
@@ -11,16 +11,19 @@ import pytest
 
 from semantic.errors import InvalidDocumentError
 from semantic.lexical import LexicalIndex
+from semantic.spelling import SpellingCorrector
 
 pytestmark = pytest.mark.unit
 
 WORDS = ["invoice", "receipt", "translate", "speech", "text", "image", "search", "weather", "agent", "scale"]
-QUERIES = ["translate text", "invoice receipt agent", "speech to text", "agent", "image search weather", "scale 17"]
+QUERIES = ["translate text", "invoice receipt agent", "speech to text", "agent", "image search weather", "17", "agent 17", "17 agent 17"]
 
 
-def text(rng: random.Random, number: int) -> str:
-    # Common words (postings of hundreds: the numpy path) and a number of its own (one-int postings).
-    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 8))) + f" agent {number}"
+def text(rng: random.Random) -> str:
+    # Common words (postings of hundreds) and a number that few texts share, once or twice (the
+    # postings of one document: its id at frequency 1, an int otherwise; arrays when shared).
+    number = f" agent {rng.randrange(1_000)}"
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 8))) + number * rng.randint(1, 2)
 
 
 def scores(index: LexicalIndex, query: str) -> dict[str, float]:
@@ -33,13 +36,13 @@ def test_scores_after_churn_equal_a_fresh_index(keeps_terms: bool) -> None:
     rng = random.Random(5)
     texts: dict[str, str] = {}
     index = LexicalIndex() if keeps_terms else LexicalIndex(text_of=texts.__getitem__)
-    for step in range(3_000):
+    for _ in range(3_000):
         doc_id = f"d{rng.randrange(400)}"
         if doc_id in texts and rng.random() < 0.4:
             assert index.remove(doc_id)
             del texts[doc_id]
         else:
-            new_text = text(rng, step)
+            new_text = text(rng)
             index.upsert(doc_id, new_text)  # reads the previous text back before it is replaced
             texts[doc_id] = new_text
     fresh = LexicalIndex()
@@ -62,3 +65,29 @@ def test_a_text_handed_back_that_was_not_indexed_is_refused() -> None:
     texts["a"] = "translate"
     with pytest.raises(InvalidDocumentError, match="not the text indexed"):
         index.remove("a")
+
+
+def test_a_speller_reading_texts_back_corrects_as_one_keeping_word_sets() -> None:
+    rng = random.Random(9)
+    dictionary = frozenset(["the", "a"])  # every indexed word but these is "unknown": typos are judged
+    texts: dict[str, str] = {}
+    kept, reading = SpellingCorrector(dictionary), SpellingCorrector(dictionary, text_of=lambda key: texts.get(key, ""))
+    words = ["receipt", "recipe", "receipts", "schedule", "scheduler", "translate", "translator"]
+    for _ in range(2_000):
+        key = f"k{rng.randrange(60)}"
+        if key in texts and rng.random() < 0.4:
+            kept.remove(key)
+            reading.remove(key)
+            del texts[key]
+        else:
+            new_text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 4)))
+            kept.upsert(key, new_text)
+            reading.upsert(key, new_text)  # reads the previous text back before it is replaced
+            texts[key] = new_text
+    fresh = SpellingCorrector(dictionary)
+    for key, held in texts.items():
+        fresh.upsert(key, held)
+    # Ties between candidates one edit away are broken by how many texts use each: counts matter.
+    for query in ["recipt", "receit", "shedule", "schedulr", "translatr", "receipt recipes"]:
+        assert reading.correct(query) == kept.correct(query) == fresh.correct(query)
+    assert reading._text_count == fresh._text_count
