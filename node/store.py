@@ -39,7 +39,6 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -50,6 +49,7 @@ from .loads import parse_load
 from .models import AGENT_ID_RE, AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Load
 from .quarantine import RECORD, Quarantine
 from .redis_errors import RedisErrors
+from .script_line import ScriptLine
 from .store_results import HeartbeatResult, SnapshotData, StoredVersions
 from .store_scripts import ACQUIRE, DELETE, REGISTER, RELEASE, UPDATE
 from .stored_records import WrittenRecords, read_record
@@ -98,8 +98,8 @@ class RegionStore:
         self.key_base = base
         self.change_stream_maxlen = change_stream_maxlen
         self._mutation_keys = [self.key_agents, self.key_leases, self.key_version, self.key_changes, self.key_loads]
-        self._register = redis.register_script(REGISTER)
-        self._update = redis.register_script(UPDATE)
+        self._register = ScriptLine(redis, REGISTER)  # each coalescer's own connection, batch after batch
+        self._update = ScriptLine(redis, UPDATE)
         self._registers: Coalescer[list[object], tuple[int, bool]] = Coalescer(
             self._flush_registers, name=f"store-registers-{region}")
         self._updates: Coalescer[list[object], tuple[int, str]] = Coalescer(
@@ -126,6 +126,8 @@ class RegionStore:
         return cls(client, region=region, **options)  # type: ignore[arg-type]
 
     async def aclose(self) -> None:
+        await self._register.aclose()
+        await self._update.aclose()
         await self.redis.aclose()
 
     async def ping(self) -> None:
@@ -221,12 +223,11 @@ class RegionStore:
         """One UPDATE call for a batch of ``[agent_id, expected, body, lease, at, require lease, load]``."""
         return [(int(outcome), value) for outcome, value in await self._run_batch(self._update, items)]
 
-    async def _run_batch(self, script: AsyncScript, items: list[list[object]]) -> list[tuple[object, object]]:
+    async def _run_batch(self, script: ScriptLine, items: list[list[object]]) -> list[tuple[object, object]]:
         """Run a batch script over ``items``; its flat reply as one pair per item."""
         async with self._translate():
-            reply = await script(keys=self._mutation_keys,
-                                 args=[self.change_stream_maxlen, self.load_channel,
-                                       *(v for item in items for v in item)])
+            reply = await script(self._mutation_keys,
+                                 [self.change_stream_maxlen, self.load_channel, *(v for item in items for v in item)])
         return list(zip(reply[::2], reply[1::2]))
 
     async def deregister(self, agent_id: str, *, at_ms: int,

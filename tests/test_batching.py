@@ -7,10 +7,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from node.batch import Coalescer
 from node.errors import StoreUnavailable, UnknownAgent
 from node.models import AgentRecord, Capability, Status, TokenRole
+from node.script_line import ScriptLine
 from node.store import RegionStore, now_ms
 
 from .helpers import RunningNode, registration, wait_for
@@ -181,3 +185,40 @@ def test_the_collector_is_frozen_again_once_records_grew_by_a_step() -> None:
         assert freezer.check() is False and freezer.frozen_at == 5_000
     finally:
         gc.unfreeze()
+
+
+async def test_a_script_line_survives_a_flushed_script_a_cancelled_call_and_an_error_reply(redis_url: str) -> None:
+    """The coalescers' own connection (node.script_line): Redis forgetting the script, a call
+    cancelled before its reply was read, and an error reply each leave the next call its own answer."""
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    echo = ScriptLine(client, "if ARGV[1] == 'fail' then return redis.error_reply('refused ' .. KEYS[1]) end "
+                              "if ARGV[1] == 'slow' then local t = redis.call('TIME') "
+                              "while true do local n = redis.call('TIME') "
+                              "if (n[1] - t[1]) * 1000000 + n[2] - t[2] > 500000 then break end end end "
+                              "return {KEYS[1], ARGV[1], tonumber(ARGV[2]) + 1}")
+    try:
+        assert await echo(["k"], ["a", 1]) == ["k", "a", 2]
+        await client.script_flush()  # a restarted or replaced Redis: the sha is unknown there
+        assert await echo(["k"], ["b", 41]) == ["k", "b", 42]
+        slow = asyncio.ensure_future(echo(["k"], ["slow", 0]))
+        probe = aioredis.Redis.from_url(redis_url, socket_timeout=0.05)
+
+        async def running() -> bool:  # Redis runs one script at a time: a ping waits while it spins
+            try:
+                await probe.ping()
+            except RedisTimeoutError:
+                return True
+            return False
+
+        await wait_for(running, timeout_s=5, message="the slow call reached Redis")
+        await probe.aclose()
+        slow.cancel()  # its reply is still to come: the next call must not read it as its own
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        assert await echo(["k"], ["c", 7]) == ["k", "c", 8]
+        with pytest.raises(ResponseError, match="refused k"):
+            await echo(["k"], ["fail", 0])
+        assert await echo(["k"], ["d", 9]) == ["k", "d", 10]
+    finally:
+        await echo.aclose()
+        await client.aclose()
