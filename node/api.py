@@ -1,7 +1,7 @@
 """The node's HTTP API (v1), a thin aiohttp layer over :class:`RegistryNode`.
 
-One middleware turns every error into ``{"error", "message", "field"}`` with the right status
-(never a 500 for bad input), authenticates the bearer token, and counts requests. Bodies are
+One middleware (:mod:`node.guard`) turns every error into ``{"error", "message", "field"}`` with
+the right status (never a 500 for bad input), authenticates the bearer token, and counts requests. Bodies are
 parsed straight into pydantic models, so a malformed body is a 400 and a wrong field a 422
 naming it.
 
@@ -13,28 +13,27 @@ proxy mode.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
 
 import orjson
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from .a2a import AGENT_CARD_PATH, AGENT_CARD_ROUTE, CardRegistration
 from .a2a.routes import registry_agent_card, v1_agent_card, well_known_agent_card
 from .candidates import capability_of, tagged
 from .clock import now_ms
-from .console import install_console, is_console_path
+from .console import install_console
 from .credentials import JWKS_PATH
 from .envelope import RouteEvent, RouteEventKind
-from .errors import BadRequest, Forbidden, NodeError, PayloadTooLarge, RateLimited, ValidationFailed
+from .errors import BadRequest, Forbidden, NodeError, ValidationFailed
+from .guard import PUBLIC_PATHS, guard, public_path
 from .http import (
     CALLER,
+    IN_FLIGHT_KEY,
     NODE_KEY,
-    error_response,
+    InFlight,
     json_response,
     parse_body,
     parse_json,
@@ -42,7 +41,6 @@ from .http import (
     query_pattern,
     read_body,
 )
-from .logs import ACCESS_LOGGER, FIELDS, access_line
 from .models import (
     KEY_ID_PATTERN,
     AgentList,
@@ -62,7 +60,6 @@ from .models import (
 )
 from .openapi import build_openapi
 from .proxy import PROXY_KEY, install_proxy_routes
-from .ratelimit import RateLimiter
 from .search import DEFAULT_SEARCH_K, MAX_SEARCH_K
 from .security import require_peer
 from .server import NodeRunner, ServerLimits
@@ -75,87 +72,9 @@ __all__ = ["PUBLIC_PATHS", "ROUTES", "bound_port", "build_app", "guard", "public
 
 log = logging.getLogger(__name__)
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json", JWKS_PATH, AGENT_CARD_PATH})
-"""Paths served without a token; the console's files (``/ui/…``, :func:`public_path`) are public too."""
 MAX_QUERY_CHARS = 2_000  # the spec's maxLength of /v1/search's q, as sent
 _KEY_ID_RE = re.compile(KEY_ID_PATTERN)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-# -- the middleware --------------------------------------------------------------------------
-
-def guard(node: RegistryNode) -> Middleware:
-    """Authentication, the per-caller rate limit, the JSON error shape, the request count and
-    latency, and the access log (``NodeConfig.access_log``, logger ``agent_reach.access``)."""
-    limiter = RateLimiter(rate_per_s=node.config.rate_limit_rps, burst=node.config.rate_limit_burst)
-    access_log = logging.getLogger(ACCESS_LOGGER) if node.config.access_log else None
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        started = time.perf_counter()
-        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
-        response = await _guarded(node, limiter, request, handler)
-        status = str(response.status)
-        elapsed = time.perf_counter() - started
-        node.metrics.count(node.metrics.requests, route, status)
-        node.metrics.observe(node.metrics.http_seconds, elapsed, route, request.method, status)
-        if access_log is not None:
-            caller = request.get(CALLER)
-            message, fields = access_line(method=request.method, path=request.path, route=route,
-                                          status=response.status, duration_s=elapsed, remote=request.remote,
-                                          caller=caller.sub if caller is not None else None,
-                                          trace_id=response.headers.get("X-Reach-Trace-Id"))
-            access_log.info(message, extra={FIELDS: fields})
-        return response
-
-    return middleware
-
-
-async def _guarded(node: RegistryNode, limiter: RateLimiter, request: web.Request,
-                   handler: Handler) -> web.StreamResponse:
-    """The handler's answer, or the JSON error shape for whatever it (or authentication) raised."""
-    try:
-        if not public_path(request.path) and not _anonymous_card(request):
-            caller = node.authenticate(request.headers.get("Authorization"))
-            if not limiter.allow(caller.sub):
-                raise RateLimited(f"caller {caller.sub} exceeded {limiter.rate_per_s:g} requests/s; slow down")
-            request[CALLER] = caller
-        response = await handler(request)
-    except NodeError as exc:
-        if exc.status == 401:
-            node.metrics.count(node.metrics.auth_refusals, exc.code)
-        response = error_response(exc)
-    except web.HTTPRequestEntityTooLarge:
-        response = error_response(PayloadTooLarge(f"the body exceeds {node.config.max_body_bytes} bytes"))
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
-        response = json_response({"error": code, "message": f"{request.method} {request.path}: {exc.reason}",
-                                  "field": None}, status=exc.status)
-    except asyncio.CancelledError:
-        raise
-    except ConnectionResetError:
-        # The client went away mid-request (mid-body): nobody reads the answer, nothing to log.
-        log.debug("client of %s %s went away", request.method, request.path)
-        response = error_response(BadRequest("the client closed the connection mid-request",
-                                             code="client_closed"))
-    except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        response = json_response({"error": "internal_error", "message": "the node failed; see its log",
-                                  "field": None}, status=500)
-    return response
-
-
-def public_path(path: str) -> bool:
-    """Whether ``path`` is served without a bearer token (the console's data comes from the API, with one)."""
-    return path in PUBLIC_PATHS or is_console_path(path)
-
-
-def _anonymous_card(request: web.Request) -> bool:
-    """An agent card's well-known URL asked for without a token: its handler decides (node.a2a.routes)."""
-    resource = request.match_info.route.resource
-    return resource is not None and resource.canonical == AGENT_CARD_ROUTE and "Authorization" not in request.headers
+_LEASE_ONLY = Heartbeat()  # what an empty heartbeat body parses to (read, never changed)
 
 
 def _node(request: web.Request) -> RegistryNode:
@@ -175,8 +94,13 @@ async def register(request: web.Request) -> web.Response:
 
 
 async def heartbeat(request: web.Request) -> web.Response:
-    body = await parse_body(request, Heartbeat, allow_empty=True)
-    return json_response(await _node(request).heartbeat(request.match_info["agent_id"], body, _caller(request)))
+    raw = await read_body(request)
+    body = parse_json(raw, Heartbeat) if raw else _LEASE_ONLY
+    agent_id = request.match_info["agent_id"]
+    result = await _node(request).heartbeat(agent_id, body, _caller(request))
+    # HeartbeatResponse's fields, each the store's (the agent id was found there under that name).
+    return json_response({"agent_id": agent_id, "version": result.version,
+                          "lease_expires_at_ms": result.lease_expires_at_ms, "changed": result.changed})
 
 
 async def report_load(request: web.Request) -> web.Response:
@@ -460,8 +384,10 @@ ROUTES: tuple[web.RouteDef, ...] = (
 
 def build_app(node: RegistryNode) -> web.Application:
     """The aiohttp application of ``node`` (extensions add their routes here)."""
-    app = web.Application(middlewares=[guard(node)], client_max_size=node.config.max_body_bytes)
+    in_flight = InFlight()
+    app = web.Application(middlewares=[guard(node, in_flight)], client_max_size=node.config.max_body_bytes)
     app[NODE_KEY] = node
+    app[IN_FLIGHT_KEY] = in_flight
     app.on_shutdown.append(end_watches)
     app.add_routes(ROUTES)
     for extension in node.extensions:

@@ -22,9 +22,25 @@ from .errors import (
 from .models import TokenClaims, compile_pattern
 from .service import RegistryNode
 
-NODE_KEY = web.AppKey("node", RegistryNode)
-CALLER = web.RequestKey("caller", TokenClaims)
 Model = TypeVar("Model", bound=BaseModel)
+
+
+class InFlight:
+    """The requests inside the app right now, counted by the API's middleware: what a drain
+    waits for (``idle``), and whether answers should close their connection (``closing``)."""
+
+    __slots__ = ("count", "idle", "closing")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.closing = False
+
+
+NODE_KEY = web.AppKey("node", RegistryNode)
+IN_FLIGHT_KEY = web.AppKey("in_flight", InFlight)
+CALLER = web.RequestKey("caller", TokenClaims)
 
 
 def json_response(body: object, *, status: int = 200) -> web.Response:

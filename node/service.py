@@ -46,7 +46,6 @@ from .models import (
     CredentialRequest,
     DeleteReason,
     Heartbeat,
-    HeartbeatResponse,
     IssuedCredential,
     Load,
     LoadReportResponse,
@@ -67,6 +66,7 @@ from .router import Decision, Router
 from .search import Searcher
 from .security import Signer, authorize_agent, may_see
 from .store import RegionStore, stored_version
+from .store_results import HeartbeatResult
 from .sweeper import Sweeper
 from .watch import WatchHub
 
@@ -239,9 +239,10 @@ class RegistryNode:
                                     heartbeat_interval_ms=max(100, stored.lease_ttl_ms // 3))
         return response, created
 
-    async def heartbeat(self, agent_id: str, heartbeat: Heartbeat, caller: TokenClaims) -> HeartbeatResponse:
+    async def heartbeat(self, agent_id: str, heartbeat: Heartbeat, caller: TokenClaims) -> HeartbeatResult:
         """Renew the lease; a new status is a change of the record (a version, an event for
-        peers), a new load is not (``node.loads``: load stays home)."""
+        peers), a new load is not (``node.loads``: load stays home). The API answers from the
+        result's version, lease and ``changed`` (``HeartbeatResponse``'s fields)."""
         authorize_agent(caller, agent_id)
         now = now_ms()
         known = self.cache.index.get(agent_id)
@@ -261,11 +262,8 @@ class RegistryNode:
             self.cache.touch_lease(agent_id, result.lease_expires_at_ms)
         if load is not None:
             self.cache.index.set_load(agent_id, load)
-        self.metrics.heartbeats("changed" if result.changed else "load" if load is not None else "lease").inc()
-        # Every field is the store's (the agent id was found there under that name): no validation.
-        return HeartbeatResponse.model_construct(agent_id=agent_id, version=result.version,
-                                                 lease_expires_at_ms=result.lease_expires_at_ms,
-                                                 changed=result.changed)
+        self.metrics.count(self.metrics.heartbeats, "changed" if result.changed else "load" if load is not None else "lease")
+        return result
 
     async def report_load(self, agent_id: str, load: Load, caller: TokenClaims) -> LoadReportResponse:
         """Store the load an agent reports between heartbeats: no lease moved, no version, no
