@@ -7,7 +7,6 @@ on every request, and these run on every request.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -49,7 +48,14 @@ def guard(node: RegistryNode, in_flight: InFlight | None = None) -> Middleware:
         in_flight.count += 1
         in_flight.idle.clear()
         try:
-            response = await _guarded(node, limiter, request, handler)
+            if not public_path(request.path) and not _anonymous_card(request):
+                caller = node.authenticate(request.headers.get("Authorization"))
+                if not limiter.allow(caller.sub):
+                    raise RateLimited(f"caller {caller.sub} exceeded {limiter.rate_per_s:g} requests/s; slow down")
+                request[CALLER] = caller
+            response = await handler(request)
+        except Exception as exc:  # not a cancel: that ends the request (a BaseException)
+            response = _error_answer(node, request, exc)
         finally:
             in_flight.count -= 1
             if in_flight.count == 0:
@@ -57,10 +63,8 @@ def guard(node: RegistryNode, in_flight: InFlight | None = None) -> Middleware:
         if in_flight.closing:
             # No more requests on this connection: its client reconnects, to a node still up.
             response.force_close()
-        status = str(response.status)
         elapsed = time.perf_counter() - started
-        node.metrics.count(node.metrics.requests, route, status)
-        node.metrics.observe(node.metrics.http_seconds, elapsed, route, request.method, status)
+        node.metrics.request_done(route, request.method, response.status, elapsed)
         if access_log is not None:
             caller = request.get(CALLER)
             message, fields = access_line(method=request.method, path=request.path, route=route,
@@ -73,40 +77,27 @@ def guard(node: RegistryNode, in_flight: InFlight | None = None) -> Middleware:
     return middleware
 
 
-async def _guarded(node: RegistryNode, limiter: RateLimiter, request: web.Request,
-                   handler: Handler) -> web.StreamResponse:
-    """The handler's answer, or the JSON error shape for whatever it (or authentication) raised."""
-    try:
-        if not public_path(request.path) and not _anonymous_card(request):
-            caller = node.authenticate(request.headers.get("Authorization"))
-            if not limiter.allow(caller.sub):
-                raise RateLimited(f"caller {caller.sub} exceeded {limiter.rate_per_s:g} requests/s; slow down")
-            request[CALLER] = caller
-        response = await handler(request)
-    except NodeError as exc:
+def _error_answer(node: RegistryNode, request: web.Request, exc: Exception) -> web.StreamResponse:
+    """The JSON error shape for what a handler (or authentication) raised; a redirect is raised on."""
+    if isinstance(exc, NodeError):
         if exc.status == 401:
             node.metrics.count(node.metrics.auth_refusals, exc.code)
-        response = error_response(exc)
-    except web.HTTPRequestEntityTooLarge:
-        response = error_response(PayloadTooLarge(f"the body exceeds {node.config.max_body_bytes} bytes"))
-    except web.HTTPException as exc:
+        return error_response(exc)
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return error_response(PayloadTooLarge(f"the body exceeds {node.config.max_body_bytes} bytes"))
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            raise exc
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
-        response = json_response({"error": code, "message": f"{request.method} {request.path}: {exc.reason}",
-                                  "field": None}, status=exc.status)
-    except asyncio.CancelledError:
-        raise
-    except ConnectionResetError:
+        return json_response({"error": code, "message": f"{request.method} {request.path}: {exc.reason}",
+                              "field": None}, status=exc.status)
+    if isinstance(exc, ConnectionResetError):
         # The client went away mid-request (mid-body): nobody reads the answer, nothing to log.
         log.debug("client of %s %s went away", request.method, request.path)
-        response = error_response(BadRequest("the client closed the connection mid-request",
-                                             code="client_closed"))
-    except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        response = json_response({"error": "internal_error", "message": "the node failed; see its log",
-                                  "field": None}, status=500)
-    return response
+        return error_response(BadRequest("the client closed the connection mid-request", code="client_closed"))
+    log.error("unhandled error in %s %s", request.method, request.path, exc_info=exc)
+    return json_response({"error": "internal_error", "message": "the node failed; see its log", "field": None},
+                         status=500)
 
 
 def public_path(path: str) -> bool:

@@ -60,6 +60,9 @@ class _ScrapeCounter(Collector):
         yield self._family()  # the name, for the registry's duplicate check; nothing is read
 
 
+_HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"})
+
+
 class NodeMetrics:
     """Counters, gauges and histograms the node updates; ``render()`` is the /metrics body."""
 
@@ -98,6 +101,7 @@ class NodeMetrics:
         self.gauges: dict[str, Gauge] = {}
         self._labels = labels
         self._children: dict[tuple[object, ...], object] = {}
+        self._request_children: dict[tuple[str, str, int], tuple[object, object]] = {}
 
     def count(self, family, *labels: str) -> None:
         """Increment ``family`` (e.g. ``self.requests``) for ``labels``; children are cached.
@@ -110,6 +114,20 @@ class NodeMetrics:
     def observe(self, family, value: float, *labels: str) -> None:
         """Observe ``value`` in the histogram ``family`` (e.g. ``self.http_seconds``) for ``labels``."""
         self._child(family, labels).observe(value)
+
+    def request_done(self, route: str, method: str, status: int, elapsed_s: float) -> None:
+        """One HTTP request answered: its count by route and status, its latency by route, method
+        and status (both children found with one lookup: every request comes here). A method
+        outside HTTP's own (the parser also passes WebDAV's and others) is counted as ``OTHER``."""
+        if method not in _HTTP_METHODS:
+            method = "OTHER"
+        key = (route, method, status)
+        children = self._request_children.get(key)
+        if children is None:
+            children = self._request_children[key] = (self.requests(route, str(status)),
+                                                       self.http_seconds(route, method, str(status)))
+        children[0].inc()
+        children[1].observe(elapsed_s)
 
     def _child(self, family, labels: tuple[str, ...]):
         key = (id(family.__self__), *labels)  # family is a bound metric's .labels

@@ -40,6 +40,9 @@ async def test_metrics_lint_clean_and_every_node_family_moves(node_factory, regi
     assert status == 404
     status, _ = await running.call("GET", "/v1/agents", token="ar1.forged.token")
     assert status == 401
+    for method in ("PROPFIND", "MKCOL", "PROPFIND"):  # WebDAV's: counted as one series, not one each
+        status, _ = await running.call(method, "/v1/agents")
+        assert status == 405
     await wait_for(lambda: node.sweeper.stats.expired >= 1, timeout_s=10, message="the short lease expired")
     text = await _scrape(running)
     after = parse_samples(text)
@@ -59,6 +62,9 @@ async def test_metrics_lint_clean_and_every_node_family_moves(node_factory, regi
     assert moved("agent_reach_http_request_duration_seconds_bucket", route="/v1/agents", method="POST",
                  status="201", le="+Inf") == 2
     assert moved("agent_reach_http_request_duration_seconds_sum", route="/v1/resolve") > 0
+    assert moved("agent_reach_http_request_duration_seconds_count", route="unmatched", method="OTHER",
+                 status="405") == 3
+    assert not any(("method", made_up) in labels for _, labels in after for made_up in ("PROPFIND", "MKCOL"))
     assert moved("agent_reach_auth_refusals_total", code="invalid_token") == 1
     assert moved("agent_reach_resolves_total", result="ok") == 1
     assert moved("agent_reach_registrations_total") == 2
