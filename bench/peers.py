@@ -201,10 +201,11 @@ class Etcd:
         return ", ".join(f'"{lease}"' for lease in self.leases[:limit])
 
 
-def measure(url: str, body: str, *, seconds: int, connections: int, warmup: bool = True) -> dict[str, float]:
+def measure(url: str, body: str, *, seconds: int, connections: int, cpu_of: list[int],
+            warmup: bool = True) -> dict[str, float]:
     if warmup:
         run_wrk(url, body, seconds=1, connections=connections)
-    return run_wrk(url, body, seconds=seconds, connections=connections)
+    return run_wrk(url, body, seconds=seconds, connections=connections, cpu_of=cpu_of)
 
 
 def main() -> None:
@@ -229,25 +230,28 @@ def main() -> None:
     try:
         wait_http(f"{etcd.url}/health")
         asyncio.run(etcd.populate(args.agents))
+        options = {"seconds": args.seconds, "connections": args.connections, "cpu_of": [etcd.process.pid]}
         theirs = {
-            "heartbeat (lease only)": measure(etcd.url, script(ETCD_KEEPALIVE, leases=etcd.lease_list()),
-                                              seconds=args.seconds, connections=args.connections),
+            "heartbeat (lease only)": measure(etcd.url, script(ETCD_KEEPALIVE, leases=etcd.lease_list()), **options),
             "register": measure(etcd.url, script(ETCD_PUT, leases=etcd.lease_list(), record=RECORD,
-                                                 capabilities=CAPABILITIES),
-                                seconds=args.seconds, connections=args.connections),
-            "resolve": measure(etcd.url, script(ETCD_RANGE, ranges=etcd.ranges()),
-                               seconds=args.seconds, connections=args.connections),
+                                                 capabilities=CAPABILITIES), **options),
+            "resolve": measure(etcd.url, script(ETCD_RANGE, ranges=etcd.ranges()), **options),
         }
     finally:
         etcd.stop()
-    print(f"\n{'workload':<26} {'Agent-Reach':>40}   {'etcd 3.4 (HTTP gateway)':>40}   ratio")
+    print(f"\n{'workload':<26} {'Agent-Reach':>52}   {'etcd 3.4 (HTTP gateway)':>52}   ratio   cost ratio")
     for name, figures in ours.items():
         other = theirs.get(name)
         left = _short(figures)
         right = _short(other) if other else "(no equivalent)"
         ratio = f"{figures['RPS'] / other['RPS']:.2f}" if other else "—"
-        print(f"{name:<26} {left:>40}   {right:>40}   {ratio}")
-    print(f"{'bare aiohttp handler':<26} {_short(base):>40}")
+        cost = f"{other['CPU_US'] / figures['CPU_US']:.2f}" if other else "—"
+        print(f"{name:<26} {left:>52}   {right:>52}   {ratio:>5}   {cost:>10}")
+    print(f"{'bare aiohttp handler':<26} {_short(base):>52}")
+    print("\nratio: Agent-Reach's throughput / etcd's. cost ratio: etcd's server CPU per request / Agent-Reach's "
+          "(node and its redis-server together); > 1: Agent-Reach is faster / cheaper. The machine's cores are shared "
+          "by wrk, the server and its store: the CPU a request costs is skewed far less by other load than the "
+          "throughput is.")
     resolve = ours["resolve"]
     print(f"\nresolve / bare handler: {resolve['RPS'] / base['RPS']:.2f} of its throughput, "
           f"p99 {resolve['P99'] / max(base['P99'], 1):.1f} x its p99")
@@ -269,7 +273,7 @@ def _measure_node(args: argparse.Namespace, token: str) -> dict[str, dict[str, f
         try:
             wait_http(f"http://127.0.0.1:{port}/readyz")
             url = f"http://127.0.0.1:{port}"
-            options = {"seconds": args.seconds, "connections": args.connections}
+            options = {"seconds": args.seconds, "connections": args.connections, "cpu_of": [node.pid, redis.pid]}
             figures = {
                 "heartbeat (lease only)": measure(url, script(HEARTBEAT, token=token, agents=args.agents,
                                                               body=HEARTBEAT_LEASE_BODY), **options),
@@ -291,7 +295,8 @@ def _measure_node(args: argparse.Namespace, token: str) -> dict[str, dict[str, f
 
 def _short(figures: dict[str, float]) -> str:
     bad = f" non-2xx {int(figures['NON2XX'])}" if figures["NON2XX"] else ""
-    return f"{figures['RPS']:>8,.0f}/s p50 {figures['P50'] / 1000:5.2f} p99 {figures['P99'] / 1000:6.2f} ms{bad}"
+    cpu = f" cpu {figures['CPU_US']:5.1f} us" if "CPU_US" in figures else ""
+    return f"{figures['RPS']:>8,.0f}/s p50 {figures['P50'] / 1000:5.2f} p99 {figures['P99'] / 1000:6.2f} ms{cpu}{bad}"
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import tempfile
 import textwrap
 import time
 import urllib.request
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from node.models import AgentRecord, Capability, TokenRole
@@ -81,6 +82,9 @@ WRK_SCRIPT = textwrap.dedent("""
 """)
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -124,19 +128,47 @@ def resolve_script(token: str) -> str:
     return WRK_SCRIPT % (CAPABILITIES, token) + WRK_REPORT
 
 
-def run_wrk(url: str, lua: str, *, seconds: int, connections: int) -> dict[str, float]:
-    """wrk -t1 against ``url`` with the script ``lua`` (whose done() prints NON2XX, P50.. and RPS)."""
+def run_wrk(url: str, lua: str, *, seconds: int, connections: int, cpu_of: Sequence[int] = ()) -> dict[str, float]:
+    """wrk -t1 against ``url`` with the script ``lua`` (whose done() prints NON2XX, P50.. and RPS).
+
+    ``cpu_of``: server processes (with their children) whose CPU time per request the figures
+    report as ``CPU_US`` — the cost of a request, which a busy machine skews far less than the
+    throughput.
+    """
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(lua)
     try:
+        cpu_before = cpu_seconds(cpu_of)
         output = subprocess.run(
             ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "2s", "-s", script.name, url],
             check=True, capture_output=True, text=True, timeout=seconds + 60,
         ).stdout
+        cpu_used = cpu_seconds(cpu_of) - cpu_before
     finally:
         os.unlink(script.name)
     figures = {key: float(value) for key, value in re.findall(r"^(NON2XX|P[\d.]+|RPS) ([\d.]+)$", output, re.M)}
+    if cpu_of and figures.get("RPS"):
+        figures["CPU_US"] = 1e6 * cpu_used / (figures["RPS"] * seconds)
     return figures
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """User + system CPU time used so far by ``pids`` and their children (a node's ``--workers``);
+    Linux ``/proc``, 0 for a process that is gone."""
+    total, seen, pending = 0.0, set(), list(pids)
+    while pending:
+        pid = pending.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                pending.extend(int(child) for child in (task / "children").read_text().split())
+        except (OSError, IndexError):
+            continue
+        total += (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    return total
 
 
 def baseline(lua: str, *, seconds: int, connections: int) -> dict[str, float]:
@@ -146,7 +178,8 @@ def baseline(lua: str, *, seconds: int, connections: int) -> dict[str, float]:
     try:
         wait_port(port)
         run_wrk(f"http://127.0.0.1:{port}", lua, seconds=1, connections=connections)
-        figures = run_wrk(f"http://127.0.0.1:{port}", lua, seconds=seconds, connections=connections)
+        figures = run_wrk(f"http://127.0.0.1:{port}", lua, seconds=seconds, connections=connections,
+                          cpu_of=[process.pid])
     finally:
         stop(process)
     print(line("bare aiohttp handler", figures))
@@ -171,7 +204,7 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 def line(label: str, figures: dict[str, float]) -> str:
     return (f"{label:<28} {figures['RPS']:>10,.0f} req/s   p50 {figures['P50'] / 1000:6.2f} ms   "
             f"p99 {figures['P99'] / 1000:6.2f} ms   p99.9 {figures['P99.9'] / 1000:6.2f} ms   "
-            f"non-2xx {int(figures['NON2XX'])}")
+            f"non-2xx {int(figures['NON2XX'])}" + (f"   server cpu {figures['CPU_US']:.1f} us/req" if "CPU_US" in figures else ""))
 
 
 def main() -> None:
