@@ -2,11 +2,11 @@
 
 A :class:`~node.batch.Coalescer` has one batch in flight at a time, so its flush needs no
 connection pool: :class:`ScriptLine` keeps one connection out of the client's pool for as long as
-it lives and sends each batch as ``EVALSHA`` packed by hiredis. Measured on this project's 2-core
-machine, a 74-argument call (a heartbeat batch of nine) cost 83-89 µs of the node's CPU through
-``AsyncScript`` (redis-py packs every argument in Python, checks a connection out and back in,
-and records its telemetry) and 20-25 µs this way; at the batch sizes a busy node sees that is
-most of what Redis cost a heartbeat in the node.
+it lives and sends each batch as one ``EVALSHA`` (packed by hiredis on the store's pool,
+``node.redis_wire``). Measured on this project's 2-core machine, a 74-argument call (a heartbeat
+batch of nine) cost 79 µs of the node's CPU through ``AsyncScript`` (redis-py packs every
+argument in Python, checks a connection out and back in, and records its telemetry), 49 µs with
+hiredis packing alone, and 25 µs this way.
 
 What redis-py's client does for a command still holds: the same retry policy (the pool's
 connections carry it: reconnect and back off on a connection error or timeout), the periodic
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import NoScriptError
@@ -38,24 +37,25 @@ class ScriptLine:
         self._connection: AbstractConnection | None = None
 
     async def __call__(self, keys: Sequence[str], args: Sequence[Arg]) -> object:
-        packed = hiredis.pack_command(("EVALSHA", self._script.sha, len(keys), *keys, *args))
+        command = ("EVALSHA", self._script.sha, len(keys), *keys, *args)
         try:
-            return await self._send(packed)
+            return await self._send(command)
         except NoScriptError:  # the sha is the source's: once loaded, the same command runs it
             await self._script.registered_client.script_load(self._script.script)
-            return await self._send(packed)
+            return await self._send(command)
 
-    async def _send(self, packed: bytes) -> object:
+    async def _send(self, command: tuple[Arg, ...]) -> object:
         connection = self._connection
         if connection is None:
             connection = self._connection = await self._pool.get_connection()
+        packed = connection.pack_command(*command)  # once, for every attempt
         # redis-py's connection drops its socket when a send or a read fails or is cancelled, so
         # no half-read reply is left for the next batch; the retry reconnects.
         return await connection.retry.call_with_retry(lambda: self._once(connection, packed),
                                                       lambda error: connection.disconnect())
 
     @staticmethod
-    async def _once(connection: AbstractConnection, packed: bytes) -> object:
+    async def _once(connection: AbstractConnection, packed: list[bytes]) -> object:
         await connection.send_packed_command(packed)
         return await connection.read_response()
 

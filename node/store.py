@@ -49,6 +49,7 @@ from .loads import parse_load
 from .models import AGENT_ID_RE, AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Load
 from .quarantine import RECORD, Quarantine
 from .redis_errors import RedisErrors
+from .redis_wire import pack_with_hiredis
 from .script_line import ScriptLine
 from .store_results import HeartbeatResult, SnapshotData, StoredVersions
 from .store_scripts import ACQUIRE, DELETE, REGISTER, RELEASE, UPDATE
@@ -122,6 +123,7 @@ class RegionStore:
             timeout=DEFAULT_POOL_TIMEOUT_S, retry=Retry(ExponentialBackoff(cap=0.5, base=0.01), retries=2),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
         )
+        pack_with_hiredis(pool)
         client = aioredis.Redis(connection_pool=pool)
         return cls(client, region=region, **options)  # type: ignore[arg-type]
 
