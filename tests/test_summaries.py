@@ -90,11 +90,12 @@ async def test_summaries_arrive_drive_spill_and_forwarded_lookups_fall_back(redi
             catalog_a = trio.federations[a].catalog
             assert catalog_a.peer(b).replicated and not catalog_a.peer(c).replicated
 
-            # Summaries arrive: a knows b's and c's capacity for the capability from them.
+            # Summaries arrive: a knows b's and c's capacity for the capability from them (a summary
+            # sent between b's registrations counts fewer: wait for one sent after all three).
             def summarized() -> bool:
-                views = [catalog_a.peer(peer).summary for peer in (b, c)]
-                return all(v is not None and CAPABILITY in v.capabilities and v.capabilities[CAPABILITY].healthy
-                           for v in views)
+                views = [(catalog_a.peer(peer).summary, healthy) for peer, healthy in ((b, 3), (c, 1))]
+                return all(view is not None and CAPABILITY in view.capabilities
+                           and view.capabilities[CAPABILITY].healthy == healthy for view, healthy in views)
 
             await wait_for(summarized, timeout_s=15, message="b's and c's summaries in a")
             await wait_for(lambda: len(catalog_a.peer(b).index.with_capability(CAPABILITY)) == 3, timeout_s=10,
