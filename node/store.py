@@ -31,6 +31,8 @@ whose record does not parse reads as that agent's deletion, reason ``quarantined
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 from collections.abc import AsyncIterator, Callable, Iterable
 
@@ -48,6 +50,7 @@ from .errors import Conflict, UnknownAgent, first_problem
 from .loads import parse_load
 from .models import AGENT_ID_RE, AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Load
 from .quarantine import RECORD, Quarantine
+from .read_ahead import read_ahead
 from .redis_errors import RedisErrors
 from .redis_wire import pack_with_hiredis
 from .script_line import ScriptLine
@@ -60,6 +63,7 @@ DEFAULT_CHANGE_STREAM_MAXLEN = 100_000
 _CAS_ATTEMPTS = 8
 _LEASE_BATCH = 1_000
 _SNAPSHOT_CHUNK = 2_000
+_PARSE_SLICE = 100  # records parsed between two turns of the event loop in a load
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_POOL_TIMEOUT_S = 5.0
 
@@ -292,15 +296,21 @@ class RegionStore:
         """
         version = await self.version()
         records: list[AgentRecord] = []
-        async for ids, raw_records, leases in self.chunks(chunk=chunk):
-            loads = await self.loads(ids)
-            for agent_id, raw, lease, load in zip(ids, raw_records, leases, loads):
-                record = self._parse_record(agent_id, raw, lease_expires_at_ms=int(lease or 0))
-                if record is not None:
-                    if load is not None:
-                        record.load = load
-                    records.append(record)
+        async with contextlib.aclosing(read_ahead(self._chunks_with_loads(chunk))) as chunks:
+            async for ids, raw_records, leases, loads in chunks:
+                for at, (agent_id, raw, lease, load) in enumerate(zip(ids, raw_records, leases, loads), 1):
+                    record = self._parse_record(agent_id, raw, lease_expires_at_ms=int(lease or 0))
+                    if record is not None:
+                        if load is not None:
+                            record.load = load
+                        records.append(record)
+                    if at % _PARSE_SLICE == 0:
+                        await asyncio.sleep(0)  # the next chunk's round trips go on meanwhile
         return SnapshotData(version=version, records=records)
+
+    async def _chunks_with_loads(self, chunk: int) -> AsyncIterator[tuple[list[str], list[str], list, list]]:
+        async for ids, raw_records, leases in self.chunks(chunk=chunk):
+            yield ids, raw_records, leases, await self.loads(ids)
 
     async def chunks(self, *, chunk: int = _SNAPSHOT_CHUNK) -> AsyncIterator[RecordChunk]:
         """Every stored record in HSCAN chunks: ``(agent ids, raw records, lease expiries)`` (a
@@ -444,7 +454,7 @@ class RegionStore:
     def _parse_record(self, agent_id: str, raw: str, *, lease_expires_at_ms: int | None) -> AgentRecord | None:
         """A stored record, or None (quarantined) when it does not parse."""
         try:
-            record = read_record(raw)
+            record = read_record(raw, lease_expires_at_ms=lease_expires_at_ms)
             if record.agent_id != agent_id:
                 raise ValueError(f"the record names agent {record.agent_id!r}")
         except ValueError as exc:  # pydantic's ValidationError included
@@ -452,8 +462,6 @@ class RegionStore:
             self.quarantine.add(RECORD, self.record_key(agent_id), _first_problem(exc), agent_id=agent_id)
             return None
         self.quarantine.resolve(self.record_key(agent_id))
-        if lease_expires_at_ms is not None:
-            record.lease_expires_at_ms = lease_expires_at_ms
         return record
 
     def vet_record_json(self, agent_id: str, raw: str) -> bool:

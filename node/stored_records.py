@@ -111,15 +111,21 @@ _STORED = TypeAdapter(_Stored)
 _MODELS = (("liveness_probe", Probe), ("readiness_probe", Probe), ("a2a", CardListing))
 
 
-def read_record(raw: str | bytes) -> AgentRecord:
+def read_record(raw: str | bytes, *, lease_expires_at_ms: int | None = None) -> AgentRecord:
     """The record stored as ``raw``, compact; raises pydantic's ``ValidationError`` (a
-    ``ValueError``) when it is not one."""
+    ``ValueError``) when it is not one. ``lease_expires_at_ms``: the lease to hold instead of the
+    one in ``raw`` (the store's leases set is the truth)."""
     try:
         data: dict[str, Any] = _STORED.validate_json(raw)  # type: ignore[assignment]
     except ValidationError:
         data = {}
     if "primary" not in data.get("endpoints", ()) or type(data["load"]["rps"]) is not float:
-        return compact(AgentRecord.model_validate_json(raw))  # pydantic's reading, or its error
+        record = compact(AgentRecord.model_validate_json(raw))  # pydantic's reading, or its error
+        if lease_expires_at_ms is not None:
+            record.lease_expires_at_ms = lease_expires_at_ms
+        return record
+    if lease_expires_at_ms is not None:
+        data["lease_expires_at_ms"] = lease_expires_at_ms
     data["capabilities"] = share_capabilities([_capability(item) for item in data["capabilities"]])
     load = data["load"]
     key = (load["queued"], load["inflight"], load["rps"])
