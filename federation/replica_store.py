@@ -247,7 +247,7 @@ class ReplicaStore:
                  quarantine: Quarantine | None = None) -> None:
         self.redis = redis
         self.region = region
-        self.quarantine = quarantine or Quarantine()
+        self.quarantine = quarantine if quarantine is not None else Quarantine()  # an empty one is falsy
         self.feed_maxlen = feed_maxlen
         self.key_base = f"{key_prefix}:{{{region}}}:fed"
         self.key_offsets = f"{self.key_base}:offsets"

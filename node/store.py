@@ -92,7 +92,7 @@ class RegionStore:
                  quarantine: Quarantine | None = None) -> None:
         self.redis = redis
         self.region = region
-        self.quarantine = quarantine or Quarantine()
+        self.quarantine = quarantine if quarantine is not None else Quarantine()  # an empty one is falsy
         base = f"{key_prefix}:{{{region}}}"
         self.key_agents = f"{base}:agents"
         self.key_leases = f"{base}:leases"
@@ -461,7 +461,8 @@ class RegionStore:
             # Only a foreign writer or a schema change can get here: skip it, say which key.
             self.quarantine.add(RECORD, self.record_key(agent_id), _first_problem(exc), agent_id=agent_id)
             return None
-        self.quarantine.resolve(self.record_key(agent_id))
+        if self.quarantine:  # something is held: this key's value may have been one of them
+            self.quarantine.resolve(self.record_key(agent_id))
         return record
 
     def vet_record_json(self, agent_id: str, raw: str) -> bool:

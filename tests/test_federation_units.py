@@ -456,3 +456,15 @@ def test_build_node_attaches_federation_only_with_peers(redis_url: str, region: 
     federated = build_node(pair.topology.node_config(pair.names[0]), secret=TEST_SECRET, topology=pair.topology)
     assert isinstance(federated.router.remote, PeerCatalog)
     assert [peer.region for peer in federated.router.remote.peers()] == [pair.names[1]]
+
+
+async def test_the_replica_store_quarantines_into_the_nodes_quarantine(redis_url: str, region: str) -> None:
+    """What a peer's replica does not parse is listed where the node's own is (/v1/admin/quarantine,
+    agent_reach_quarantined): the store's quarantine is handed over even while it is empty."""
+    store = RegionStore.from_url(redis_url, region=region)
+    try:
+        replica_store = ReplicaStore(store.redis, region=region, key_prefix="ar", feed_maxlen=1_000,
+                                     quarantine=store.quarantine)
+        assert not store.quarantine and replica_store.quarantine is store.quarantine
+    finally:
+        await store.aclose()
