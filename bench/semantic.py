@@ -141,15 +141,16 @@ EVAL_SUITE = (
 )
 
 # Ways of forming an owner's score, each printed with its vector, lexical and hybrid rankings:
-# the default, the default less one of its query-side steps or the example lift, and each level
-# (capabilities, agent vector) alone in the cosine (the coverage is the agent document's in all).
+# the default, the default less one of its query-side steps or the example lift (which names the
+# matched capability only), and each level alone in the cosine: the closest capability or example
+# request, the agent vector (the coverage is the agent document's in all).
 VARIANTS: dict[str, dict[str, object]] = {
     "default": {},
     "no spelling fix": {"correct_spelling": False},
     "no opening strip": {"strip_request_openings": False},
     "no example lift": {"example_weight": 0.0},
-    "capabilities only": {"agent_vector_weight": 0.0, "agent_lexical_weight": 0.0},
-    "agent level only": {"agent_vector_weight": 1.0, "agent_lexical_weight": 1.0},
+    "closest part only": {"agent_vector_weight": 0.0},
+    "agent level only": {"agent_vector_weight": 1.0},
 }
 RANKINGS = (Ranking.VECTOR, Ranking.LEXICAL, Ranking.HYBRID)
 LEXICAL_MODE = "lexical mode"  # semantic_enabled=False: what a node without torch serves
@@ -180,11 +181,28 @@ async def relevance(embedder: Embedder, suite: Sequence[EvalSuiteEntry] = EVAL_S
     return table
 
 
-REFUSAL_CURVE = (0.12, 0.14, 0.16, 0.18, 0.20, 0.22)
+REFUSAL_CURVE = (0.16, 0.18, 0.19, 0.20, 0.205, 0.21, 0.22)
+MAX_REFUSED = 0.05  # the share of answerable queries a threshold may refuse on the tuning set
+THRESHOLD_STEP = 0.005
 
 
 def _share(scores: Sequence[float], threshold: float, *, below: bool) -> float:
     return sum(1 for score in scores if (score < threshold) == below) / max(len(scores), 1)
+
+
+def refusal_threshold(answerable: Sequence[float], unanswerable: Sequence[float], *,
+                      max_refused: float = MAX_REFUSED, step: float = THRESHOLD_STEP) -> float:
+    """The threshold (a multiple of ``step``) that routes the fewest ``unanswerable`` top scores
+    while refusing at most ``max_refused`` of the ``answerable`` ones; the lowest such one."""
+    best_threshold, best_routed = 0.0, float("inf")
+    for multiple in range(round(1.0 / step) + 1):
+        threshold = round(multiple * step, 6)
+        if _share(answerable, threshold, below=True) > max_refused:
+            break  # refusal only grows with the threshold
+        routed = _share(unanswerable, threshold, below=False)
+        if routed < best_routed:
+            best_threshold, best_routed = threshold, routed
+    return best_threshold
 
 
 def print_thresholds(table: Mapping[tuple[str, str, str, str], EvalMetrics]) -> None:
@@ -201,8 +219,10 @@ def print_thresholds(table: Mapping[tuple[str, str, str, str], EvalMetrics]) -> 
               f"max={max(nobody):.3f}; refused {metrics.refused_answerable:.3f} of answerable, routed "
               f"{metrics.routed_unanswerable:.3f} of unanswerable")
         if variant == "default":
+            print("  " + " " * 16 + f" the threshold this set picks (fewest routed, <= {MAX_REFUSED:.0%} refused): "
+                  f"{refusal_threshold(answerable, nobody):.3f}")
             print("  " + " " * 16 + " other thresholds (refused/routed): " + "  ".join(
-                f"{threshold:.2f}: {_share(answerable, threshold, below=True):.3f}/"
+                f"{threshold:.3f}: {_share(answerable, threshold, below=True):.3f}/"
                 f"{_share(nobody, threshold, below=False):.3f}" for threshold in REFUSAL_CURVE))
 
 

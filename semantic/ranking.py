@@ -16,12 +16,18 @@ and the cost is that of the matrix products, not of a Python loop per candidate.
 
 The formula (weights in :class:`Weights`, chosen in ``semantic/search.py``'s docstring)::
 
-    cosine(C)  = (1 - example_weight) * cos(C) + example_weight * max(cos(C), best example of C)
+    best(C)    = max(cos(C), cos(each example request of C))
+    closest    = max over the owner's capabilities C of best(C)    (its closest capability or example)
+    cosine(C)  = (1 - example_weight) * cos(C) + example_weight * best(C)
     part(x)    = vector_weight * cosine + (1 - vector_weight) * coverage        (hybrid)
-    C          = the capability of the owner with the best part(cosine(C), coverage(C))
-    cosine     = agent_vector_weight  * cos(agent doc)      + (1 - agent_vector_weight)  * cosine(C)
+    C          = the capability of the owner with the best part(cosine(C), coverage(C)): the one named
+    cosine     = agent_vector_weight  * cos(agent doc)      + (1 - agent_vector_weight)  * closest
     coverage   = agent_lexical_weight * coverage(agent doc) + (1 - agent_lexical_weight) * coverage(C)
     score      = part(cosine, coverage)   (Ranking.VECTOR: cosine; Ranking.LEXICAL: coverage)
+
+The agent vector says what the agent is as a whole; ``closest`` is a max-similarity over its
+single texts (people ask the way its example requests are written). Examples still lift the
+capability they belong to when the matched capability is chosen.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import numpy as np
 from .lexical import LexicalScores
 
 __all__ = ["Ranking", "SearchHit", "Weights", "OwnerLayout", "QuerySignals", "rank_owners", "ExampleGroups",
-           "lifted_cosines"]
+           "best_cosines"]
 
 
 class Ranking(str, Enum):
@@ -98,17 +104,15 @@ class ExampleGroups:
         return cls(order=order, starts=starts, capability_rows=sorted_rows[starts])
 
 
-def lifted_cosines(capability_cosines: np.ndarray, example_cosines: np.ndarray, groups: ExampleGroups,
-                   example_weight: float) -> np.ndarray:
-    """``cosine(C)`` of the module docstring for every capability row at once (one reduction per
+def best_cosines(capability_cosines: np.ndarray, example_cosines: np.ndarray, groups: ExampleGroups) -> np.ndarray:
+    """``best(C)`` of the module docstring for every capability row at once (one reduction per
     capability run, no Python loop)."""
-    if not len(example_cosines) or example_weight <= 0.0:
+    if not len(example_cosines):
         return capability_cosines
     closest = np.maximum.reduceat(example_cosines[groups.order], groups.starts)
-    lifted = capability_cosines.copy()
-    own = capability_cosines[groups.capability_rows]
-    lifted[groups.capability_rows] = own + example_weight * np.maximum(closest - own, 0.0)
-    return lifted
+    best = capability_cosines.copy()
+    best[groups.capability_rows] = np.maximum(capability_cosines[groups.capability_rows], closest)
+    return best
 
 
 @dataclass(frozen=True)
@@ -171,11 +175,13 @@ def _positions(keys: Sequence[str], position_of: Callable[[str], int | None]) ->
 
 @dataclass(frozen=True)
 class QuerySignals:
-    """One query's raw signals: cosines by vector row (None without a query vector; the
-    capability ones already lifted by examples) and BM25 scores (None for the vector ranking)."""
+    """One query's raw signals: cosines by vector row (None without a query vector; with
+    ``capability_best``, :func:`best_cosines`, by capability row too) and BM25 scores (None for
+    the vector ranking)."""
 
     agent_cosines: np.ndarray | None
     capability_cosines: np.ndarray | None
+    capability_best: np.ndarray | None
     agent_lexical: LexicalScores | None
     capability_lexical: LexicalScores | None
 
@@ -210,13 +216,15 @@ def rank_owners(layout: OwnerLayout, signals: QuerySignals, *, weights: Weights,
     agent_cosine, agent_has = _cosines(signals.agent_cosines, layout.agent_rows)
     agent_coverage = _coverages(signals.agent_lexical, layout.agent_slots)
     entry_cosine, entry_has = _cosines(signals.capability_cosines, layout.entry_rows)
+    entry_best, _ = _cosines(signals.capability_best, layout.entry_rows)
     entry_coverage = _coverages(signals.capability_lexical, layout.entry_slots)
 
-    best_cosine, best_has, best_coverage = agent_cosine.copy(), agent_has.copy(), agent_coverage.copy()
+    closest, best_has, best_coverage = agent_cosine.copy(), agent_has.copy(), agent_coverage.copy()
     best_entry = np.full(owners, -1, dtype=np.int64)
     touched = agent_coverage > 0.0  # without vectors, an owner must share a word with the query
     if len(layout.entry_doc_ids):
-        entry_part = _part(weights, ranking, entry_cosine, entry_has, entry_coverage)
+        lifted = entry_cosine + weights.example * (entry_best - entry_cosine)
+        entry_part = _part(weights, ranking, lifted, entry_has, entry_coverage)
         lengths = np.diff(np.r_[layout.group_starts, len(entry_part)])
         top = np.maximum.reduceat(entry_part, layout.group_starts)
         maxima = np.flatnonzero(entry_part == np.repeat(top, lengths))
@@ -224,14 +232,15 @@ def rank_owners(layout: OwnerLayout, signals: QuerySignals, *, weights: Weights,
         first = maxima[np.r_[True, group_of[1:] != group_of[:-1]]]  # the first best entry of each group
         holders = layout.group_owners
         best_entry[holders] = first
-        best_cosine[holders], best_has[holders] = entry_cosine[first], entry_has[first]
+        closest[holders] = np.fmax.reduceat(entry_best, layout.group_starts)  # NaN: no vector
+        best_has[holders] = np.maximum.reduceat(entry_has, layout.group_starts)
         best_coverage[holders] = entry_coverage[first]
         touched[holders] |= np.maximum.reduceat(entry_coverage > 0.0, layout.group_starts)
     has_capability = best_entry >= 0
     vector_share = np.where(has_capability, weights.agent_vector, 1.0)
     lexical_share = np.where(has_capability, weights.agent_lexical, 1.0)
     has_cosine = agent_has & best_has
-    cosine = vector_share * agent_cosine + (1.0 - vector_share) * best_cosine
+    cosine = vector_share * agent_cosine + (1.0 - vector_share) * closest
     coverage = lexical_share * agent_coverage + (1.0 - lexical_share) * best_coverage
     score = _part(weights, ranking, cosine, has_cosine, coverage)
 

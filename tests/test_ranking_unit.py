@@ -138,3 +138,24 @@ async def test_lexical_mode_ranks_by_words_only() -> None:
     assert result.hits[0].vector_score is None and embedder.encoded == 0  # no embedder at all
     with pytest.raises(ValueError):
         await search.search("x", 0)
+
+
+async def test_cosine_is_the_agent_vector_blended_with_its_closest_text() -> None:
+    owner = "eu/lang.legal.desk"
+    documents = [
+        Document.for_capability(owner_id=owner, name="translate.text", description="Translate English text",
+                                examples=("render this Chinese contract clause",)),
+        Document.for_capability(owner_id=owner, name="invoice.extract", description="Read the invoice total"),
+    ]
+    embedder = ConceptEmbedder()
+    async with SemanticSearch(embedder=embedder) as search:  # type: ignore[arg-type]
+        await search.upsert_owner(owner, documents)
+        hit = (await search.search("chinese contract", k=1)).hits[0]
+        vectors = await embedder.encode(search.embedding_texts(documents))
+        query = (await embedder.encode(["chinese contract"]))[0]
+    mean = vectors.mean(axis=0)
+    agent_cosine = float(query @ (mean / np.linalg.norm(mean)))
+    closest = float(max(vectors @ query))  # the example request is the closest text here
+    assert closest > float(vectors[0] @ query)
+    assert hit.vector_score == pytest.approx(0.7 * agent_cosine + 0.3 * closest, abs=1e-5)
+    assert hit.capability == "translate.text"  # the example's capability is the one named
