@@ -12,7 +12,7 @@ import hashlib
 import importlib.util
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
@@ -192,6 +192,9 @@ class Embedder:
         self._executor: ThreadPoolExecutor | None = None
         self._load_lock = asyncio.Lock()
         self.stats = EmbedderStats()
+        # Called in the event loop once the model is loaded (the node's command line freezes the
+        # collector's view then: the model's objects live as long as the process).
+        self.on_loaded: Callable[[], object] | None = None
 
     @property
     def model_id(self) -> str:
@@ -240,6 +243,8 @@ class Embedder:
             model, dimension = await loop.run_in_executor(self._executor, self._load_blocking)
             self._model, self._dimension = model, dimension
             self._state = EmbedderState.READY
+            if self.on_loaded is not None:
+                self.on_loaded()
 
     def _load_blocking(self) -> tuple[Any, int]:
         _force_offline()

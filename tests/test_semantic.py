@@ -7,6 +7,7 @@ The model is loaded once per session; the relevance figures are printed (run wit
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 import json
 import math
@@ -26,6 +27,7 @@ import redis
 import redis.asyncio
 
 from bench.semantic import EVAL_SUITE, LEXICAL_MODE, print_thresholds, relevance
+from node.loopwatch import freeze_long_lived
 from semantic import (
     DEFAULT_MODEL_ID,
     SUGGESTED_MIN_SCORE_HYBRID,
@@ -732,3 +734,20 @@ async def test_example_requests_count_for_their_agent_and_leave_with_it(embedder
         again = (await facade.search(query, k=1)).hits[0]
         assert again.vector_score == pytest.approx(plain.vector_score, abs=1e-5)
         assert facade.embedding_texts([close((example,))])[1] == example
+
+
+async def test_the_embedder_calls_on_loaded_once_its_model_is_in() -> None:
+    """The hook the node's command line freezes the collector's view from (node.loopwatch.
+    freeze_long_lived): called in the loop once the model is loaded, and not again."""
+    calls: list[int] = []
+    fresh = Embedder()
+    fresh.on_loaded = lambda: calls.append(gc.get_freeze_count())
+    assert calls == []
+    async with fresh:  # loads the model
+        assert len(calls) == 1
+        await fresh.load()  # loaded already: nothing more
+        assert len(calls) == 1
+    frozen = gc.get_freeze_count()
+    freeze_long_lived()
+    assert gc.get_freeze_count() > frozen  # everything alive now is frozen, nothing was collected
+    gc.unfreeze()  # leave the test process as it was

@@ -39,13 +39,13 @@ from node.credentials import SigningKeyError
 from node.egress import EgressPolicy
 from node.envconfig import merge_settings, settings_from_env, variable_of
 from node.errors import NodeError, first_problem
-from node.loopwatch import FreezeOnGrowth, collector_paused, tune_gc
+from node.loopwatch import FreezeOnGrowth, collector_paused, freeze_long_lived, tune_gc
 from node.models import TokenRole
 from node.redact import mask_url
 from node.security import DEFAULT_TOKEN_TTL_S, SecretError, Signer, load_secret
 from node.service import RegistryNode
 
-from ..composition import build_node
+from ..composition import SemanticDiscovery, build_node
 from ..embedded import (
     DataDirError,
     DataDirLock,
@@ -233,6 +233,8 @@ async def _start(args: argparse.Namespace, plan: _Plan,
                                                "allow": [*config.egress.allow, *args.egress_allow]})
         config = config.model_copy(update={"egress": egress})
     built = build_node(config, secret=plan.secret, topology=plan.topology, bootstrap_servers=args.kafka)
+    if isinstance(built.searcher, SemanticDiscovery) and built.searcher.search_index.embedder is not None:
+        built.searcher.search_index.embedder.on_loaded = freeze_long_lived  # loaded after start, once
     drain = Drain()
     built.extensions.append(drain.install)
     with collector_paused():
