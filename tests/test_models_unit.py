@@ -88,14 +88,16 @@ def _nested(depth: int) -> Any:
     return value
 
 
-@pytest.mark.parametrize("payload", [2**63, -(2**63) - 1, float("inf"), float("nan"), _nested(40)])
+@pytest.mark.parametrize("payload", [2**63, -(2**63) - 1, float("inf"), float("nan"), _nested(40),
+                                     9.825180693579316e+274, -1e19])  # whole, as JSON Schema counts
 def test_envelope_payloads_are_json_every_encoder_carries(payload: Any) -> None:
     with pytest.raises(ValidationError):
         Envelope(operation="x.y", payload=payload)
 
 
 def test_envelope_payloads_in_range_pass_untouched() -> None:
-    payload = {"n": INT64_MAX, "m": -(2**63), "f": 1.5, "nested": [{"a": None, "b": True}], "s": "你好"}
+    payload = {"n": INT64_MAX, "m": -(2**63), "f": 1.5, "tiny": 1.5e-300, "whole": 3.0e18,
+               "nested": [{"a": None, "b": True}], "s": "你好"}
     assert Envelope(operation="x.y", payload=payload).payload == payload
 
 

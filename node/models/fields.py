@@ -69,8 +69,8 @@ def check_url(value: str, *, schemes: tuple[str, ...] = ("http", "https")) -> st
 def check_json_value(value: object, *, _depth: int = 0) -> object:
     """Free-form JSON (payloads, extensions) limited to what every encoder carries.
 
-    Integers must fit int64 and floats be finite (orjson, Redis and Kafka consumers all
-    refuse or mangle the rest); nesting is bounded.
+    Integers must fit int64 — whole numbers written as floats (1e300) too — and floats be
+    finite (orjson, Redis and Kafka consumers all refuse or mangle the rest); nesting is bounded.
     """
     if _depth > MAX_JSON_DEPTH:
         raise ValueError(f"is nested deeper than {MAX_JSON_DEPTH} levels")
@@ -83,6 +83,10 @@ def check_json_value(value: object, *, _depth: int = 0) -> object:
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError("holds NaN or an infinite number")
+        if value.is_integer() and not -INT64_MAX - 1 <= value <= INT64_MAX:
+            # JSON (and the spec's JSON Schema) calls 1e300 an integer, whatever its spelling: a
+            # consumer decoding it as one would overflow, as with an integer literal this large.
+            raise ValueError("holds a whole number outside the 64-bit range")
         return value
     if isinstance(value, list):
         for item in value:
