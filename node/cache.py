@@ -74,8 +74,7 @@ class AgentIndex:
     def put(self, record: AgentRecord) -> AgentRecord | None:
         """Insert or replace (a compact equal of ``record`` is held: ``node.compact``); returns the
         record it replaced."""
-        record = compact(record)
-        record.__dict__["load"] = share_load(record.load)  # a reader may have set a load of its own
+        record = _held(record)
         previous = self.records.get(record.agent_id)
         if previous is not None:
             self._unindex(previous)
@@ -188,8 +187,7 @@ class AgentIndex:
         held = self.records
         by_capability = self.by_capability
         for record in records:
-            record = compact(record)
-            record.__dict__["load"] = share_load(record.load)
+            record = _held(record)
             previous = held.get(record.agent_id)
             if previous is not None:  # the same agent twice: the last one counts, as with put
                 self._unindex(previous)
@@ -333,3 +331,11 @@ class RegionCache(StreamFollower[ChangeEvent]):
             log.warning("region %s: %d of %d leases passed at once; lazy expiry %s", self.store.region, passed,
                         total, "suspended (self-preservation)" if preserving else "resumed")
         self.preserving = preserving
+
+
+def _held(record: AgentRecord) -> AgentRecord:
+    """The compact equal of ``record`` that the index holds, with its load shared (a reader may
+    have set a load of its own on it)."""
+    record = compact(record)
+    record.__dict__["load"] = share_load(record.load)
+    return record

@@ -32,14 +32,13 @@ PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/openapi.json",
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def guard(node: RegistryNode, in_flight: InFlight | None = None) -> Middleware:
+def guard(node: RegistryNode, in_flight: InFlight) -> Middleware:
     """Authentication, the per-caller rate limit, the JSON error shape, the request count and
     latency, the access log (``NodeConfig.access_log``, logger ``agent_reach.access``), and the
     count of requests in flight that a drain waits for (one middleware: each layer costs every
     request a coroutine)."""
     limiter = RateLimiter(rate_per_s=node.config.rate_limit_rps, burst=node.config.rate_limit_burst)
     access_log = logging.getLogger(ACCESS_LOGGER) if node.config.access_log else None
-    in_flight = in_flight or InFlight()
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:

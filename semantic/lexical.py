@@ -194,14 +194,12 @@ class LexicalScores:
         slots: np.ndarray,
         totals: np.ndarray,
         ceiling: float,
-        slot_of: dict[str, int],
         doc_id_at: list[str | None],
     ) -> None:
         self.ceiling = ceiling
         self.scores = totals[slots]  # aligned with doc_ids
         self.doc_ids: Sequence[str] = _SlotIds(slots, doc_id_at)
         self._totals = totals
-        self._slot_of = slot_of
 
     def __len__(self) -> int:
         return len(self.scores)
@@ -219,13 +217,6 @@ class LexicalScores:
         present = (slots >= 0) & (slots < len(self._totals))
         totals = self._totals[np.where(present, slots, 0)].astype(np.float64)
         return np.where(present, totals / self.ceiling, 0.0)
-
-    def coverage_of(self, doc_id: str) -> float:
-        """Coverage of one document (0.0 when it shares no term with the query)."""
-        slot = self._slot_of.get(doc_id)
-        if slot is None or self.ceiling <= 0.0 or slot >= len(self._totals):
-            return 0.0
-        return float(self._totals[slot]) / self.ceiling
 
 
 def _drop_slot(postings: array[int], slot: int) -> None:
@@ -349,7 +340,7 @@ class LexicalIndex:
         if not terms or count == 0:
             return LexicalScores(
                 slots=np.zeros(0, dtype=np.int64), totals=np.zeros(0, dtype=np.float32), ceiling=0.0,
-                slot_of=self._slot_of, doc_id_at=self._doc_id_at,
+                doc_id_at=self._doc_id_at,
             )
         average_length = max(self._total_length / count, 1.0)
         totals = np.zeros(len(self._doc_id_at), dtype=np.float32)
@@ -374,7 +365,7 @@ class LexicalIndex:
             touched[slots] = True
         return LexicalScores(
             slots=np.flatnonzero(touched), totals=totals, ceiling=ceiling,
-            slot_of=self._slot_of, doc_id_at=self._doc_id_at,
+            doc_id_at=self._doc_id_at,
         )
 
     def top_k(
