@@ -483,6 +483,11 @@ class RegistryNode:
               lambda: len(self.store.quarantine))
         counter("agent_reach_quarantined_values", "Stored values quarantined since start",
                 lambda: self.store.quarantine.total)
+        for kind, coalescer in self.store.write_batches.items():  # register: registrations; update: the rest
+            counter(f"agent_reach_store_{kind}_scripts", f"{kind.upper()} scripts sent to Redis (coalesced writes)",
+                    lambda coalescer=coalescer: coalescer.batches)
+            counter(f"agent_reach_store_{kind}_writes", f"Writes those {kind.upper()} scripts carried "
+                    "(divided by the scripts: the mean batch)", lambda coalescer=coalescer: coalescer.items)
 
 
 __all__ = ["RegistryNode", "NodeState"]

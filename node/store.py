@@ -109,6 +109,9 @@ class RegionStore:
             self._flush_registers, name=f"store-registers-{region}")
         self._updates: Coalescer[list[object], tuple[int, str]] = Coalescer(
             self._flush_updates, name=f"store-updates-{region}")
+        # What /metrics shows of them: scripts sent and writes carried, by kind (their ratio: the mean batch).
+        self.write_batches: dict[str, Coalescer[list[object], object]] = {
+            "register": self._registers, "update": self._updates}  # type: ignore[dict-item]
         self._written = WrittenRecords()  # read back from the stream without validating again
         self._delete = redis.register_script(DELETE)
         self._acquire = redis.register_script(ACQUIRE)

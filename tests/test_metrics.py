@@ -34,6 +34,9 @@ async def test_metrics_lint_clean_and_every_node_family_moves(node_factory, regi
     before = parse_samples(await _scrape(running))
     await running.register(registration("alpha.one.v1", capability="translate.text"))
     await running.register({**registration("short.lived.v1", capability="ocr.image"), "lease_ttl_ms": 1_000})
+    for _ in range(2):
+        status, _ = await running.call("PUT", "/v1/agents/alpha.one.v1/heartbeat", json={})
+        assert status == 200
     status, _ = await running.resolve(capability="translate.text")
     assert status == 200
     status, _ = await running.resolve(capability="nobody.offers")
@@ -68,6 +71,11 @@ async def test_metrics_lint_clean_and_every_node_family_moves(node_factory, regi
     assert moved("agent_reach_auth_refusals_total", code="invalid_token") == 1
     assert moved("agent_reach_resolves_total", result="ok") == 1
     assert moved("agent_reach_registrations_total") == 2
+    # The coalesced store writes: every registration went in some REGISTER script, one or more per script.
+    assert moved("agent_reach_store_register_writes_total", region=region) == 2
+    assert 1 <= moved("agent_reach_store_register_scripts_total", region=region) <= 2
+    assert moved("agent_reach_store_update_writes_total", region=region) == 2  # the heartbeats, one at a time
+    assert moved("agent_reach_store_update_scripts_total", region=region) == 2
     # Counters read at scrape time are counters (_total), not gauges.
     assert moved("agent_reach_leases_expired_total", region=region) >= 1
     assert ("agent_reach_leases_expired", frozenset({("region", region)})) not in after
