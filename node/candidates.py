@@ -355,6 +355,7 @@ class CandidateTables:
             screening.ejected = ejected = ejected[len(ejected) - allowed:]
         if ejected:
             screening.rejected["circuit_open"] = len(ejected)
+            screening.reasons.update((record.agent_id, "circuit_open") for record, _ in ejected)
 
     def _weigh(self, admitted: Matched, source: Source, table: Table, *, now_ms: int) -> None:
         """Add the admitted agents of positive effective weight to ``table``'s candidates, in order
@@ -444,6 +445,22 @@ def version_of(record: AgentRecord, capability: str | None) -> str | None:
 
 def caller_allowed(record: AgentRecord, caller: TokenClaims) -> bool:
     return may_see(caller, record.agent_id, record.allowed_callers)
+
+
+def as_seen_by(table: Table, index: AgentIndex, caller: TokenClaims) -> Table:
+    """``table``'s counts without the agents it rejected that ``caller`` may not see: a refusal's
+    reasons ("1 matched, none routable (1 draining)") must not tell that they exist. Read on the
+    way to a refusal only (a walk of the rejected agents)."""
+    hidden: dict[str, int] = {}
+    for agent_id, reason in table.reasons.items():
+        record = index.get(agent_id)
+        if record is not None and record.allowed_callers and not caller_allowed(record, caller):
+            hidden[reason] = hidden.get(reason, 0) + 1
+    if not hidden:
+        return table
+    rejected = {reason: count - hidden.get(reason, 0) for reason, count in table.rejected.items()}
+    return replace(table, matched=table.matched - sum(hidden.values()),
+                   rejected={reason: count for reason, count in rejected.items() if count > 0})
 
 
 def route_target(record: AgentRecord, source: Source) -> dict[str, object]:

@@ -45,6 +45,7 @@ from .candidates import (
     Source,
     Table,
     WeightFactor,
+    as_seen_by,
     caller_allowed,
 )
 from .clock import now_ms
@@ -286,7 +287,7 @@ class Router:
         itself = caller.sub in table.agent_ids
         if not (table.has_acl or request.exclude or itself):
             if not table.candidates:
-                reasons[source.label] = self._why_empty(request, table)
+                reasons[source.label] = self._why_empty(request, as_seen_by(table, source.index, caller))
             return table.level
         excluded = set(request.exclude)
         visible = table.candidates
@@ -304,7 +305,7 @@ class Router:
                 rejected["excluded"] = others
             table = replace(table, rejected=rejected, matched=table.matched - (len(table.candidates) - len(visible)))
         if not candidates:
-            reasons[source.label] = self._why_empty(request, table)
+            reasons[source.label] = self._why_empty(request, as_seen_by(table, source.index, caller))
         return Level(name=source.region, candidates=candidates, registered_weight=table.registered_weight,
                      stale=source.stale)
 

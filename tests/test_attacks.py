@@ -1,0 +1,56 @@
+"""Attacks on a live node (round 21): each test is one that worked on main before its fix.
+
+Real HTTP against a real node on the test redis-server; the attacker holds a valid caller or
+agent token (or none) and nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from node.models import TokenRole
+
+from .helpers import RunningNode, registration
+
+
+async def _stages(node: RunningNode, token: str, **request: Any) -> dict[str, str]:
+    status, body = await node.resolve(token, **request)
+    assert status == 404 and body["error"] == "no_agent_available", body
+    return body["details"]["stages"]
+
+
+async def test_a_refused_resolve_does_not_count_agents_the_caller_may_not_see(node: RunningNode) -> None:
+    # A restricted agent that is not routable (draining, wrong labels, no such tag) was counted
+    # in the refusal's reasons: "1 matched, none routable (1 draining)" told a caller outside its
+    # allowed_callers that the agent exists, and its state; an unknown id says "no agent …".
+    await node.register(registration("vault.keys.hidden", capability="vault.open", status="draining",
+                                     labels={"tier": "gold"}, allowed_callers=["finance.*.*"]))
+    await node.register(registration("vault.keys.public", capability="vault.list"))
+    eve = node.token("eve.outside.caller", TokenRole.CALLER)
+    insider = node.token("finance.books.caller", TokenRole.CALLER)
+
+    assert await _stages(node, eve, agent_id="vault.keys.hidden") == {"local": "no agent vault.keys.hidden"}
+    assert await _stages(node, eve, agent_id="vault.keys.nobody") == {"local": "no agent vault.keys.nobody"}
+    assert await _stages(node, eve, capability="vault.open") == {"local": "no agent has capability 'vault.open'"}
+    assert await _stages(node, eve, pattern="vault.keys.*", labels={"tier": "gold"}) == {
+        "local": "1 matched, none routable (1 labels)"}  # the public one: the hidden one is not counted
+    assert await _stages(node, eve, pattern="vault.*.*", tags=["nothing"]) == {
+        "local": "no agent offers a capability tagged nothing (1 without the tags)"}
+    # Whoever may see it is still told why it is not routable.
+    assert await _stages(node, insider, agent_id="vault.keys.hidden") == {
+        "local": "1 matched, none routable (1 draining)"}
+    assert await _stages(node, insider, capability="vault.open") == {"local": "1 matched, none routable (1 draining)"}
+
+
+async def test_a_refusal_does_not_tell_that_a_hidden_agent_s_breaker_is_open(node: RunningNode) -> None:
+    await node.register(registration("vault.keys.broken", capability="vault.break", allowed_callers=["finance.*.*"]))
+    eve = node.token("eve.outside.caller", TokenRole.CALLER)
+    insider = node.token("finance.books.caller", TokenRole.CALLER)
+    status, ticket = await node.resolve(insider, agent_id="vault.keys.broken")
+    assert status == 200, ticket
+    report = {"signature": ticket["signature"], "agent_id": "vault.keys.broken", "outcome": "failure"}
+    status, _ = await node.call("POST", "/v1/reports", json={"reports": [report] * 10}, token=insider)
+    assert status == 200
+    assert await _stages(node, insider, agent_id="vault.keys.broken") == {
+        "local": "1 matched, none routable (1 circuit_open)"}
+    assert await _stages(node, eve, agent_id="vault.keys.broken") == {"local": "no agent vault.keys.broken"}
