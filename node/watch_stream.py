@@ -6,13 +6,15 @@ The stream opens with ``hello`` (the region and its version), replays the change
 may see (the record's audience), with ``: keep-alive`` comments while idle. A watcher that falls
 behind gets ``overflow`` and the end of the stream; so does every watcher when the app shuts
 down (:func:`end_watches`). A stream whose token is revoked meanwhile (``node.revocation``) gets
-``revoked`` and ends at its next event or keep-alive. The events are documented in ``node.openapi.watch_events``.
+``revoked`` and ends at its next event or keep-alive; one whose token expires meanwhile gets
+``expired`` and ends at that instant. The events are documented in ``node.openapi.watch_events``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 
 import orjson
@@ -47,13 +49,19 @@ async def watch(request: web.Request) -> web.StreamResponse:
             if accept(event):
                 await response.write(_sse("change", event.model_dump(mode="json"), event_id=event.version))
             last = event.version
+        expires_at_s = request[CALLER].exp
         while True:
             try:
-                event = await asyncio.wait_for(subscription.queue.get(), timeout=SSE_KEEPALIVE_S)
+                # Woken at the token's expiry too: the stream ends with it, as a request would be refused.
+                timeout_s = min(SSE_KEEPALIVE_S, max(0.0, expires_at_s - time.time()))
+                event = await asyncio.wait_for(subscription.queue.get(), timeout=timeout_s)
             except TimeoutError:
                 event = _IDLE
             if _revoked(node, request):
                 await response.write(_sse("revoked", {"message": "the token was revoked"}))
+                break
+            if time.time() >= expires_at_s:
+                await response.write(_sse("expired", {"message": "the token has expired; issue a new one"}))
                 break
             if event is _IDLE:
                 await response.write(b": keep-alive\n\n")

@@ -6,11 +6,12 @@ agent token (or none) and nothing else.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from node.models import TokenRole
 
-from .helpers import RunningNode, registration
+from .helpers import RunningNode, Watcher, registration, wait_for
 
 
 async def _stages(node: RunningNode, token: str, **request: Any) -> dict[str, str]:
@@ -54,3 +55,19 @@ async def test_a_refusal_does_not_tell_that_a_hidden_agent_s_breaker_is_open(nod
     assert await _stages(node, insider, agent_id="vault.keys.broken") == {
         "local": "1 matched, none routable (1 circuit_open)"}
     assert await _stages(node, eve, agent_id="vault.keys.broken") == {"local": "no agent vault.keys.broken"}
+
+
+async def test_a_watch_ends_when_its_token_expires(node: RunningNode) -> None:
+    # A token is refused once expired, but a /v1/watch stream opened before went on for ever
+    # (keep-alives every 15 s, every change after): a short-lived token bought a lifelong feed.
+    token = node.token("short.lived.watcher", TokenRole.CALLER, ttl_s=2)
+    expires_at_s = node.node.signer.verify(token).exp
+    async with Watcher(node.session, "/v1/watch", token) as watcher:
+        assert watcher.kinds() == ["hello"]
+        await wait_for(lambda: watcher.ended, timeout_s=5, message="the stream ending with its token")
+        ended_at_s = time.time()
+        await node.register(registration("lang.translate.late"))
+    assert watcher.kinds() == ["hello", "expired"]
+    assert expires_at_s <= ended_at_s < expires_at_s + 1.5
+    status, body = await node.call("GET", "/v1/agents", token=token)
+    assert (status, body["error"]) == (401, "token_expired")

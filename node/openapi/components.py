@@ -52,14 +52,14 @@ from .shapes import (
     VectorRequest,
     VectorResponse,
 )
-from .watch_events import WatchHello, WatchOverflow, WatchRevoked, watch_event_schema
+from .watch_events import WatchExpired, WatchHello, WatchOverflow, WatchRevoked, watch_event_schema
 
 _MODELS: list[type[BaseModel]] = [
     Registration, RegisterResponse, Heartbeat, HeartbeatResponse, Load, LoadReportResponse, AgentRecord, AgentList, RouteRequest,
     RouteTicket, OutcomeReport, OutcomeReports, Snapshot, ErrorBody, SearchResponse, CardRegistration, Envelope,
     SendAccepted, RouteEvents, Trace, Policy, ChangeEvent, Deregistered, Accepted, Regions, QuarantineList,
     VectorRequest, VectorResponse, FederationStatus, ExportedAgentCard, Health, Ready, Unready, WatchHello,
-    WatchOverflow, WatchRevoked, CredentialRequest, IssuedCredential, KeySet, KeyRotated, Breakers, TokenRevoked, RevocationRequest,
+    WatchOverflow, WatchRevoked, WatchExpired, CredentialRequest, IssuedCredential, KeySet, KeyRotated, Breakers, TokenRevoked, RevocationRequest,
     AgentDecisions,
 ]
 

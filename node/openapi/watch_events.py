@@ -1,7 +1,7 @@
 """The server-sent events of ``GET /v1/watch`` as the document describes them (``WatchEvent``,
 the stream's ``itemSchema``): ``hello`` first, then one ``change`` (a
 :class:`~node.models.ChangeEvent`) per event, ``overflow`` when a watcher fell behind,
-``revoked`` when the watcher's token was revoked (both end the stream). The
+``revoked`` when the watcher's token was revoked, ``expired`` when it expired (each ends the stream). The
 stream itself is written by ``node.watch_stream``.
 """
 
@@ -30,6 +30,12 @@ class WatchRevoked(Shape):
     message: str
 
 
+class WatchExpired(Shape):
+    """The last event of a watcher whose token expired while it watched."""
+
+    message: str
+
+
 def watch_event_schema() -> Schema:
     """One event of the stream: its ``event`` name, its ``id`` (changes only) and its JSON ``data``."""
     return {"description": "One server-sent event of /v1/watch.", "oneOf": [
@@ -37,6 +43,7 @@ def watch_event_schema() -> Schema:
         {**_sse_event("change", "ChangeEvent"), "required": ["event", "data", "id"]},
         _sse_event("overflow", "WatchOverflow"),
         _sse_event("revoked", "WatchRevoked"),
+        _sse_event("expired", "WatchExpired"),
     ]}
 
 

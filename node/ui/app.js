@@ -234,6 +234,8 @@ async function onEvent(event) {
     setLive('off');
   } else if (event.event === 'revoked') {
     signOut('The token was revoked; sign in with another one.');
+  } else if (event.event === 'expired') {
+    signOut('The token has expired; sign in with another one.');
   }
 }
 

@@ -4,7 +4,7 @@ One line per change the token may see (``upsert``, ``status``, ``delete``) until
 node ends the stream, or ``--count`` changes were printed. ``--json`` prints one JSON object per
 line (``{"event": …, "data": …}``, the ``hello`` first), for ``jq`` and scripts. Exit codes in
 :mod:`.operator`; a watcher the node drops for falling behind (``overflow``) or for a revoked token
-(``revoked``) exits 1.
+(``revoked``) or an expired one (``expired``) exits 1.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ async def _watch(client: NodeClient, args: argparse.Namespace) -> int:
                                status=200)
         if event == "revoked":
             raise NodeAnswered("the node ended the watch: the token was revoked", status=401)
+        if event == "expired":
+            raise NodeAnswered("the node ended the watch: the token has expired", status=401)
         if event == "change":
             changes += 1
             if args.count is not None and changes >= args.count:
