@@ -69,11 +69,15 @@ class DecisionLog:
         if self.sink is not None:
             self._sink(self._decision_line(row))
 
-    def refused(self, request: RouteRequest, caller: TokenClaims, error: NodeError, *, at_ms: int) -> None:
-        """A resolve that found nobody (or was refused): ``result`` is the error's code."""
+    def refused(self, request: RouteRequest, caller: TokenClaims, error: NodeError, *, at_ms: int,
+                known: bool) -> None:
+        """A resolve that found nobody (or was refused): ``result`` is the error's code. It is kept
+        in memory under its ``agent_id`` only when that names an agent the node holds (``known``):
+        the id is the caller's to choose, and every new one would take a slot of :data:`MAX_AGENTS`
+        (up to 50 lines of caller-written text each) and push a real agent's entries out."""
         self._write({"kind": "decision", "at_ms": at_ms, "trace_id": request.trace_id, "node_region": self.region,
                      "caller": caller.sub, "result": error.code, "agent_id": request.agent_id,
-                     "capability": request.capability, "detail": error.message[:500]})
+                     "capability": request.capability, "detail": error.message[:500]}, keep=known)
 
     def outcome(self, *, at_ms: int, ticket_id: str | None, caller: str, agent_id: str, outcome: str,
                 latency_ms: float | None) -> None:
@@ -106,10 +110,10 @@ class DecisionLog:
         fields = {name: value for name, value in zip(names, row, strict=True) if value is not None}
         return {"kind": "decision", "node_region": self.region, "result": "ok", **fields}
 
-    def _write(self, entry: dict[str, Any]) -> None:
+    def _write(self, entry: dict[str, Any], *, keep: bool = True) -> None:
         line = {key: value for key, value in entry.items() if value is not None}
         agent_id = line.get("agent_id")
-        if agent_id is not None:
+        if agent_id is not None and keep:
             self._keep(agent_id, line)
         if self.sink is not None:
             self._sink(line)

@@ -379,7 +379,8 @@ class RegistryNode:
         try:
             decision = await self.router.decide(request, caller)
         except NodeError as exc:
-            self.decisions.refused(request, caller, exc, at_ms=now_ms())
+            known = request.agent_id is not None and self.find(request.agent_id) is not None
+            self.decisions.refused(request, caller, exc, at_ms=now_ms(), known=known)
             raise
         self.decisions.decided(decision, at_ms=decision.issued_at_ms)
         return decision

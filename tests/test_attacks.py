@@ -71,3 +71,20 @@ async def test_a_watch_ends_when_its_token_expires(node: RunningNode) -> None:
     assert expires_at_s <= ended_at_s < expires_at_s + 1.5
     status, body = await node.call("GET", "/v1/agents", token=token)
     assert (status, body["error"]) == (401, "token_expired")
+
+
+async def test_refusals_for_made_up_agent_ids_take_no_room_in_the_decision_memory(node: RunningNode) -> None:
+    # Each refused resolve was kept under its request's agent_id, which the caller makes up: at
+    # most 10,000 ids x 50 entries of caller-written text (~1-2 KB each, ~1 GB) with no rate
+    # limit by default, and the first-seen eviction pushed real agents' decisions out.
+    await node.register(registration("vault.keys.kept", capability="vault.kept", status="draining"))
+    eve = node.token("eve.outside.caller", TokenRole.CALLER)
+    made_up = [f"junk{i}.made.up" for i in range(20)]
+    for agent_id in [*made_up, "vault.keys.kept"]:
+        status, _ = await node.resolve(eve, agent_id=agent_id, capability="x" * 500)
+        assert status == 404
+    status, body = await node.call("GET", f"/v1/agents/{made_up[0]}/decisions")  # admin
+    assert (status, body["error"]) == (404, "unknown_agent"), body
+    assert len(node.node.decisions._recent) == 1  # noqa: SLF001 - what the memory holds is the point
+    status, body = await node.call("GET", "/v1/agents/vault.keys.kept/decisions")
+    assert status == 200 and [entry["result"] for entry in body["decisions"]] == ["no_agent_available"], body
