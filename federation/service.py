@@ -31,7 +31,9 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from node.clock import now_ms
+from node.http import CALLER
 from node.models import TokenRole
+from node.remote import described_for
 from node.security import Signer
 from node.store import RegionStore
 
@@ -172,7 +174,9 @@ class Federation:
             await self.aclose()
 
         async def status(request: web.Request) -> web.Response:
-            return web.json_response(await self.status())
+            answer = await self.status()
+            answer["peers"] = described_for(answer["peers"], request[CALLER])  # type: ignore[arg-type]
+            return web.json_response(answer)
 
         app.cleanup_ctx.append(lifecycle)
         app.router.add_get(STATUS_PATH, status)

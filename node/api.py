@@ -60,6 +60,7 @@ from .models import (
 )
 from .openapi import build_openapi
 from .proxy import PROXY_KEY, install_proxy_routes
+from .remote import described_for
 from .search import DEFAULT_SEARCH_K, MAX_SEARCH_K
 from .security import require_peer
 from .server import NodeRunner, ServerLimits
@@ -272,7 +273,7 @@ async def rotate_keys(request: web.Request) -> web.Response:
 
 async def regions(request: web.Request) -> web.Response:
     node, remote = _node(request), _node(request).router.remote
-    peers = list(remote.describe()) if remote is not None else []
+    peers = described_for(remote.describe(), _caller(request)) if remote is not None else []
     return json_response({
         "region": node.region, "node_id": node.node_id, "version": node.cache.index.version,
         "agents": len(node.cache.index), "leader": node.leadership.is_leader, "peers": peers,

@@ -13,9 +13,9 @@ from typing import Protocol
 
 from .cache import AgentIndex
 from .follower import ChangeListener
-from .models import AgentRecord, RouteRequest, SearchHit, SummaryView, TokenClaims
+from .models import AgentRecord, RouteRequest, SearchHit, SummaryView, TokenClaims, TokenRole
 
-__all__ = ["PeerForwarder", "PeerView", "RemoteCatalog"]
+__all__ = ["PeerForwarder", "PeerView", "RemoteCatalog", "described_for"]
 
 
 class PeerView(Protocol):
@@ -74,3 +74,12 @@ class RemoteCatalog(Protocol):
         """Call ``listener`` synchronously for every applied remote change (it must be quick and
         must not block); returns the function that unsubscribes it."""
         ...
+
+
+def described_for(peers: Sequence[Mapping[str, object]], caller: TokenClaims) -> list[Mapping[str, object]]:
+    """``RemoteCatalog.describe()`` as ``caller`` may read it: a summary names every capability
+    of its region, restricted agents' too, so only admins and peers see them by name."""
+    if caller.role in (TokenRole.ADMIN, TokenRole.PEER):
+        return list(peers)
+    return [{**peer, "summary": {key: value for key, value in summary.items() if key != "capabilities"}}
+            if isinstance(summary := peer.get("summary"), dict) else peer for peer in peers]

@@ -10,8 +10,10 @@ import time
 from typing import Any
 
 from node.models import TokenRole
+from topology import EmbeddedKafka
 
-from .helpers import RunningNode, Watcher, registration, wait_for
+from .conftest import TEST_SECRET
+from .helpers import Pair, RunningNode, Watcher, registration, wait_for
 
 
 async def _stages(node: RunningNode, token: str, **request: Any) -> dict[str, str]:
@@ -88,3 +90,35 @@ async def test_refusals_for_made_up_agent_ids_take_no_room_in_the_decision_memor
     assert len(node.node.decisions._recent) == 1  # noqa: SLF001 - what the memory holds is the point
     status, body = await node.call("GET", "/v1/agents/vault.keys.kept/decisions")
     assert status == 200 and [entry["result"] for entry in body["decisions"]] == ["no_agent_available"], body
+
+
+async def test_a_peer_s_summary_names_no_capability_to_a_caller(redis_url: str, region: str) -> None:
+    # GET /v1/regions showed every caller each peer's summary with its capabilities by name and
+    # count, those only restricted agents offer too: a list of what is hidden, with its size.
+    async with EmbeddedKafka() as kafka:
+        pair = Pair(redis_url, region, kafka.bootstrap_servers, secret=TEST_SECRET)
+        x, y = pair.names
+        try:
+            node_x, _ = await pair.start(x)
+            node_y, federation_y = await pair.start(y)
+            await node_x.register(registration("payroll.run.hidden", capability="payroll.run",
+                                               allowed_callers=["finance.*.*"], lease_ttl_ms=600_000))
+
+            def summarized() -> bool:
+                summary = federation_y.catalog.peer(x).summary
+                return summary is not None and "payroll.run" in summary.capabilities
+
+            await wait_for(summarized, timeout_s=15, message="x's summary in y")
+            eve = node_y.token("eve.outside.caller", TokenRole.CALLER)
+            status, seen = await node_y.call("GET", "/v1/regions", token=eve)
+            assert status == 200
+            (peer,) = seen["peers"]
+            assert peer["summary"] is not None and "capabilities" not in peer["summary"], peer["summary"]
+            assert "payroll" not in str(seen)
+            status, seen = await node_y.call("GET", "/v1/federation/status", token=eve)  # the same view
+            assert status == 200 and seen["peers"][0]["summary"] is not None and "payroll" not in str(seen)
+            for path in ("/v1/regions", "/v1/federation/status"):  # admin: the whole summary
+                status, seen = await node_y.call("GET", path)
+                assert status == 200 and "payroll.run" in seen["peers"][0]["summary"]["capabilities"], path
+        finally:
+            await pair.aclose()
