@@ -31,7 +31,7 @@ import orjson
 from pydantic import Field, ValidationError, model_validator
 
 from node.errors import first_problem
-from node.models import ChangeEvent, Region, RegionSummary, Strict
+from node.models import ChangeEvent, Region, RegionSummary, Strict, compat
 
 from .errors import InvalidMessage, NewerSchema
 
@@ -124,7 +124,7 @@ class FederationMessage(Strict):
         if version is not None and version > SCHEMA_VERSION:
             raise NewerSchema(version, known=SCHEMA_VERSION)
         try:
-            return cls.model_validate_json(value)
+            return compat.read_json(cls, value)  # a newer peer's added fields are dropped
         except ValidationError as exc:
             first = first_problem(exc)
             raise InvalidMessage(f"{first.field or '(message)'}: {first.message}") from exc

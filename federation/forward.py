@@ -29,7 +29,7 @@ import orjson
 from pydantic import ValidationError
 
 from node.errors import NoAgentAvailable, PeerUnreachable, first_problem
-from node.models import AgentRecord, RouteRequest, Scope, SearchHit, SearchResponse, TokenClaims
+from node.models import AgentRecord, RouteRequest, Scope, SearchHit, SearchResponse, TokenClaims, compat
 from node.security import Signer
 
 from .config import FederationConfig
@@ -79,7 +79,7 @@ class Forwarder:
         if status != 200:
             return None
         try:
-            record = AgentRecord.model_validate_json(body)
+            record = compat.read_json(AgentRecord, body)
         except ValidationError as exc:
             raise PeerUnreachable(f"region {region}'s node answered no agent record ({first_problem(exc).message})") from exc
         return record if record.region == region else None
@@ -101,7 +101,7 @@ class Forwarder:
         if status != 200:
             return []
         try:
-            return SearchResponse.model_validate_json(body).hits
+            return compat.read_json(SearchResponse, body).hits
         except ValidationError:
             return []
 

@@ -30,7 +30,7 @@ from node.cache import AgentIndex
 from node.clock import now_ms
 from node.errors import first_problem
 from node.follower import FollowerState, StreamFollower
-from node.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason, SummaryView
+from node.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason, SummaryView, compat
 from node.stored_records import read_record
 
 from .digest import digest_hex, entry_hash
@@ -303,11 +303,11 @@ class PeerCatalog(StreamFollower[FeedEntry]):
                     and peer.covers(entry.agent_id, entry.version, below_floor=entry.type == "change")):
                 pass  # applied already (the leader applies its commits directly): skip parsing the body
             elif entry.type == "change" and entry.body:
-                event = ChangeEvent.model_validate_json(entry.body)
+                event = compat.read_json(ChangeEvent, entry.body)
                 if peer.apply_change(event):
                     changes.append(event)
             elif entry.type == "beacon" and entry.body:
-                peer.beacon = RegionBeacon.model_validate_json(entry.body)
+                peer.beacon = compat.read_json(RegionBeacon, entry.body)
             elif entry.type == "put" and entry.body:
                 if (change := peer.put_record(read_record(entry.body))) is not None:
                     changes.append(change)

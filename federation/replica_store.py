@@ -38,7 +38,7 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 
 from node.errors import first_problem
-from node.models import AgentRecord, Snapshot
+from node.models import AgentRecord, Snapshot, compat
 from node.quarantine import Quarantine
 from node.store import RedisErrors
 from node.stored_records import read_record
@@ -344,7 +344,7 @@ class ReplicaStore:
         beacon = None
         if raw_state.get("beacon"):
             try:
-                beacon = RegionBeacon.model_validate_json(raw_state["beacon"])
+                beacon = compat.read_json(RegionBeacon, raw_state["beacon"])
             except ValidationError as exc:
                 self.quarantine.add("replica", f"{self._peer_keys(peer)[2]}/beacon", first_problem(exc).message)
         return PeerState(

@@ -17,7 +17,7 @@ import orjson
 from pydantic import ValidationError
 
 from node.errors import first_problem
-from node.models import AgentRecord, Snapshot
+from node.models import AgentRecord, Snapshot, compat
 from node.snapshot_stream import END, HEAD_END
 
 __all__ = ["read_snapshot"]
@@ -39,7 +39,7 @@ async def read_snapshot(body: AsyncIterable[bytes], *, bad_record: BadRecord) ->
     async for line in lines:
         line = line.strip()
         if line == END:
-            return Snapshot.model_validate({**fields, "agents": agents})
+            return compat.read_python(Snapshot, {**fields, "agents": agents})
         if not line:
             continue
         record = _record(line.removesuffix(b","), position, bad_record)
@@ -51,7 +51,7 @@ async def read_snapshot(body: AsyncIterable[bytes], *, bad_record: BadRecord) ->
 
 def _record(raw: bytes, position: int, bad_record: BadRecord) -> AgentRecord | None:
     try:
-        return AgentRecord.model_validate_json(raw)
+        return compat.read_json(AgentRecord, raw)
     except ValidationError as exc:
         try:
             item = orjson.loads(raw)
@@ -69,11 +69,11 @@ def _whole(body: bytes, bad_record: BadRecord) -> Snapshot:
     agents = []
     for position, item in enumerate(data["agents"]):
         try:
-            agents.append(AgentRecord.model_validate(item))
+            agents.append(compat.read_python(AgentRecord, item))
         except ValidationError as exc:
             agent_id = item.get("agent_id") if isinstance(item, dict) else None
             bad_record(position, agent_id if isinstance(agent_id, str) else None, first_problem(exc).message)
-    return Snapshot.model_validate({**data, "agents": agents})
+    return compat.read_python(Snapshot, {**data, "agents": agents})
 
 
 async def _lines(body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:

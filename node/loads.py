@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from .errors import StoreUnavailable
-from .models import Load
+from .models import Load, compat
 
 if TYPE_CHECKING:
     from .store import RegionStore
@@ -44,7 +44,7 @@ def parse_load(raw: str) -> Load | None:
     load = _parsed.get(raw)
     if load is None:
         try:
-            load = Load.model_validate_json(raw)
+            load = compat.read_json(Load, raw)
         except ValidationError:
             return None
         if len(_parsed) >= _PARSED_MAX:

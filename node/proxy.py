@@ -67,7 +67,16 @@ from .envelope import (
 )
 from .errors import Conflict, NodeError, RateLimited, StoreUnavailable, ValidationFailed
 from .http import CALLER, json_response, parse_body, validation_error
-from .models import CredentialRequest, Outcome, OutcomeReport, RouteRequest, RouteTarget, RouteTicket, TokenClaims
+from .models import (
+    CredentialRequest,
+    Outcome,
+    OutcomeReport,
+    RouteRequest,
+    RouteTarget,
+    RouteTicket,
+    TokenClaims,
+    compat,
+)
 from .once import Answer, DeliveryInProgress, OnceCache
 from .service import RegistryNode
 from .tasks import cancel_and_wait
@@ -425,7 +434,7 @@ class Proxy:
                                     field="id")
         body = answer.body
         if answer.status == 202:
-            accepted = SendAccepted.model_validate_json(body).model_copy(update={"duplicate": True})
+            accepted = compat.read_json(SendAccepted, body).model_copy(update={"duplicate": True})
             body = accepted.model_dump_json().encode()
         response = _response(Answer(answer.status, answer.content_type, body, dict(answer.headers)))
         response.headers["X-Reach-Duplicate"] = "true"
@@ -454,7 +463,7 @@ def _result_envelope(request: Envelope, caller: TokenClaims, answer: Answer) -> 
             decoded = orjson.loads(answer.body)
     if looks_like_envelope(decoded):
         with contextlib.suppress(ValidationError):
-            response = Envelope.model_validate(decoded)
+            response = compat.read_python(Envelope, decoded)
             if response.reply_to_id is None:
                 response = response.model_copy(update={"reply_to_id": request.id})
             return response

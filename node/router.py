@@ -51,7 +51,7 @@ from .candidates import (
 from .clock import now_ms
 from .errors import NoAgentAvailable, PeerUnreachable
 from .fallback import MATCHES_ASKED, Matcher, SemanticMatch, SemanticMatches, choose, semantic_levels
-from .models import AgentRecord, Locality, MatchKind, RouteRequest, RouteTicket, Scope, TokenClaims
+from .models import AgentRecord, Locality, MatchKind, RouteRequest, RouteTicket, Scope, TokenClaims, compat
 from .outcomes import OutcomeTracker
 from .remote import PeerForwarder, PeerView, RemoteCatalog
 from .security import Signer
@@ -226,7 +226,7 @@ class Router:
             unanswered[region] = "no forwarder attached"
             return None
         try:
-            ticket = RouteTicket.model_validate(await self.forwarder.resolve(region, request, caller))
+            ticket = compat.read_python(RouteTicket, await self.forwarder.resolve(region, request, caller))
         except (PeerUnreachable, NoAgentAvailable) as exc:
             unanswered[region] = exc.message
             return None

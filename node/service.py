@@ -59,6 +59,7 @@ from .models import (
     SearchResponse,
     TokenClaims,
     TokenRole,
+    compat,
 )
 from .outcomes import BreakerState, OutcomeTracker
 from .revocation import Revocation, RevocationList
@@ -484,6 +485,8 @@ class RegistryNode:
               lambda: len(self.store.quarantine))
         counter("agent_reach_quarantined_values", "Stored values quarantined since start",
                 lambda: self.store.quarantine.total)
+        counter("agent_reach_unknown_fields_dropped", "Fields a newer version wrote that this one dropped when reading "
+                "(records, events, answers: node.models.compat; logged once per field)", compat.dropped_total)
         for kind, coalescer in self.store.write_batches.items():  # register: registrations; update: the rest
             counter(f"agent_reach_store_{kind}_scripts", f"{kind.upper()} scripts sent to Redis (coalesced writes)",
                     lambda coalescer=coalescer: coalescer.batches)

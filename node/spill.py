@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import orjson
 
 from .candidates import Level
-from .models import RouteRequest, RouteTicket, Scope, VersionConstraint, version_constraint
+from .models import RouteRequest, RouteTicket, Scope, VersionConstraint, compat, version_constraint
 from .remote import PeerView
 
 __all__ = ["ForwardTo", "ForwardedDecision", "ForwardedTarget", "forwarded_levels", "level_shares"]
@@ -168,4 +168,4 @@ class ForwardedDecision:
         return orjson.dumps(self.as_dict(weights=weights))
 
     def ticket(self) -> RouteTicket:
-        return RouteTicket.model_validate(self.wire)
+        return compat.read_python(RouteTicket, self.wire)

@@ -34,7 +34,7 @@ from .compact import (
     shared_capability,
     shared_load,
 )
-from .models import AgentRecord, Capability, CardListing, Load, Probe, Status
+from .models import AgentRecord, Capability, CardListing, Load, Probe, Status, compat
 from .models.fields import (
     LABEL_KEY_PATTERN,
     SINGLE_LINE_PATTERN,
@@ -120,7 +120,7 @@ def read_record(raw: str | bytes, *, lease_expires_at_ms: int | None = None) -> 
     except ValidationError:
         data = {}
     if "primary" not in data.get("endpoints", ()) or type(data["load"]["rps"]) is not float:
-        record = compact(AgentRecord.model_validate_json(raw))  # pydantic's reading, or its error
+        record = compact(compat.read_json(AgentRecord, raw))  # pydantic's reading, or its error
         if lease_expires_at_ms is not None:
             record.lease_expires_at_ms = lease_expires_at_ms
         return record

@@ -25,7 +25,7 @@ from redis import asyncio as aioredis
 from .envelope import TRACE_ID_PATTERN, RouteEvent, RouteEvents, Trace
 from .errors import Forbidden, NotFound, StoreUnavailable, ValidationFailed
 from .http import CALLER, json_response, parse_body
-from .models import TokenClaims, TokenRole
+from .models import TokenClaims, TokenRole, compat
 from .service import RegistryNode
 from .store import RedisErrors, RegionStore
 
@@ -78,7 +78,7 @@ class TraceLog:
         events = []
         for item in raw:
             try:
-                events.append(RouteEvent.model_validate_json(item))
+                events.append(compat.read_json(RouteEvent, item))
             except ValidationError:
                 log.warning("skipping an unreadable event in %s", self.key(trace_id))
         return events

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..a2a import CardRegistration
 from ..envelope import Envelope, SendAccepted, looks_like_envelope
-from ..models import CredentialRequest, Heartbeat, IssuedCredential, Load, RegisterResponse, Registration
+from ..models import CredentialRequest, Heartbeat, IssuedCredential, Load, RegisterResponse, Registration, compat
 from ._errors import NodeUnreachable, node_error
 
 
@@ -66,17 +66,17 @@ class NodeApi:
         return decoded
 
     async def register(self, registration: Registration) -> RegisterResponse:
-        return RegisterResponse.model_validate(await self.request("POST", "/v1/agents", registration))
+        return compat.read_python(RegisterResponse, await self.request("POST", "/v1/agents", registration))
 
     async def register_card(self, card: CardRegistration) -> RegisterResponse:
         """``POST /v1/agent-cards``: register an agent from its A2A Agent Card."""
         # exclude_unset: send what the caller wrote; the card itself exactly as it was given
         body = {**card.model_dump(mode="json", exclude_unset=True, exclude={"card"}), "card": card.card.given()}
-        return RegisterResponse.model_validate(await self.request("POST", "/v1/agent-cards", body))
+        return compat.read_python(RegisterResponse, await self.request("POST", "/v1/agent-cards", body))
 
     async def credential(self, request: CredentialRequest) -> IssuedCredential:
         """``POST /v1/credentials``: the route credential of one of a ticket's alternates."""
-        return IssuedCredential.model_validate(await self.request("POST", "/v1/credentials", request))
+        return compat.read_python(IssuedCredential, await self.request("POST", "/v1/credentials", request))
 
     async def heartbeat(self, agent_id: str, heartbeat: Heartbeat) -> None:
         await self.request("PUT", f"/v1/agents/{quote(agent_id)}/heartbeat", heartbeat)
@@ -112,7 +112,7 @@ class NodeApi:
             body = orjson.loads(raw)
         if status >= 400 and agent is None:
             raise node_error(status, body, what=f"POST /v1/send on {self.base_url}")
-        accepted = SendAccepted.model_validate(body) if status == 202 else None
+        accepted = compat.read_python(SendAccepted, body) if status == 202 else None
         return SendResult(status=status, body=body, envelope=as_envelope(body), agent_id=agent,
                           duplicate=duplicate or bool(accepted and accepted.duplicate), accepted=accepted)
 
@@ -122,7 +122,7 @@ def as_envelope(body: Any) -> Envelope | None:
     if not looks_like_envelope(body):
         return None
     try:
-        return Envelope.model_validate(body)
+        return compat.read_python(Envelope, body)
     except ValidationError:
         return None
 

@@ -41,6 +41,7 @@ from ..models import (
     Scope,
     SearchResponse,
     Status,
+    compat,
 )
 from ..outcomes import BreakerState, OutcomeTracker
 from ._calls import CallResult, attempt_error, call_result, forwarded, route_request
@@ -291,11 +292,11 @@ class ReachClient:
 
     async def policy(self) -> Policy:
         """The region's policy and what the node makes of this client's token (``GET /v1/policy``)."""
-        return Policy.model_validate(await self._require_api().request("GET", "/v1/policy"))
+        return compat.read_python(Policy, await self._require_api().request("GET", "/v1/policy"))
 
     async def trace(self, trace_id: str) -> Trace:
         """Decisions, deliveries and outcomes recorded for one trace (``GET /v1/traces/{id}``)."""
-        return Trace.model_validate(await self._require_api().request("GET", f"/v1/traces/{quote(trace_id)}"))
+        return compat.read_python(Trace, await self._require_api().request("GET", f"/v1/traces/{quote(trace_id)}"))
 
     async def resolve(self, capability: str | None = None, *, agent_id: str | None = None,
                       pattern: str | None = None, version: str | None = None, labels: Mapping[str, str] | None = None,
@@ -334,7 +335,7 @@ class ReachClient:
             params["scope"] = Scope(scope).value
         if routable:
             params["routable"] = "true"
-        return SearchResponse.model_validate(await self._require_api().request("GET", "/v1/search", params=params))
+        return compat.read_python(SearchResponse, await self._require_api().request("GET", "/v1/search", params=params))
 
     def call_verifier(self, **options: Any) -> CallVerifier:
         """A :class:`CallVerifier` for this client's agent (its id and ``allowed_callers``), on its node.
@@ -444,7 +445,7 @@ class ReachClient:
             if not request.exclude:  # the node knows nobody for this request: a cached ticket is stale
                 self._tickets.drop(request)
             raise
-        ticket = RouteTicket.model_validate(answer)
+        ticket = compat.read_python(RouteTicket, answer)
         if not request.exclude:  # a decision that excludes agents answers one call, not the next
             self._tickets.put(request, ticket)
         return ticket

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from ..envelope import Envelope
 from ..errors import NodeError
-from ..models import Load, Registration
+from ..models import Load, Registration, compat
 from ._reach_client import ReachClient
 from .verifier import CallVerifier, CredentialRejected
 
@@ -141,7 +141,7 @@ class AgentHost:
                 self.refused[exc.code] = self.refused.get(exc.code, 0) + 1
                 return web.json_response(exc.body(), status=exc.status)
         try:
-            envelope = Envelope.model_validate_json(await request.read())
+            envelope = compat.read_json(Envelope, await request.read())
         except ValidationError as exc:
             return web.json_response({"error": "invalid_envelope", "message": str(exc.errors()[0]["msg"]),
                                       "field": None}, status=400)

@@ -1,12 +1,15 @@
 """Boundary models of a regional node: registrations, records, routing, change events, errors.
 
 Every model that crosses a boundary (HTTP body, Redis value, Kafka event) is a pydantic v2
-model with ``extra="forbid"``, so an unknown or mistyped field is a 4xx naming the field.
+model with ``extra="forbid"``, so an unknown or mistyped field is a 4xx naming the field. What
+another version of this code wrote (stored records, change events, peers' and the node's answers
+to the SDK) is read through ``compat``, which drops the fields this version does not know.
 Whatever a route accepts must read back from Redis, the change stream, Kafka and JSON
 encoders, so the models admit only what every one of them can carry: finite floats, integers
 within int64, text without control characters (descriptions may hold tabs and line breaks),
 URLs without whitespace. HTTP bodies are parsed in strict mode (``"5000"`` is not an integer,
-``true`` is not a weight: see ``node.http.parse_body``). No module of this package does I/O.
+``true`` is not a weight: see ``node.http.parse_body``). No module of this package does I/O (``compat``
+logs the first drop of each field).
 
 One concept per module, every name importable from here (``from node.models import X``)::
 
@@ -19,6 +22,7 @@ One concept per module, every name importable from here (``from node.models impo
     search     natural-language search answers
     summaries  a region's per-capability summary (what peers route by)
     tokens     token claims and roles, route-credential claims, who may call, the JSON error body
+    compat     reading what a newer version wrote: unknown fields dropped and counted
 """
 
 from __future__ import annotations
