@@ -9,9 +9,11 @@ bigrams ("发票查验" -> 发票, 票查, 查验), the usual CJK analysis of se
 ``CJKBigramFilter``), so a Chinese description is found by a Chinese query without a dictionary;
 an unseen query bigram holding a particle or pronoun does not count against coverage.
 
-Postings are kept per term as ints, slot * 2**32 + term frequency: for a term of one document
-its id (frequency 1) or one int, for a term of several an ``array('Q')`` of them sorted by slot
-(8 B a posting, found by binary search; a dict of {slot: frequency} cost ~45). Each term's postings are also cached as two numpy arrays (rebuilt lazily
+Postings are kept per term as ints, slot * 2**32 + term frequency: for a term of several
+documents an ``array('Q')`` of them sorted by slot (8 B a posting, found by binary search; a dict
+of {slot: frequency} cost ~45), for a term of one document its one posting in a table of such
+terms that does not hold their strings (``semantic.terms``: an agent's number and the word pairs
+around it cost ~140 B a term as dict keys). Each term's postings are also cached as two numpy arrays (rebuilt lazily
 after that term changes), so a query costs a few vectorised operations per query term instead of
 a Python loop over every posting. An index given ``text_of`` (the owner of the texts hands a
 document's text back) keeps no term list per document: a removal works the terms out again.
@@ -26,13 +28,14 @@ import re
 import sys
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import Stemmer
 
 from .errors import InvalidDocumentError
 from .index import top_k_of_scores
+from .terms import OneDocumentTerms, term_hash
 
 __all__ = [
     "LexicalIndex",
@@ -100,15 +103,20 @@ _BRITISH_OUR = re.compile(r"(?<=[a-z]{3})our$")
 _STEMMER = Stemmer.Stemmer(STEMMER_ALGORITHM)
 
 
-@functools.lru_cache(maxsize=_STEM_CACHE_WORDS)
 def stem(word: str) -> str:
     """Snowball stem of a lower-case word, after folding British spellings; digits pass unchanged.
 
     Documents and queries go through the same function, so "translate", "translation",
     "translator" and "translating" all meet as "translat", and plurals fold.
     """
-    if not word.isalpha():
-        return word
+    # A word with a digit is not stemmed, and not remembered: agents' numbers and ids are words
+    # of one document each, and as cache entries they cost ~90 B per agent and pushed real
+    # words out of the cache.
+    return _stemmed(word) if word.isalpha() else word
+
+
+@functools.lru_cache(maxsize=_STEM_CACHE_WORDS)
+def _stemmed(word: str) -> str:
     word = _BRITISH_ENDINGS.sub(lambda match: match.group(1)[0] + "z" + match.group(2), word)
     word = _BRITISH_OUR.sub("or", word)
     return _STEMMER.stemWord(word)
@@ -248,15 +256,15 @@ class LexicalIndex:
         # Per slot its terms, interned, for remove(); not held when the owner of the texts can
         # give a document's text back (``text_of``): the terms are then worked out again.
         self._text_of = text_of
-        self._terms_at: dict[int, tuple[str, ...]] = {}
+        self._terms_at: dict[int, dict[str, int]] = {}
         self._lengths = np.zeros(_INITIAL_SLOTS, dtype=np.float32)
         self._total_length = 0
-        # term -> its postings, each slot * _ONE + frequency: for a term of one document (most
-        # are: numbers, names, the word pairs around them) that document's id when it holds the
-        # term once (an object held anyway; an int is 32 B more), else one int; for a term of
-        # several an array of them sorted by slot (a dict of {slot: frequency} cost ~45 B a
-        # posting, the array 8).
-        self._postings: dict[str, array[int] | int | str] = {}
+        # term -> its postings, each slot * _ONE + frequency, sorted by slot, for a term of
+        # several documents (a dict of {slot: frequency} cost ~45 B a posting, the array 8); a
+        # term of one document (most are: numbers, names, the word pairs around them) is held
+        # by its hash in _single, without its string.
+        self._postings: dict[str, array[int]] = {}
+        self._single = OneDocumentTerms()
         self._posting_arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def __len__(self) -> int:
@@ -273,25 +281,30 @@ class LexicalIndex:
         """Index ``text`` under ``doc_id``, replacing any previous text. O(terms of the doc) binary
         searches and memmoves of postings arrays."""
         self.remove(doc_id)
-        terms = Counter(map(sys.intern, index_terms(text, bigrams=self._bigrams)))
+        terms = Counter(index_terms(text, bigrams=self._bigrams))
         slot = self._free_slots.pop() if self._free_slots else self._new_slot()
         self._slot_of[doc_id] = slot
         self._doc_id_at[slot] = doc_id
         if self._text_of is None:
-            self._terms_at[slot] = tuple(terms)  # the frequencies are in the postings
+            self._terms_at[slot] = {sys.intern(term): frequency for term, frequency in terms.items()}
         length = sum(terms.values())
         self._lengths[slot] = length
         self._total_length += length
         postings = self._postings
         arrays = self._posting_arrays
         for term, frequency in terms.items():
+            posting = slot * _ONE + frequency
             held = postings.get(term)
-            if held is None:
-                postings[term] = doc_id if frequency == 1 else slot * _ONE + frequency
-            elif isinstance(held, array):
-                bisect.insort(held, slot * _ONE + frequency)
+            if held is not None:
+                bisect.insort(held, posting)
             else:
-                postings[term] = array("Q", sorted((self._packed(held), slot * _ONE + frequency)))
+                hashed = term_hash(term)
+                other = self._single_posting(term, hashed, besides=slot)
+                if other is None:
+                    self._single.add(hashed, posting)
+                else:  # its second document
+                    self._single.remove(hashed, other // _ONE, other % _ONE)
+                    postings[sys.intern(term)] = array("Q", sorted((other, posting)))
             if term in arrays:
                 del arrays[term]
 
@@ -311,14 +324,17 @@ class LexicalIndex:
         del self._slot_of[doc_id]
         postings = self._postings
         for term in terms:
-            held = postings[term]
-            if not isinstance(held, array):
-                del postings[term]
+            held = postings.get(term)
+            if held is None:
+                try:
+                    self._single.remove(term_hash(term), slot)
+                except KeyError:
+                    raise InvalidDocumentError(f"{doc_id!r} has no posting of {term!r}: the index is inconsistent") from None
             else:
                 _drop_slot(held, slot)
-                if len(held) == 1:
-                    other, frequency = divmod(held[0], _ONE)
-                    postings[term] = self._doc_id_at[other] if frequency == 1 else held[0]  # type: ignore[assignment]
+                if len(held) == 1:  # one document left
+                    self._single.add(term_hash(term), held[0])
+                    del postings[term]
             self._posting_arrays.pop(term, None)
         self._total_length -= int(self._lengths[slot])
         self._lengths[slot] = 0.0
@@ -328,9 +344,11 @@ class LexicalIndex:
 
     def idf(self, term: str) -> float:
         """Okapi IDF with the +1 that keeps it positive for terms in most documents."""
+        arrays = self._arrays(term)
+        return self._idf(0 if arrays is None else len(arrays[0]))
+
+    def _idf(self, frequency: int) -> float:
         count = len(self._slot_of)
-        held = self._postings.get(term)
-        frequency = 0 if held is None else len(held) if isinstance(held, array) else 1
         return math.log(1.0 + (count - frequency + 0.5) / (frequency + 0.5))
 
     def score(self, query: str) -> LexicalScores:
@@ -354,7 +372,7 @@ class LexicalIndex:
             arrays = self._arrays(term)
             if arrays is None and _CJK_FUNCTION_CHARACTERS.intersection(term):
                 continue
-            idf = self.idf(term)
+            idf = self._idf(0 if arrays is None else len(arrays[0]))
             ceiling += idf * (self._k1 + 1.0)
             if arrays is None:
                 continue
@@ -378,17 +396,32 @@ class LexicalIndex:
     def _arrays(self, term: str) -> tuple[np.ndarray, np.ndarray] | None:
         arrays = self._posting_arrays.get(term)
         if arrays is None:
-            held = self._postings.get(term)
+            held: array[int] | list[int] | None = self._postings.get(term)
             if held is None:
-                return None
-            packed = np.array(held if isinstance(held, array) else [self._packed(held)], dtype=np.uint64)  # a copy
+                single = self._single_posting(term, term_hash(term))
+                if single is None:
+                    return None
+                held = [single]
+            packed = np.array(held, dtype=np.uint64)  # a copy
             arrays = ((packed >> np.uint64(32)).astype(np.int64), (packed & np.uint64(_ONE - 1)).astype(np.float32))
             self._posting_arrays[term] = arrays
         return arrays
 
-    def _packed(self, held: int | str) -> int:
-        """The posting a one-document entry stands for (a document id: its slot, frequency 1)."""
-        return self._slot_of[held] * _ONE + 1 if isinstance(held, str) else held
+    def _single_posting(self, term: str, hashed: int, *, besides: int = -1) -> int | None:
+        """The posting of ``term`` if one document alone holds it: of the postings held under its
+        hash, the one whose document has the term (another term may have the same hash). Slot
+        ``besides`` is not looked at: the document being indexed, whose text is not yet given back."""
+        for posting in self._single.postings(hashed):
+            slot, frequency = divmod(posting, _ONE)
+            if slot == besides:
+                continue  # another of its own terms, of the same hash
+            if self._text_of is None:
+                terms: Mapping[str, int] = self._terms_at[slot]
+            else:
+                terms = Counter(index_terms(self._text_of(self._doc_id_at[slot]), bigrams=self._bigrams))  # type: ignore[arg-type]
+            if terms.get(term) == frequency:  # not another term of that document with the hash
+                return posting
+        return None
 
     def _new_slot(self) -> int:
         slot = len(self._doc_id_at)

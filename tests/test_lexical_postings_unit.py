@@ -1,7 +1,9 @@
-"""The BM25 index's postings (semantic.lexical): a document id, an int or a sorted array of packed
-ints; and an index that keeps no terms per document (``text_of``). After any churn an index
-scores every document exactly as an index built afresh from the documents left; a text handed
-back that is not the one indexed is refused. So for the spelling corrector's word counts."""
+"""The BM25 index's postings (semantic.lexical): a sorted array of packed ints per term of several
+documents, a table holding a term of one document by its hash (semantic.terms); and an index
+that keeps no terms per document (``text_of``). After any churn an index scores every document
+exactly as an index built afresh from the documents left, also when every term has one hash; a
+text handed back that is not the one indexed is refused. So for the spelling corrector's word
+counts."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ import random
 
 import pytest
 
+import semantic.lexical
 from semantic.errors import InvalidDocumentError
 from semantic.lexical import LexicalIndex
 from semantic.spelling import SpellingCorrector
+from semantic.terms import OneDocumentTerms, term_hash
 
 pytestmark = pytest.mark.unit
 
@@ -32,7 +36,11 @@ def scores(index: LexicalIndex, query: str) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("keeps_terms", [True, False], ids=["terms kept", "text handed back"])
-def test_scores_after_churn_equal_a_fresh_index(keeps_terms: bool) -> None:
+@pytest.mark.parametrize("colliding", [False, True], ids=["hashes", "one hash for every term"])
+def test_scores_after_churn_equal_a_fresh_index(keeps_terms: bool, colliding: bool,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    if colliding:  # every one-document term under one of three hashes: each is told apart by its text
+        monkeypatch.setattr(semantic.lexical, "term_hash", lambda term: 5 + len(term) % 3)
     rng = random.Random(5)
     texts: dict[str, str] = {}
     index = LexicalIndex() if keeps_terms else LexicalIndex(text_of=texts.__getitem__)
@@ -49,6 +57,7 @@ def test_scores_after_churn_equal_a_fresh_index(keeps_terms: bool) -> None:
     for doc_id, held in texts.items():
         fresh.upsert(doc_id, held)
     assert len(index) == len(texts) > 100
+    assert len(index._single) > 50 and "agent>17" not in index._postings  # held by hash, not by string
     for query in QUERIES:
         assert scores(index, query) == scores(fresh, query)
         assert index.idf("agent") == fresh.idf("agent")
@@ -91,3 +100,25 @@ def test_a_speller_reading_texts_back_corrects_as_one_keeping_word_sets() -> Non
     for query in ["recipt", "receit", "shedule", "schedulr", "translatr", "receipt recipes"]:
         assert reading.correct(query) == kept.correct(query) == fresh.correct(query)
     assert reading._text_count == fresh._text_count
+
+
+def test_the_one_document_table_holds_postings_by_hash_through_removals_and_growth() -> None:
+    table = OneDocumentTerms()
+    held: dict[int, list[int]] = {}
+    rng = random.Random(3)
+    for step in range(20_000):
+        hashed = rng.choice([rng.randrange(-2**63, 2**63), term_hash("shared"), 1 << 20])  # and collisions
+        slot = rng.randrange(5_000)
+        if held.get(hashed) and rng.random() < 0.5:
+            posting = held[hashed].pop(rng.randrange(len(held[hashed])))
+            assert table.remove(hashed, posting >> 32) >> 32 == posting >> 32
+        elif slot << 32 not in [posting & ~0xFFFFFFFF for posting in held.get(hashed, [])]:
+            table.add(hashed, (slot << 32) + step % 7 + 1)
+            held.setdefault(hashed, []).append((slot << 32) + step % 7 + 1)
+    assert len(table) == sum(map(len, held.values())) > 2_000
+    for hashed, postings in held.items():
+        assert sorted(table.postings(hashed)) == sorted(postings)
+    assert table.postings(12345) == [] if 12345 not in held else True
+    with pytest.raises(KeyError):
+        table.remove(424242, 1)
+    assert term_hash("x") not in (0, 1)
