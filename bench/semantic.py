@@ -3,7 +3,7 @@
 Run with the project's virtualenv from the repository root (as a module, so that ``import
 semantic`` finds the package, not this file)::
 
-    .venv/bin/python -m bench.semantic [--queries 400] [--sizes 1000,10000]
+    .venv/bin/python -m bench.semantic [--queries 400] [--sizes 1000,10000] [--model DIR]
 
 Prints numbers only (no pass/fail): for each evaluation set (the landed tuning set and the two
 blind ones, the Chinese one by slice) and each way of scoring (default, each level alone, a
@@ -11,6 +11,14 @@ blend), the vector, lexical and hybrid rankings' MRR, recall@1/@5, capability@1,
 default ranking the refusal shares at the suggested threshold. Query latency includes encoding the query (the vector
 cache is bypassed for queries, so every query pays a forward pass) and is split into
 encode vs rank (cosine over the matrix + BM25 + fusion + grouping).
+
+``--model`` measures another sentence-transformers model (a directory, an installed package that
+ships one, or a locally cached name; the node's ``[semantic] model``). The packaged weights and
+thresholds were chosen for all-MiniLM-L6-v2, so for another model the blend weights
+(``vector_weight`` x ``agent_vector_weight``) and the hybrid refusal threshold are chosen again,
+on the tuning set alone, and the other sets report at those (the threshold as a node's
+``semantic_threshold`` would apply it: to every result). The model's files on disk and the
+process's resident memory before and after loading it are printed too.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from semantic import (
+    DEFAULT_AGENT_VECTOR_WEIGHT,
+    DEFAULT_VECTOR_WEIGHT,
     SUGGESTED_MIN_SCORE_HYBRID,
     SUGGESTED_MIN_SCORE_LEXICAL,
     Document,
@@ -37,6 +47,7 @@ from semantic import (
     Ranking,
     SemanticSearch,
 )
+from semantic.embedder import model_location, packaged_model_path
 from semantic.evaluation import (
     EvalMetrics,
     EvalSet,
@@ -158,8 +169,12 @@ LEXICAL_MODE = "lexical mode"  # semantic_enabled=False: what a node without tor
 
 async def relevance(embedder: Embedder, suite: Sequence[EvalSuiteEntry] = EVAL_SUITE,
                     variants: Mapping[str, Mapping[str, object]] = VARIANTS,
+                    *, hybrid_threshold: float | None = None,
                     ) -> dict[tuple[str, str, str, str], EvalMetrics]:
-    """Print and return metrics keyed by (set, slice or "all", variant, ranking)."""
+    """Print and return metrics keyed by (set, slice or "all", variant, ranking).
+
+    ``hybrid_threshold``: hold every result of the hybrid ranking to this score for the refusal
+    shares (as a node's ``semantic_threshold`` does); None: each result's suggested threshold."""
     table: dict[tuple[str, str, str, str], EvalMetrics] = {}
     for entry in suite:
         eval_set = load_eval_set(entry.path)
@@ -174,7 +189,9 @@ async def relevance(embedder: Embedder, suite: Sequence[EvalSuiteEntry] = EVAL_S
                 for ranking in rankings:
                     slices = [("all", 0, len(eval_set.queries)), *entry.slices]
                     for slice_name, start, stop in slices:
-                        metrics = await evaluate(search, eval_set.queries[start:stop], ranking=ranking)
+                        threshold = hybrid_threshold if ranking is Ranking.HYBRID else None
+                        metrics = await evaluate(search, eval_set.queries[start:stop], ranking=ranking,
+                                                 threshold=threshold)
                         table[(entry.name, slice_name, name, ranking.value)] = metrics
                         indent = "  " if slice_name == "all" else f"      [{slice_name}] "
                         print(f"{indent}{name:>22} {metrics.line().strip()}")
@@ -205,11 +222,14 @@ def refusal_threshold(answerable: Sequence[float], unanswerable: Sequence[float]
     return best_threshold
 
 
-def print_thresholds(table: Mapping[tuple[str, str, str, str], EvalMetrics]) -> None:
+def print_thresholds(table: Mapping[tuple[str, str, str, str], EvalMetrics], *,
+                     hybrid_threshold: float | None = None) -> None:
     """Top-hit scores of the default ranking: what the refusal thresholds were chosen from, and
-    the trade-off of other hybrid thresholds (refused answerable / routed unanswerable)."""
-    print(f"\n== refusal: thresholds hybrid {SUGGESTED_MIN_SCORE_HYBRID}, lexical {SUGGESTED_MIN_SCORE_LEXICAL} "
-          "(chosen on the tuning set) ==")
+    the trade-off of other hybrid thresholds (refused answerable / routed unanswerable).
+    ``hybrid_threshold``: the one :func:`relevance` held every hybrid result to, if any."""
+    held_to = (f"hybrid {SUGGESTED_MIN_SCORE_HYBRID}, lexical {SUGGESTED_MIN_SCORE_LEXICAL}" if hybrid_threshold is None
+               else f"{hybrid_threshold} for every default-ranking result, lexical mode {SUGGESTED_MIN_SCORE_LEXICAL}")
+    print(f"\n== refusal: thresholds {held_to} (chosen on the tuning set) ==")
     for (set_name, slice_name, variant, ranking), metrics in table.items():
         if slice_name != "all" or metrics.threshold is None or variant not in ("default", LEXICAL_MODE):
             continue
@@ -224,6 +244,69 @@ def print_thresholds(table: Mapping[tuple[str, str, str, str], EvalMetrics]) -> 
             print("  " + " " * 16 + " other thresholds (refused/routed): " + "  ".join(
                 f"{threshold:.3f}: {_share(answerable, threshold, below=True):.3f}/"
                 f"{_share(nobody, threshold, below=False):.3f}" for threshold in REFUSAL_CURVE))
+
+
+# The grid another model's blend is chosen from, on the tuning set alone (the packaged model's
+# values, 0.6 and 0.7, are in it).
+VECTOR_WEIGHT_GRID = (0.5, 0.6, 0.7, 0.8, 0.9)
+AGENT_VECTOR_WEIGHT_GRID = (0.5, 0.7, 0.9)
+
+
+async def tune_for_model(embedder: Embedder) -> tuple[dict[str, object], float]:
+    """Blend weights and hybrid refusal threshold for ``embedder``'s model, chosen on the tuning
+    set alone: the grid point of highest hybrid MRR (ties: higher recall@5, then the packaged
+    weights, then the grid's first), then the threshold :func:`refusal_threshold` picks from that
+    point's top scores."""
+    entry = EVAL_SUITE[0]
+    tuning = load_eval_set(entry.path)
+    print(f"\n== blend weights for {embedder.model_id}, chosen on {entry.name} (hybrid MRR / recall@5) ==")
+    best: tuple[tuple[float, float, bool], dict[str, object], EvalMetrics] | None = None
+    for vector_weight in VECTOR_WEIGHT_GRID:
+        cells = []
+        for agent_vector_weight in AGENT_VECTOR_WEIGHT_GRID:
+            settings: dict[str, object] = {"vector_weight": vector_weight, "agent_vector_weight": agent_vector_weight}
+            async with SemanticSearch(embedder=embedder, **settings) as search:  # type: ignore[arg-type]
+                await index_eval_set(search, tuning)
+                metrics = await evaluate(search, tuning.queries, ranking=Ranking.HYBRID)
+            packaged = (vector_weight, agent_vector_weight) == (DEFAULT_VECTOR_WEIGHT, DEFAULT_AGENT_VECTOR_WEIGHT)
+            key = (round(metrics.mrr, 6), round(metrics.recall_at_5, 6), packaged)
+            if best is None or key > best[0]:
+                best = (key, settings, metrics)
+            cells.append(f"agent {agent_vector_weight}: {metrics.mrr:.3f} / {metrics.recall_at_5:.3f}")
+        print(f"  vector {vector_weight}: " + "   ".join(cells))
+    if best is None:
+        raise ValueError("the weight grids are empty")
+    _, settings, metrics = best
+    threshold = refusal_threshold(metrics.answerable_top_scores, metrics.unanswerable_top_scores)
+    print(f"  chosen: {settings}; hybrid refusal threshold {threshold:.3f} (fewest unanswerable routed with "
+          f"at most {MAX_REFUSED:.0%} of the answerable refused)")
+    return settings, threshold
+
+
+def _resident_mb() -> float | None:
+    """This process's resident memory (Linux ``VmRSS``), None where /proc is not there."""
+    try:
+        status = Path("/proc/self/status").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    return None
+
+
+def _files_mb(location: str) -> float | None:
+    path = Path(location)
+    if not path.is_dir():
+        return None
+    return sum(item.stat().st_size for item in path.rglob("*") if item.is_file()) / 1e6
+
+
+def _memory_line(label: str, before_mb: float | None) -> str:
+    now = _resident_mb()
+    if now is None or before_mb is None:
+        return f"  resident memory {label}: not measurable here"
+    return f"  resident memory {label}: {now:.0f} MB (+{now - before_mb:.0f} MB over before the load)"
 
 
 async def _latency(search: SemanticSearch, cache: _QueryBypassCache, queries: list[str], count: int) -> None:
@@ -246,19 +329,34 @@ async def _latency(search: SemanticSearch, cache: _QueryBypassCache, queries: li
               f"max={max(values):6.2f} ms")
 
 
-async def main(sizes: Sequence[int], query_count: int) -> None:
+async def main(sizes: Sequence[int], query_count: int, model: str | None = None) -> None:
+    import sentence_transformers  # imported before the memory baseline, so the delta is the model's
     import torch
 
     print(f"python {sys.version.split()[0]}, numpy {np.__version__}, torch {torch.__version__} "
           f"({torch.get_num_threads()} threads), {os.cpu_count()} CPUs")
     eval_set = load_eval_set(EVAL_PATH)
     cache = _QueryBypassCache()
-    embedder = Embedder(cache=cache)
+    embedder = Embedder(model=model, cache=cache)
+    location = str(packaged_model_path()) if model is None else model_location(model)
+    files_mb = _files_mb(location)
+    before_mb = _resident_mb()
     started = time.perf_counter()
     await embedder.load()
-    print(f"model {embedder.model_id} (dimension {embedder.dimension}) loaded in {time.perf_counter() - started:.1f} s")
+    print(f"model {embedder.model_id} (dimension {embedder.dimension}, sentence-transformers "
+          f"{sentence_transformers.__version__}) loaded in {time.perf_counter() - started:.1f} s from {location}"
+          + (f" ({files_mb:.0f} MB of files)" if files_mb is not None else "")
+          + (", English only" if embedder.english_only else ""))
+    print(_memory_line("after the load", before_mb))
 
-    print_thresholds(await relevance(embedder))
+    settings: dict[str, object] = {}
+    hybrid_threshold: float | None = None
+    if model is not None:
+        settings, hybrid_threshold = await tune_for_model(embedder)
+    variants = {name: {**settings, **variant} for name, variant in VARIANTS.items()}
+    table = await relevance(embedder, variants=variants, hybrid_threshold=hybrid_threshold)
+    print_thresholds(table, hybrid_threshold=hybrid_threshold)
+    print(_memory_line("after the relevance runs", before_mb))
 
     queries = [query.query for query in eval_set.queries]
     largest = max(sizes)
@@ -276,7 +374,7 @@ async def main(sizes: Sequence[int], query_count: int) -> None:
             remaining -= len(kept) - 1
         capability_docs = sum(1 for documents in agents.values() for document in documents if document.capability)
         total_docs = sum(len(documents) for documents in agents.values())
-        async with SemanticSearch(embedder=embedder) as search:
+        async with SemanticSearch(embedder=embedder, **settings) as search:  # type: ignore[arg-type]
             encoded_before = embedder.stats.texts_encoded
             started = time.perf_counter()
             await search.upsert_owners(agents)
@@ -291,6 +389,7 @@ async def main(sizes: Sequence[int], query_count: int) -> None:
             elapsed = time.perf_counter() - started
             print(f"  re-index, all vectors cached: {total_docs / elapsed:8.0f} docs/s ({elapsed:.2f} s)")
             await _latency(search, cache, queries, query_count)
+            print(_memory_line(f"with {capability_docs} capabilities indexed", before_mb))
     await embedder.aclose()
 
 
@@ -299,6 +398,9 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--queries", type=int, default=DEFAULT_QUERIES, help="timed queries per index size")
     parser.add_argument("--sizes", default=",".join(str(size) for size in DEFAULT_SIZES),
                         help="comma-separated capability counts to index")
+    parser.add_argument("--model", default=None,
+                        help="another sentence-transformers model: a directory, an installed package that ships "
+                             "one or a locally cached name (default: the packaged all-MiniLM-L6-v2)")
     arguments = parser.parse_args()
     arguments.sizes = [int(size) for size in arguments.sizes.split(",") if size]
     if arguments.queries < 1 or not arguments.sizes or min(arguments.sizes) < 1:
@@ -308,4 +410,4 @@ def _parse() -> argparse.Namespace:
 
 if __name__ == "__main__":
     options = _parse()
-    asyncio.run(main(options.sizes, min(options.queries, 100_000)))
+    asyncio.run(main(options.sizes, min(options.queries, 100_000), options.model))

@@ -38,6 +38,7 @@ __all__ = [
     "DEFAULT_BATCH_SIZE",
     "packaged_model_path",
     "model_location",
+    "card_languages",
 ]
 
 logger = logging.getLogger(__name__)
@@ -120,6 +121,41 @@ def model_location(model: str) -> str:
     return model
 
 
+def card_languages(location: str | Path) -> frozenset[str] | None:
+    """The languages the model card (``README.md``, its YAML front matter) in ``location``
+    declares under ``language:`` (a scalar, an inline list or a block list), lower-cased; None
+    when there is no card, no front matter or no ``language`` key. Only that key is read, so no
+    YAML library is needed."""
+    try:
+        text = (Path(location).expanduser() / "README.md").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return None
+    languages: list[str] = []
+    in_list = False
+    for line in lines[1:]:
+        if line.strip() == "---":
+            break
+        if in_list and line.lstrip().startswith("- "):
+            languages.append(line.lstrip()[2:])
+            continue
+        in_list = False
+        key, _, value = line.partition(":")
+        if key != "language":
+            continue
+        value = value.strip()
+        if value.startswith("["):
+            languages.extend(value.strip("[]").split(","))
+        elif value:
+            languages.append(value)
+        else:
+            in_list = True
+    found = frozenset(language.strip().strip("'\"").lower() for language in languages) - {""}
+    return found or None
+
+
 def _force_offline() -> None:
     # huggingface_hub reads HF_HUB_OFFLINE once at import: set the variable for modules imported
     # later and patch the constant for a hub that another component already imported.
@@ -189,6 +225,7 @@ class Embedder:
         self._batch_threads = torch_threads
         self._current_threads: int | None = None  # touched only on the worker thread
         self._dimension: int | None = None
+        self._english_only: bool | None = None  # read from the model card on first use
         self._executor: ThreadPoolExecutor | None = None
         self._load_lock = asyncio.Lock()
         self.stats = EmbedderStats()
@@ -203,9 +240,17 @@ class Embedder:
 
     @property
     def english_only(self) -> bool:
-        """True for the packaged all-MiniLM-L6-v2, trained on English text only: its cosines
-        between texts in other scripts (Chinese, Japanese, Korean) are noise, not meaning."""
-        return self._model_id == DEFAULT_MODEL_ID
+        """True for a model trained on English text only, whose cosines between texts in other
+        scripts (Chinese, Japanese, Korean) are noise, not meaning: the packaged
+        all-MiniLM-L6-v2, and any model whose card (``README.md`` front matter) declares
+        ``language: en`` alone (all-mpnet-base-v2's does). A model without a card, or whose card
+        names other languages, is taken at its word: its cosines are used for every script."""
+        if self._english_only is None:
+            if self._model_id == DEFAULT_MODEL_ID:
+                self._english_only = True
+            else:
+                self._english_only = card_languages(model_location(self._model_id)) == frozenset({"en"})
+        return self._english_only
 
     @property
     def state(self) -> EmbedderState:

@@ -49,6 +49,7 @@ from semantic import (
     VectorIndex,
     tokenize,
 )
+from semantic.embedder import card_languages
 from semantic.evaluation import (
     EvalMetrics,
     EvalSet,
@@ -452,6 +453,24 @@ async def test_lifecycle_is_idempotent_and_closed_means_closed(embedder: Embedde
         await facade.search("weather")
     assert embedder.state.value == "ready"  # a facade does not close an embedder it was given
     assert Embedder(model="all-MiniLM-L6-v2").model_id == DEFAULT_MODEL_ID  # hub name -> packaged copy
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("front_matter", "languages", "english_only"), [
+    ("language: en", {"en"}, True),
+    ("license: apache-2.0\nlanguage:\n- en\n- zh\ntags:\n- x", {"en", "zh"}, False),
+    ("language: [ 'en', \"de\" ]", {"en", "de"}, False),
+    ("language: multilingual", {"multilingual"}, False),
+    ("license: mit", None, False),
+])
+def test_english_only_follows_the_model_card(tmp_path: Path, front_matter: str, languages: set[str] | None,
+                                             english_only: bool) -> None:
+    # A mostly-CJK query is ranked lexically for an English-only model: its cosines there are noise.
+    (tmp_path / "README.md").write_text(f"---\n{front_matter}\n---\n# a model\nlanguage: fr\n", encoding="utf-8")
+    assert card_languages(tmp_path) == (frozenset(languages) if languages is not None else None)
+    assert Embedder(model=str(tmp_path)).english_only is english_only
+    assert card_languages(tmp_path / "absent") is None
+    assert Embedder().english_only  # the packaged all-MiniLM-L6-v2
 
 
 # -- embedder and vector caches ---------------------------------------------------------------
