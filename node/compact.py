@@ -10,8 +10,11 @@ fields-set and its own ``__dict__`` (832 B for the 26 fields, more than the reco
 lists become one shared object, repeated strings and numbers one object, every record of a model
 shares one fields-set naming all its fields, and the instance is built attribute by attribute in
 field order, so CPython gives it a key-sharing ``__dict__`` (the keys are held once per class;
-280 B per record instead of 832). :func:`build` makes such an instance from field values directly
-(``node.stored_records`` reads stored JSON that way). Measured in ``bench/scale.py``.
+280 B per record instead of 832). The endpoints, a dict of their own per record (their URLs
+differ), are one whose keys are held once per set of endpoint names: 100 B instead of 184 for
+the one endpoint most agents have (:func:`key_shared`). :func:`build` makes such an instance
+from field values directly (``node.stored_records`` reads stored JSON that way). Measured in
+``bench/scale.py``.
 
 Sharing is safe because records and their parts are not mutated in place: changes make new
 records (``model_copy``, whose ``__dict__`` copy stays key-sharing); the attributes assigned in
@@ -27,8 +30,8 @@ from pydantic import BaseModel
 
 from .models import AgentRecord, Capability, Load
 
-__all__ = ["MAX_SHARED", "build", "capability_key", "compact", "is_compact", "share_capabilities", "share_capability", "share_load",
-           "share_parts", "shared_capability", "shared_load"]
+__all__ = ["MAX_KEY_SETS", "MAX_SHARED", "build", "capability_key", "compact", "is_compact", "key_shared",
+           "share_capabilities", "share_capability", "share_load", "share_parts", "shared_capability", "shared_load"]
 
 MAX_SHARED = 100_000  # distinct values a table remembers; beyond it the table starts again
 
@@ -37,6 +40,8 @@ _capability_lists: dict[tuple[int, ...], list[Capability]] = {}
 _loads: dict[tuple[object, ...], Load] = {}
 _labels: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
 _caller_lists: dict[tuple[str, ...], list[str]] = {}
+_key_holders: dict[tuple[str, ...], type] = {}  # per set of dict keys, the class whose instances hold them
+MAX_KEY_SETS = 1_000  # sets of endpoint names given key-sharing dicts; beyond, dicts stay as they are
 _texts: dict[object, Any] = {}  # strings and numbers that repeat across records (_REPEATED)
 _all_fields: dict[type[BaseModel], set[str]] = {}
 _field_names: dict[type[BaseModel], tuple[str, ...]] = {}
@@ -139,6 +144,23 @@ def share_callers(callers: list[str]) -> list[str]:
     return _remembered(_caller_lists, tuple(callers), callers)
 
 
+def key_shared(mapping: dict[str, V]) -> dict[str, V]:
+    """A dict equal to ``mapping`` (same keys, order and values) whose keys are held once for
+    every dict of the same keys: the ``__dict__`` of an instance of a class made for those keys
+    (CPython's key-sharing dicts). A plain ``dict`` to every reader; one that is changed turns
+    into an ordinary dict of its own. ``mapping`` itself when too many sets of keys were seen."""
+    names = tuple(mapping)
+    holder = _key_holders.get(names)
+    if holder is None:
+        if len(_key_holders) >= MAX_KEY_SETS:
+            return mapping
+        holder = _key_holders[names] = type("KeyHolder", (), {"__module__": __name__})
+    instance = object.__new__(holder)
+    for name, value in mapping.items():  # always in the same order: the keys stay shared
+        _set(instance, name, value)
+    return instance.__dict__  # the instance goes; the dict holds the values from now on
+
+
 _PROTOTYPES = [_prototype(model) for model in (AgentRecord, Capability, Load)]
 
 
@@ -170,4 +192,5 @@ def share_parts(values: dict[str, Any]) -> None:
     if values["updated_at_ms"] == values["registered_at_ms"]:
         values["updated_at_ms"] = values["registered_at_ms"]
     values["labels"] = share_labels(values["labels"])
+    values["endpoints"] = key_shared(values["endpoints"])
     values["allowed_callers"] = share_callers(values["allowed_callers"])

@@ -6,12 +6,13 @@ schema's record still refused with pydantic's error."""
 from __future__ import annotations
 
 import sys
+import tracemalloc
 from typing import Any
 
 import orjson
 import pytest
 
-from node.compact import compact, is_compact
+from node.compact import compact, is_compact, key_shared
 from node.models import AgentRecord, Status
 from node.stored_records import WrittenRecords, read_record
 
@@ -69,6 +70,26 @@ def test_records_share_what_they_have_in_common() -> None:
     assert made == parsed and made.model_dump_json() == parsed.model_dump_json()
     assert made.capabilities is first.capabilities and made.labels is first.labels
     assert compact(made) is made and not is_compact(parsed)
+
+
+def test_endpoints_are_dicts_that_hold_their_names_once() -> None:
+    urls = [f"http://127.0.0.1:{9_000 + i}" for i in range(2_000)]
+    tracemalloc.start()
+    plain = [{"primary": url, "external": url} for url in urls]
+    plain_bytes = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    tracemalloc.start()
+    shared = [key_shared({"primary": url, "external": url}) for url in urls]
+    shared_bytes = tracemalloc.get_traced_memory()[0]  # the URL strings are made before either
+    tracemalloc.stop()
+    assert shared == plain and all(type(endpoints) is dict for endpoints in shared)
+    assert [list(endpoints) for endpoints in shared[:2]] == [["primary", "external"]] * 2
+    assert shared_bytes < 0.6 * plain_bytes
+    shared[0]["other"] = "http://127.0.0.1:1"  # a changed one is a dict of its own
+    assert list(shared[0]) == ["primary", "external", "other"] and list(shared[1]) == ["primary", "external"]
+    record = read_record(stored_json(endpoints={"primary": urls[0], "external": urls[1]}))
+    assert record.endpoints == {"primary": urls[0], "external": urls[1]}
+    assert record.model_dump_json() == stored_json(endpoints={"primary": urls[0], "external": urls[1]})
 
 
 def test_a_compact_record_changes_like_any_record() -> None:
