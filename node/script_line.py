@@ -3,25 +3,36 @@
 A :class:`~node.batch.Coalescer` has one batch in flight at a time, so its flush needs no
 connection pool: :class:`ScriptLine` keeps one connection out of the client's pool for as long as
 it lives and sends each batch as one ``EVALSHA`` (packed by hiredis on the store's pool,
-``node.redis_wire``). Measured on this project's 2-core machine, a 74-argument call (a heartbeat
-batch of nine) cost 79 µs of the node's CPU through ``AsyncScript`` (redis-py packs every
-argument in Python, checks a connection out and back in, and records its telemetry), 49 µs with
-hiredis packing alone, and 25 µs this way.
+``node.redis_wire``). redis-py opens the connection (address, TLS, AUTH, SELECT: whatever the URL
+says); then the line reads the replies itself: the connection's transport is handed to
+:class:`_Replies`, an asyncio protocol that feeds what arrives to hiredis and gives each reply to
+the call waiting for it, in order. redis-py's asyncio reading (a stream reader, a timeout context
+and a lock per reply) cost more than the script itself: measured on this project's 2-core
+machine, under 16 connections of heartbeats the node spent 21 µs of CPU per heartbeat on the round
+trip through it.
 
 What redis-py's client does for a command still holds: the same retry policy (the pool's
-connections carry it: reconnect and back off on a connection error or timeout), the periodic
-health check, a script Redis does not know (a restarted or replaced server) loaded and sent again,
-a reply that is an error raised as redis-py's exception, and a call cancelled or failed mid-reply
-leaves no half-read reply for the next batch (tests/test_batching.py).
+connections carry it: reconnect and back off on a connection error or timeout), the connection's
+``socket_timeout`` for a reply, a script Redis does not know (a restarted or replaced server)
+loaded and sent again, and an error reply raised as redis-py's exception (its parser's mapping).
+A call cancelled before its reply leaves the reply to be read and dropped, so the next call gets
+its own (``tests/test_batching.py``); a connection closed under a call fails it with redis-py's
+``ConnectionError`` and the retry reconnects.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from collections.abc import Sequence
 
+import hiredis
 import redis.asyncio as aioredis
+from redis._parsers.base import BaseParser
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import NoScriptError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import InvalidResponse, NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 __all__ = ["ScriptLine"]
 
@@ -35,6 +46,7 @@ class ScriptLine:
         self._script = redis.register_script(source)  # its sha, and SCRIPT LOAD when Redis lacks it
         self._pool = redis.connection_pool
         self._connection: AbstractConnection | None = None
+        self._replies: _Replies | None = None
 
     async def __call__(self, keys: Sequence[str], args: Sequence[Arg]) -> object:
         command = ("EVALSHA", self._script.sha, len(keys), *keys, *args)
@@ -49,18 +61,106 @@ class ScriptLine:
         if connection is None:
             connection = self._connection = await self._pool.get_connection()
         packed = connection.pack_command(*command)  # once, for every attempt
-        # redis-py's connection drops its socket when a send or a read fails or is cancelled, so
-        # no half-read reply is left for the next batch; the retry reconnects.
         return await connection.retry.call_with_retry(lambda: self._once(connection, packed),
-                                                      lambda error: connection.disconnect())
+                                                      lambda error: self._reconnect(connection))
 
-    @staticmethod
-    async def _once(connection: AbstractConnection, packed: list[bytes]) -> object:
-        await connection.send_packed_command(packed)
-        return await connection.read_response()
+    async def _once(self, connection: AbstractConnection, packed: list[bytes]) -> object:
+        replies = self._replies
+        if replies is None or replies.lost is not None:
+            if replies is not None:  # closed under us (redis-py's side does not know it): open anew
+                await connection.disconnect(nowait=True)
+            if not connection.is_connected:
+                await connection.connect()
+            replies = self._replies = _Replies.take_over(connection)
+        reply = replies.send(packed)
+        timeout = connection.socket_timeout
+        if timeout is None:
+            return await reply
+        try:
+            async with asyncio.timeout(timeout):
+                return await reply
+        except TimeoutError as exc:
+            raise RedisTimeoutError(f"no reply from Redis within {timeout} s") from exc
+
+    async def _reconnect(self, connection: AbstractConnection) -> None:
+        """After a failed attempt: a new connection for the next (the retry's ``fail``)."""
+        self._replies = None
+        await connection.disconnect(nowait=True)  # its stream reader no longer reads: do not wait on it
 
     async def aclose(self) -> None:
-        """Give the connection back to the pool (the pool's own close then ends it)."""
-        connection, self._connection = self._connection, None
+        """Close the connection and give it back to the pool (which opens it again if it is reused)."""
+        connection, self._connection, self._replies = self._connection, None, None
         if connection is not None:
+            await connection.disconnect(nowait=True)
             await self._pool.release(connection)
+
+
+class _Replies(asyncio.Protocol):
+    """The replies of one connection, in the order their commands went out."""
+
+    def __init__(self, transport: asyncio.Transport, connection: AbstractConnection) -> None:
+        self._transport = transport
+        encoder = connection.encoder
+        options: dict[str, object] = {"protocolError": InvalidResponse, "replyError": BaseParser.parse_error}
+        if encoder.decode_responses:
+            options.update(encoding=encoder.encoding, errors=encoder.encoding_errors)
+        self._reader = hiredis.Reader(**options)
+        self._waiting: deque[asyncio.Future[object]] = deque()
+        self._streams: asyncio.BaseProtocol | None = None  # redis-py's, told of the close (its writer waits for it)
+        self.lost: Exception | None = None
+
+    @classmethod
+    def take_over(cls, connection: AbstractConnection) -> _Replies:
+        """Read ``connection``'s replies from now on (it is open, its handshake done, nothing pending)."""
+        writer = getattr(connection, "_writer", None)
+        if writer is None:
+            raise RedisConnectionError("the connection to Redis is not open")
+        replies = cls(writer.transport, connection)
+        replies._streams = writer.transport.get_protocol()
+        writer.transport.set_protocol(replies)
+        return replies
+
+    def send(self, packed: list[bytes]) -> asyncio.Future[object]:
+        if self.lost is not None:
+            raise RedisConnectionError(str(self.lost))
+        reply: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._waiting.append(reply)
+        self._transport.writelines(packed)
+        return reply
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        while True:
+            try:
+                reply = self._reader.gets()
+            except InvalidResponse as exc:  # not RESP: nothing after it can be trusted
+                self._lose(RedisConnectionError(f"Redis sent what is not a reply: {exc}"))
+                return
+            if reply is False:
+                return
+            if not self._waiting:
+                self._lose(RedisConnectionError("Redis sent a reply nobody asked for"))
+                return
+            waiter = self._waiting.popleft()
+            if waiter.done():  # its caller gave up (cancelled): the reply is read and dropped
+                continue
+            if isinstance(reply, Exception):
+                waiter.set_exception(reply)
+            else:
+                waiter.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._streams is not None:
+            self._streams.connection_lost(exc)
+            self._streams = None
+        if self.lost is None:
+            self._lose(RedisConnectionError(f"the connection to Redis was lost: {exc}" if exc
+                                            else "Redis closed the connection"))
+
+    def _lose(self, error: Exception) -> None:
+        self._transport.close()
+        self.lost = error
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_exception(error)

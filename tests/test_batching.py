@@ -189,7 +189,8 @@ def test_the_collector_is_frozen_again_once_records_grew_by_a_step() -> None:
 
 async def test_a_script_line_survives_a_flushed_script_a_cancelled_call_and_an_error_reply(redis_url: str) -> None:
     """The coalescers' own connection (node.script_line): Redis forgetting the script, a call
-    cancelled before its reply was read, and an error reply each leave the next call its own answer."""
+    cancelled before its reply was read, an error reply and a connection Redis closed each leave
+    the next call its own answer."""
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
     echo = ScriptLine(client, "if ARGV[1] == 'fail' then return redis.error_reply('refused ' .. KEYS[1]) end "
                               "if ARGV[1] == 'slow' then local t = redis.call('TIME') "
@@ -219,6 +220,10 @@ async def test_a_script_line_survives_a_flushed_script_a_cancelled_call_and_an_e
         with pytest.raises(ResponseError, match="refused k"):
             await echo(["k"], ["fail", 0])
         assert await echo(["k"], ["d", 9]) == ["k", "d", 10]
+        # Redis drops the line's connection (a restart, a proxy's idle timeout): the next call reconnects.
+        killed = await client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        assert killed >= 1
+        assert await echo(["k"], ["e", 11]) == ["k", "e", 12]
     finally:
         await echo.aclose()
         await client.aclose()
