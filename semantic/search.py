@@ -88,7 +88,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -280,8 +280,12 @@ class SemanticSearch:
         self._state = SearchState.NEW
         self._start_lock = asyncio.Lock()
         self.unavailable_reason: str | None = None if semantic_enabled else "disabled by config (semantic_enabled=False)"
+        # Per owner its documents, in order; by doc id those that are not an agent description
+        # of the conventional id ("<owner_id>#"): such a description is held as its title and
+        # text alone (_Description), its id and Document made when read (~160 B per agent).
+        self._owner_docs: dict[str, tuple[Document | _Description, ...]] = {}
         self._documents: dict[str, Document] = {}
-        self._owner_docs: dict[str, tuple[str, ...]] = {}
+        self._document_count = 0
         self._owner_generation: dict[str, int] = {}
         self._upserts_in_flight: dict[str, int] = {}
         self._generation = 0
@@ -360,13 +364,14 @@ class SemanticSearch:
 
     def __len__(self) -> int:
         """Number of indexed documents (as upserted; agent-level texts not counted)."""
-        return len(self._documents)
+        return self._document_count
 
     def owners(self) -> list[str]:
         return list(self._owner_docs)
 
     def documents_of(self, owner_id: str) -> list[Document]:
-        return [self._documents[doc_id] for doc_id in self._owner_docs.get(owner_id, ())]
+        return [held if isinstance(held, Document) else held.document(owner_id)
+                for held in self._owner_docs.get(owner_id, ())]
 
     def embedding_texts(self, documents: Sequence[Document]) -> list[str]:
         """The texts this facade encodes for one owner's ``documents`` (capabilities, their
@@ -430,10 +435,11 @@ class SemanticSearch:
             self._generation += 1
             self._owner_generation[owner_id] = self._generation
         self._forget_agent(owner_id)  # first: its text is read back from the documents
-        doc_ids = self._owner_docs.pop(owner_id, ())
-        for doc_id in doc_ids:
-            self._forget(doc_id)
-        return bool(doc_ids)
+        documents = self.documents_of(owner_id)
+        self._document_count -= len(self._owner_docs.pop(owner_id, ()))
+        for document in documents:
+            self._forget(document.doc_id)
+        return bool(documents)
 
     def _validate(self, owner_id: str, documents: Sequence[Document]) -> None:
         seen: set[str] = set()
@@ -445,12 +451,22 @@ class SemanticSearch:
             if document.doc_id in seen:
                 raise InvalidDocumentError(f"doc_id {document.doc_id!r} appears twice for {owner_id!r}")
             seen.add(document.doc_id)
-            existing = self._documents.get(document.doc_id)
-            if existing is not None and existing.owner_id != owner_id:
+            other = self._owner_of(document.doc_id)
+            if other is not None and other != owner_id:
                 raise InvalidDocumentError(
-                    f"doc_id {document.doc_id!r} already belongs to {existing.owner_id!r}; "
+                    f"doc_id {document.doc_id!r} already belongs to {other!r}; "
                     f"doc ids must be unique across owners (Document.for_capability builds such ids)"
                 )
+
+    def _owner_of(self, doc_id: str) -> str | None:
+        """The owner holding a document of id ``doc_id``, if one does."""
+        held = self._documents.get(doc_id)
+        if held is not None:
+            return held.owner_id
+        owner_id = doc_id[:-1]  # a description held without its id has the id "<owner_id>#"
+        if doc_id.endswith("#") and any(isinstance(held, _Description) for held in self._owner_docs.get(owner_id, ())):
+            return owner_id
+        return None
 
     async def _encode(self, texts: Sequence[str]) -> np.ndarray | None:
         if self._mode is not SearchMode.HYBRID or self._embedder is None or not texts:
@@ -461,15 +477,17 @@ class SemanticSearch:
         # The lexical indexes read a text they replace back from the documents held (text_of):
         # each is re-indexed before the documents it was built from are dropped or replaced.
         self._version += 1
-        new_ids = tuple(document.doc_id for document in documents)
+        new_ids = {document.doc_id for document in documents}
         agent_text = agent_lexical_text(documents)
         if documents:
             self._agent_lexical.upsert(owner_id, agent_text)
             self._speller.upsert(owner_id, agent_text)
         else:
             self._forget_agent(owner_id)
-        for doc_id in set(self._owner_docs.get(owner_id, ())) - set(new_ids):
-            self._forget(doc_id)
+        for document in self.documents_of(owner_id):
+            if document.doc_id not in new_ids:
+                self._forget(document.doc_id)
+        self._document_count += len(documents) - len(self._owner_docs.get(owner_id, ()))
         if not documents:
             self._owner_docs.pop(owner_id, None)
             return
@@ -480,8 +498,11 @@ class SemanticSearch:
                 self._capability_lexical.remove(document.doc_id)
                 if self._capability_vectors is not None:
                     self._capability_vectors.remove(document.doc_id)
-            self._documents[document.doc_id] = document
-        self._owner_docs[owner_id] = new_ids
+            self._documents[document.doc_id] = document  # the text the capability index now holds
+        self._owner_docs[owner_id] = tuple(map(_held, documents))
+        for document, held in zip(documents, self._owner_docs[owner_id]):
+            if held is not document:  # a description held without its id
+                del self._documents[document.doc_id]
         if vectors is not None:
             self._store_vectors(owner_id, documents, vectors)
 
@@ -630,14 +651,15 @@ class SemanticSearch:
                            capability_of=self._capability_of)
 
     def _capability_of(self, doc_id: str) -> str | None:
-        return self._documents[doc_id].capability
+        held = self._documents.get(doc_id)  # none: a description held without its id
+        return None if held is None else held.capability
 
     def _layout(self) -> OwnerLayout:
         # Rebuilt only after a mutation (registrations, not heartbeats, change documents).
         if self._layout_cache is None or self._layout_cache[0] != self._version:
             agent_vectors, capability_vectors = self._agent_vectors, self._capability_vectors
             layout = OwnerLayout.of(
-                self._owner_docs, self._capability_of,
+                _DocIds(self._owner_docs), self._capability_of,
                 agent_row=agent_vectors.row_of if agent_vectors is not None else _absent,
                 agent_slot=self._agent_lexical.slot_of,
                 capability_row=capability_vectors.row_of if capability_vectors is not None else _absent,
@@ -645,6 +667,44 @@ class SemanticSearch:
             )
             self._layout_cache = (self._version, layout)
         return self._layout_cache[1]
+
+
+class _Description:
+    """An agent description of the conventional id ``"<owner_id>#"`` as held: its title and text
+    (a Document and its id string cost ~160 B more per agent)."""
+
+    __slots__ = ("title", "text")
+
+    def __init__(self, title: str, text: str) -> None:
+        self.title = title
+        self.text = text
+
+    def document(self, owner_id: str) -> Document:
+        return Document.for_description(owner_id=owner_id, title=self.title, description=self.text)
+
+
+def _held(document: Document) -> Document | _Description:
+    """What the facade holds of ``document``: a :class:`_Description` when that is all of it."""
+    if (document.capability is None and not document.tags and not document.examples
+            and document.doc_id == f"{document.owner_id}#"):
+        return _Description(document.title, document.text)
+    return document
+
+
+class _DocIds(Mapping[str, Sequence[str]]):
+    """Each owner's doc ids, in order, read from what the facade holds (for the owner layout)."""
+
+    def __init__(self, owner_docs: Mapping[str, tuple[Document | _Description, ...]]) -> None:
+        self._owner_docs = owner_docs
+
+    def __getitem__(self, owner_id: str) -> list[str]:
+        return [held.doc_id if isinstance(held, Document) else f"{owner_id}#" for held in self._owner_docs[owner_id]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._owner_docs)
+
+    def __len__(self) -> int:
+        return len(self._owner_docs)
 
 
 def _absent(key: str) -> None:
