@@ -15,7 +15,8 @@ import enum
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from itertools import accumulate
+from itertools import accumulate, compress
+from typing import TypeVar
 
 from .cache import AgentIndex
 from .models import (
@@ -33,10 +34,8 @@ from .models import (
 from .outcomes import ERROR_RECHECK_MS, OutcomeTracker
 from .security import may_see
 
-__all__ = [
-    "ALL_WEIGHT_FACTORS", "Candidate", "CandidateTables", "Level", "Source", "Table", "WeightFactor",
-    "capability_of", "caller_allowed", "tagged", "version_of",
-]
+__all__ = ["ALL_WEIGHT_FACTORS", "Candidate", "CandidateTables", "Level", "Source", "Table", "WeightFactor",
+           "capability_of", "caller_allowed", "tagged", "version_of"]
 
 STATUS_FACTORS = {Status.READY: 1.0, Status.DEGRADED: 0.5, Status.BUSY: 0.2}
 DEFAULT_CAPACITY = 10  # the load factor's capacity for an agent without max_concurrency
@@ -44,6 +43,8 @@ DEFAULT_MAX_EJECTION_FRACTION = 0.5
 MAX_TABLES = 4_096
 PATCH_MIN = 16  # a table is patched for up to max(this, an eighth of its candidates) changed agents
 MAX_TIME_MS = 2**62
+_FEW_CHANGED = 8  # up to this many changed agents, each is searched for in the pool's ids (list.index)
+T = TypeVar("T")
 
 
 class WeightFactor(enum.Flag):
@@ -132,6 +133,9 @@ class Table:
     # every such request shares it.
     level: Level
     agent_ids: set[str] = field(default_factory=set)  # of the candidates: is the caller among them?
+    # The candidates' ids and weights, in order: a patch needs no Python step per candidate.
+    ids: list[str] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
     # Per agent, what it added to the counts above: its reason in ``rejected`` and the weight it
     # added to ``registered_weight`` — so a change to a few agents patches the table (_patch).
     reasons: dict[str, str] = field(default_factory=dict)
@@ -265,7 +269,7 @@ class CandidateTables:
                       level=level, reasons=screening.reasons, counted=screening.counted,
                       ejecting=screening.ejecting)
         self._weigh(screening.admitted, source, table, now_ms=now_ms)
-        cumulative.extend(accumulate(candidate.weight for candidate in candidates))
+        cumulative.extend(accumulate(table.weights))
         return table
 
     def _patch(self, table: Table, source: Source, request: RouteRequest, generation: int, *,
@@ -285,30 +289,34 @@ class CandidateTables:
         screening = self._screen(pairs, source, request, constraint, now_ms=now_ms)
         if screening.ejected:
             return None
-        rejected = dict(table.rejected)
-        reasons = {agent_id: reason for agent_id, reason in table.reasons.items() if agent_id not in changed}
+        rejected = dict(table.rejected)  # copies of the pool's maps (C-level), then a step per changed agent
+        reasons = table.reasons.copy()
+        counted = table.counted.copy()
+        registered = table.registered_weight
         for agent_id in changed:
-            reason = table.reasons.get(agent_id)
+            reason = reasons.pop(agent_id, None)
             if reason is not None:
                 rejected[reason] -= 1
                 if not rejected[reason]:
                     del rejected[reason]
+            registered -= counted.pop(agent_id, 0.0)  # whole numbers: the sum stays exact
         for reason, count in screening.rejected.items():
             rejected[reason] = rejected.get(reason, 0) + count
         reasons.update(screening.reasons)
-        counted = {agent_id: weight for agent_id, weight in table.counted.items() if agent_id not in changed}
         counted.update(screening.counted)
-        candidates = [candidate for candidate in table.candidates if candidate.agent_id not in changed]
+        registered += sum(screening.counted.values())
+        gone = _places(table.ids, changed & table.agent_ids)
+        candidates = _without(table.candidates, gone)
         cumulative: list[float] = []
-        registered = sum(counted.values())
         patched = replace(table, candidates=candidates, cumulative=cumulative, registered_weight=registered,
                           matched=len(records), rejected=rejected, index_generation=generation,
                           valid_until_ms=min(table.valid_until_ms, screening.valid_until_ms),
                           agent_ids=table.agent_ids - changed, reasons=reasons, counted=counted,
+                          ids=_without(table.ids, gone), weights=_without(table.weights, gone),
                           level=Level(name=source.region, candidates=candidates, registered_weight=registered,
                                       stale=source.stale, cumulative=cumulative))
         self._weigh(screening.admitted, source, patched, now_ms=now_ms)
-        cumulative.extend(accumulate(candidate.weight for candidate in candidates))
+        cumulative.extend(accumulate(patched.weights))
         return patched
 
     def _screen(self, matched: Matched, source: Source, request: RouteRequest,
@@ -376,6 +384,8 @@ class CandidateTables:
             if horizon is not None:
                 table.min_lease_ms = min(table.min_lease_ms, record.lease_expires_at_ms)
             table.agent_ids.add(record.agent_id)
+            table.ids.append(record.agent_id)
+            table.weights.append(weight)
             table.candidates.append(Candidate(
                 record=record, weight=weight, target=route_target(record, source),
                 capability=capability.name if capability else None,
@@ -405,6 +415,21 @@ class CandidateTables:
             capacity = record.max_concurrency or DEFAULT_CAPACITY
             weight /= 1.0 + (record.load.inflight + record.load.queued) / capacity
         return weight
+
+
+def _places(ids: list[str], wanted: set[str]) -> list[int]:
+    """Where ``wanted`` are in ``ids``, ascending (C-level: a search each for a few, else one pass)."""
+    if len(wanted) <= _FEW_CHANGED:
+        return sorted(ids.index(agent_id) for agent_id in wanted)
+    return list(compress(range(len(ids)), map(wanted.__contains__, ids)))
+
+
+def _without(items: list[T], places: list[int]) -> list[T]:
+    """A copy of ``items`` without the ascending ``places`` (each deletion a C-level move)."""
+    kept = items.copy()
+    for place in reversed(places):
+        del kept[place]
+    return kept
 
 
 def _matching(index: AgentIndex, request: RouteRequest) -> Matched:
