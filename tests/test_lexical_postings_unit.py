@@ -107,7 +107,7 @@ def test_the_one_document_table_holds_postings_by_hash_through_removals_and_grow
     held: dict[int, list[int]] = {}
     rng = random.Random(3)
     for step in range(20_000):
-        hashed = rng.choice([rng.randrange(-2**63, 2**63), term_hash("shared"), 1 << 20])  # and collisions
+        hashed = rng.choice([rng.randrange(2, 2**32), term_hash("shared"), 1 << 20])  # and collisions
         slot = rng.randrange(5_000)
         if held.get(hashed) and rng.random() < 0.5:
             posting = held[hashed].pop(rng.randrange(len(held[hashed])))
@@ -118,7 +118,19 @@ def test_the_one_document_table_holds_postings_by_hash_through_removals_and_grow
     assert len(table) == sum(map(len, held.values())) > 2_000
     for hashed, postings in held.items():
         assert sorted(table.postings(hashed)) == sorted(postings)
-    assert table.postings(12345) == [] if 12345 not in held else True
+    assert table.postings(12_345) == held.get(12_345, [])
     with pytest.raises(KeyError):
         table.remove(424242, 1)
-    assert term_hash("x") not in (0, 1)
+    assert all(2 <= term_hash(word) < 2**32 for word in WORDS)
+
+
+def test_the_one_document_table_wraps_round_its_end_when_it_grows() -> None:
+    table = OneDocumentTerms()
+    tags = [1_023 + 1_024 * k for k in range(1, 1_500)]  # each one's place the last of 1,024, then 1,023 or 2,047
+    for number, tag in enumerate(tags):
+        table.add(tag, (number << 32) + 1)
+    assert len(table) == len(tags) and len(table._tags) == 2_048  # grown once, half of them wrapped round
+    assert all(table.postings(tag) == [(number << 32) + 1] for number, tag in enumerate(tags))
+    for number, tag in enumerate(tags[::2]):
+        assert table.remove(tag, 2 * number) == (2 * number << 32) + 1
+    assert all(table.postings(tag) == [((2 * number + 1) << 32) + 1] for number, tag in enumerate(tags[1::2]))
