@@ -48,6 +48,7 @@ DEFAULT_BODY_READ_TIMEOUT_MS = 30_000
 DEFAULT_IDEMPOTENCY_TTL_MS = 600_000
 DEFAULT_TRACE_TTL_MS = 86_400_000
 DEFAULT_TRACE_MAX_EVENTS = 1_000
+DEFAULT_TRACE_MAX_CALLERS = 16
 DEFAULT_IDEMPOTENCY_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_MAX_BACKGROUND = 1_000
 DEFAULT_PROXY_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
@@ -77,9 +78,13 @@ class ProxySettings(BaseModel):
                                             description="Answers up to this size are kept for resends of the same "
                                                         "envelope id.")
     trace_ttl_ms: int = Field(default=DEFAULT_TRACE_TTL_MS, ge=1_000,
-                              description="How long a trace (/v1/traces) is kept.")
+                              description="How long a trace (/v1/traces) is kept: each writer's events, after its last one.")
     trace_max_events: int = Field(default=DEFAULT_TRACE_MAX_EVENTS, ge=1, le=100_000,
-                                  description="Events one trace keeps.")
+                                  description="Events one trace keeps of each writer: of the node's own records, "
+                                              "and of each caller's posts (POST /v1/traces).")
+    trace_max_callers: int = Field(default=DEFAULT_TRACE_MAX_CALLERS, ge=1, le=1_000,
+                                   description="Callers whose posts one trace keeps; a further caller's are refused "
+                                               "(409 trace_full).")
     callback_attempts: int = Field(default=3, ge=1, le=10, description="Attempts to deliver a callback-mode result.")
     max_background: int = Field(default=DEFAULT_MAX_BACKGROUND, ge=1,
                                 description="Callback-mode deliveries in flight; beyond it sends get 429.")

@@ -3,27 +3,40 @@
 Proxy mode appends every decision, delivery attempt, outcome, duplicate, refusal and callback;
 a direct resolve that names a ``trace_id`` appends its decision; SDK clients add the deliveries
 of their direct calls (``POST /v1/traces``). ``GET /v1/traces/{trace_id}`` reads a trace back,
-so a caller whose answer was lost can find out what happened. Key (under the region's hash
-tag, next to :mod:`node.store`'s)::
+so a caller whose answer was lost can find out what happened.
 
-    {prefix}:{region}:trace:{trace_id}   LIST   route events, oldest first (TTL, capped)
+A trace is kept per writer, so that nobody's events push out anybody else's: the node's own
+records in one list, each caller's posts in a list of that caller's, at most
+``trace_max_callers`` callers per trace. Keys (under the region's hash tag, next to
+:mod:`node.store`'s; a ``/`` never occurs in a trace id, so no trace's keys name another's)::
+
+    {prefix}:{region}:trace:{trace_id}/node        LIST  the node's records, oldest first (TTL, capped)
+    {prefix}:{region}:trace:{trace_id}/by/{caller} LIST  what that caller posted (TTL, capped)
+    {prefix}:{region}:trace:{trace_id}/callers     ZSET  caller -> its last post (ms)
+    {prefix}:{region}:trace:{trace_id}             LIST  before the per-writer lists: read, never written
+
+Each list keeps its newest ``trace_max_events`` and expires ``trace_ttl_ms`` after its writer's
+last event. What a caller posted is shown to that caller (and admins), never to an agent it
+names: only the node's own records say that an agent took part.
 
 The log belongs to the node's app: :func:`install_trace_routes` builds it once from
-``NodeConfig.proxy`` (``trace_ttl_ms``, ``trace_max_events``) and keeps it under
-:data:`TRACES_KEY`; route modules reach it as ``request.app[TRACES_KEY]``.
+``NodeConfig.proxy`` (``trace_ttl_ms``, ``trace_max_events``, ``trace_max_callers``) and keeps it
+under :data:`TRACES_KEY`; route modules reach it as ``request.app[TRACES_KEY]``.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass, field
 
 from aiohttp import web
 from pydantic import ValidationError
 from redis import asyncio as aioredis
 
+from .clock import now_ms
 from .envelope import TRACE_ID_PATTERN, RouteEvent, RouteEvents, Trace
-from .errors import Forbidden, NotFound, StoreUnavailable, ValidationFailed
+from .errors import Conflict, Forbidden, NotFound, StoreUnavailable, ValidationFailed
 from .http import CALLER, json_response, parse_body
 from .models import TokenClaims, TokenRole, compat
 from .service import RegistryNode
@@ -33,27 +46,84 @@ log = logging.getLogger(__name__)
 
 _TRACE_RE = re.compile(TRACE_ID_PATTERN)
 
+# KEYS: (callers zset, caller's list) per group; ARGV: now_ms, ttl_ms, max_events, max_callers, then
+# per group its caller, its number of events and the events. Admits every group or none: a caller
+# new to a trace whose live callers are already max_callers fails the batch, answering its group's
+# number (1-based); 0 when all was written. A member older than the TTL has lost its list.
+POST = """
+local now, ttl, cap, most = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local groups, added, pos = {}, {}, 5
+for i = 1, #KEYS, 2 do
+  local zset, caller, n = KEYS[i], ARGV[pos], tonumber(ARGV[pos + 1])
+  groups[#groups + 1] = {zset, KEYS[i + 1], caller, pos + 2, pos + 1 + n}
+  pos = pos + 2 + n
+  redis.call('ZREMRANGEBYSCORE', zset, '-inf', now - ttl)
+  local mine = added[zset] or {count = 0, callers = {}}
+  added[zset] = mine
+  if not redis.call('ZSCORE', zset, caller) and not mine.callers[caller] then
+    mine.callers[caller] = true
+    mine.count = mine.count + 1
+    if redis.call('ZCARD', zset) + mine.count > most then return #groups end
+  end
+end
+for _, g in ipairs(groups) do
+  redis.call('ZADD', g[1], now, g[3])
+  redis.call('PEXPIRE', g[1], ttl)
+  redis.call('RPUSH', g[2], unpack(ARGV, g[4], g[5]))
+  redis.call('LTRIM', g[2], -cap, -1)
+  redis.call('PEXPIRE', g[2], ttl)
+end
+return 0
+"""
+
+
+@dataclass
+class StoredTrace:
+    """One trace as Redis holds it, by writer: who wrote an event decides who is shown it."""
+
+    node: list[RouteEvent] = field(default_factory=list)
+    posted: dict[str, list[RouteEvent]] = field(default_factory=dict)  # caller -> what it posted
+    legacy: list[RouteEvent] = field(default_factory=list)  # the single list of older versions
+
+    def every(self) -> list[RouteEvent]:
+        """Every writer's events, the node's before callers' (what an admin is shown)."""
+        return [*self.legacy, *self.node, *(event for posted in self.posted.values() for event in posted)]
+
 
 class TraceLog:
-    """Route events per trace_id: a capped list with a TTL, on the region store's Redis connection."""
+    """Route events per trace_id and writer: capped lists with a TTL, on the region store's Redis connection."""
 
-    def __init__(self, redis: aioredis.Redis, *, key_base: str, region: str, ttl_ms: int, max_events: int) -> None:
+    def __init__(self, redis: aioredis.Redis, *, key_base: str, region: str, ttl_ms: int, max_events: int,
+                 max_callers: int) -> None:
         self.redis = redis
         self.prefix = f"{key_base}:trace:"
         self.region = region
         self.ttl_ms = ttl_ms
         self.max_events = max_events
+        self.max_callers = max_callers
+        self._post = redis.register_script(POST)
 
     @classmethod
-    def of(cls, store: RegionStore, *, ttl_ms: int, max_events: int) -> TraceLog:
+    def of(cls, store: RegionStore, *, ttl_ms: int, max_events: int, max_callers: int) -> TraceLog:
         """The trace log beside ``store``: its connection, its key base, its region."""
-        return cls(store.redis, key_base=store.key_base, region=store.region, ttl_ms=ttl_ms, max_events=max_events)
+        return cls(store.redis, key_base=store.key_base, region=store.region, ttl_ms=ttl_ms, max_events=max_events,
+                   max_callers=max_callers)
 
     def key(self, trace_id: str) -> str:
+        """The key of the node's own records of ``trace_id``."""
+        return f"{self.prefix}{trace_id}/node"
+
+    def caller_key(self, trace_id: str, caller: str) -> str:
+        return f"{self.prefix}{trace_id}/by/{caller}"
+
+    def callers_key(self, trace_id: str) -> str:
+        return f"{self.prefix}{trace_id}/callers"
+
+    def legacy_key(self, trace_id: str) -> str:
         return self.prefix + trace_id
 
     async def append(self, events: list[RouteEvent]) -> None:
-        """Append events (one pipeline); Redis being down is logged, never raised: the send stands."""
+        """Append the node's own records (one pipeline); Redis being down is logged, never raised: the send stands."""
         if not events:
             return
         grouped: dict[str, list[str]] = {}
@@ -71,16 +141,52 @@ class TraceLog:
         except StoreUnavailable as exc:
             log.warning("could not record %d route events: %s", len(events), exc.message)
 
-    async def read(self, trace_id: str) -> list[RouteEvent]:
-        """The trace's events, oldest first; raises :class:`StoreUnavailable` (503)."""
+    async def post(self, events: list[RouteEvent]) -> None:
+        """Append what callers posted, each event to its caller's list: all or nothing, in one script.
+
+        Raises :class:`Conflict` (409, ``trace_full``) naming the trace when a caller new to it would
+        exceed ``max_callers``, and :class:`StoreUnavailable` (503).
+        """
+        grouped: dict[tuple[str, str], list[str]] = {}
+        for event in events:
+            grouped.setdefault((event.trace_id, event.caller), []).append(event.model_dump_json(exclude_none=True))
+        keys: list[str] = []
+        args: list[str | int] = [now_ms(), self.ttl_ms, self.max_events, self.max_callers]
+        for (trace_id, caller), items in grouped.items():
+            keys += [self.callers_key(trace_id), self.caller_key(trace_id, caller)]
+            args += [caller, len(items), *items]
         async with RedisErrors(self.region):
-            raw = await self.redis.lrange(self.key(trace_id), 0, -1)
+            refused = int(await self._post(keys=keys, args=args))
+        if refused:
+            trace_id, caller = list(grouped)[refused - 1]
+            raise Conflict(f"trace {trace_id} already holds the events of {self.max_callers} callers; "
+                           f"{caller!r} cannot add its own (use a trace id of your own)",
+                           field="events.trace_id", code="trace_full")
+
+    async def read(self, trace_id: str, *, caller: str | None = None) -> StoredTrace:
+        """The trace's events by writer, each oldest first: only ``caller``'s posts when given, else every
+        live caller's. Raises :class:`StoreUnavailable` (503)."""
+        async with RedisErrors(self.region):
+            callers = [caller] if caller is not None else await self._live_callers(trace_id)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.lrange(self.key(trace_id), 0, -1)
+                pipe.lrange(self.legacy_key(trace_id), 0, -1)
+                for name in callers:
+                    pipe.lrange(self.caller_key(trace_id, name), 0, -1)
+                node, legacy, *posted = await pipe.execute()
+        return StoredTrace(node=self._parsed(trace_id, node), legacy=self._parsed(trace_id, legacy),
+                           posted={name: self._parsed(trace_id, raw) for name, raw in zip(callers, posted) if raw})
+
+    async def _live_callers(self, trace_id: str) -> list[str]:
+        return await self.redis.zrangebyscore(self.callers_key(trace_id), now_ms() - self.ttl_ms, "+inf")
+
+    def _parsed(self, trace_id: str, raw: list[bytes]) -> list[RouteEvent]:
         events = []
         for item in raw:
             try:
                 events.append(compat.read_json(RouteEvent, item))
             except ValidationError:
-                log.warning("skipping an unreadable event in %s", self.key(trace_id))
+                log.warning("skipping an unreadable event of trace %s in %s", trace_id, self.region)
         return events
 
 
@@ -99,18 +205,24 @@ class TraceRoutes:
         trace_id = request.match_info["trace_id"]
         if not _TRACE_RE.match(trace_id):
             raise ValidationFailed("trace_id must be 1-100 characters of [A-Za-z0-9_.:-]", field="trace_id")
-        events = await self.traces.read(trace_id)
-        if caller.role is not TokenRole.ADMIN:
-            events = [event for event in events
-                      if caller.sub in (event.caller, event.agent_id) and self._may_see_agent(caller, event.agent_id)]
+        admin = caller.role is TokenRole.ADMIN
+        stored = await self.traces.read(trace_id, caller=None if admin else caller.sub)
+        events = stored.every() if admin else self._shown(caller, stored)
         if not events:
             raise NotFound(f"region {self.node.region} has no events of trace {trace_id} that you took part in "
                            "(traces expire; events go to the region that handled the send)",
                            field="trace_id", code="unknown_trace")
+        events.sort(key=lambda event: event.at_ms)  # stable: the node's records first at the same instant
         return json_response(Trace(trace_id=trace_id, region=self.node.region, count=len(events), events=events))
 
+    def _shown(self, caller: TokenClaims, stored: StoredTrace) -> list[RouteEvent]:
+        """What a non-admin sees: the node's records it took part in (as the caller or the agent), and its own
+        posts; an event naming an agent whose ``allowed_callers`` exclude the caller is not shown."""
+        recorded = [event for event in (*stored.legacy, *stored.node) if caller.sub in (event.caller, event.agent_id)]
+        own = stored.posted.get(caller.sub, [])
+        return [event for event in (*recorded, *own) if self._may_see_agent(caller, event.agent_id)]
+
     def _may_see_agent(self, caller: TokenClaims, agent_id: str | None) -> bool:
-        """An event naming an agent whose ``allowed_callers`` exclude the caller is not shown."""
         record = self.node.find(agent_id) if agent_id else None
         return record is None or self.node.visible(record, caller)
 
@@ -121,7 +233,7 @@ class TraceRoutes:
             if caller.role is not TokenRole.ADMIN and event.caller != caller.sub:
                 raise Forbidden(f"a token for {caller.sub!r} may only record its own calls, not {event.caller!r}",
                                 field="events.caller")
-        await self.traces.append([event.model_copy(update={"mode": "direct"}) for event in batch.events])
+        await self.traces.post([event.model_copy(update={"mode": "direct"}) for event in batch.events])
         return json_response({"accepted": len(batch.events)})
 
 
@@ -130,7 +242,8 @@ def install_trace_routes(app: web.Application, node: RegistryNode) -> TraceLog:
     if TRACES_KEY in app:
         return app[TRACES_KEY]
     settings = node.config.proxy
-    traces = TraceLog.of(node.store, ttl_ms=settings.trace_ttl_ms, max_events=settings.trace_max_events)
+    traces = TraceLog.of(node.store, ttl_ms=settings.trace_ttl_ms, max_events=settings.trace_max_events,
+                         max_callers=settings.trace_max_callers)
     app[TRACES_KEY] = traces
     routes = TraceRoutes(node, traces)
     app.router.add_get("/v1/traces/{trace_id}", routes.handle_trace)
@@ -138,4 +251,4 @@ def install_trace_routes(app: web.Application, node: RegistryNode) -> TraceLog:
     return traces
 
 
-__all__ = ["TRACES_KEY", "TraceLog", "TraceRoutes", "install_trace_routes"]
+__all__ = ["TRACES_KEY", "StoredTrace", "TraceLog", "TraceRoutes", "install_trace_routes"]

@@ -122,3 +122,34 @@ async def test_a_peer_s_summary_names_no_capability_to_a_caller(redis_url: str, 
                 assert status == 200 and "payroll.run" in seen["peers"][0]["summary"]["capabilities"], path
         finally:
             await pair.aclose()
+
+
+async def test_a_caller_cannot_wipe_another_s_trace_nor_show_an_agent_its_events(node: RunningNode) -> None:
+    # POST /v1/traces took any trace_id as long as the events named the sender as caller, and a
+    # trace kept only its newest 1,000 events: 1,000 junk events erased someone else's trace, and
+    # an event naming an agent was shown to that agent, which had taken no part in it.
+    await node.register(registration("ledger.post.victim", capability="ledger.post"))
+    alice = node.token("app.alice.caller", TokenRole.CALLER)
+    mallory = node.token("app.mallory.caller", TokenRole.CALLER)
+    witness = node.token("ledger.post.victim")  # the agent the junk names
+    status, ticket = await node.resolve(alice, capability="ledger.post", trace_id="trace-alice")
+    assert status == 200, ticket
+    junk = [{"event": "delivery", "at_ms": 1_000 + index, "trace_id": "trace-alice", "caller": "app.mallory.caller",
+             "agent_id": "ledger.post.victim", "attempt": index % 1_000, "result": "success"} for index in range(1_200)]
+    for start in range(0, len(junk), 400):
+        status, body = await node.call("POST", "/v1/traces", json={"events": junk[start:start + 400]}, token=mallory)
+        assert status == 200 and body["accepted"] == 400, body
+
+    status, trace = await node.call("GET", "/v1/traces/trace-alice", token=alice)
+    assert status == 200, trace
+    assert [(e["event"], e["caller"], e["agent_id"]) for e in trace["events"]] == [
+        ("decision", "app.alice.caller", "ledger.post.victim")]
+    # the agent sees the node's decision that routed to it, not what mallory says about it
+    status, trace = await node.call("GET", "/v1/traces/trace-alice", token=witness)
+    assert status == 200 and [e["caller"] for e in trace["events"]] == ["app.alice.caller"], trace
+    # mallory flooded only her own share: her newest 1,000 events
+    status, trace = await node.call("GET", "/v1/traces/trace-alice", token=mallory)
+    assert status == 200 and trace["count"] == 1_000 and trace["events"][0]["at_ms"] == 1_200, trace["count"]
+    status, trace = await node.call("GET", "/v1/traces/trace-alice")  # admin: all of it, by time
+    assert status == 200 and trace["count"] == 1_001 and trace["events"][0]["caller"] == "app.mallory.caller"
+    assert trace["events"][-1]["event"] == "decision"

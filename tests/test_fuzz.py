@@ -128,6 +128,8 @@ REFUSALS: dict[str, tuple[Refusal, ...]] = {
     "POST /v1/credentials": (Refusal(403, frozenset({"invalid_ticket"}),
                                      "the signature is no ticket of this cluster"),),
     "GET /v1/traces/{trace_id}": (Refusal(404, frozenset({"unknown_trace"}), "the trace has no events"),),
+    "POST /v1/traces": (Refusal(409, frozenset({"trace_full"}), "the batch names more callers of one trace than it "
+                                                                "keeps"),),
     "POST /v1/send": (
         Refusal(404, frozenset({"no_agent_available"}), "nobody offers the target or operation"),
         Refusal(410, frozenset({"envelope_expired"}), "expire_at_ms is in the past"),

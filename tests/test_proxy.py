@@ -190,7 +190,7 @@ async def test_concurrent_duplicates_on_two_replicas_are_delivered_exactly_once(
         assert kinds.count("duplicate") == 20
         delivery = next(e for e in trace["events"] if e["event"] == "delivery")
         assert delivery["agent_id"] == "pay.charge.p1" and delivery["result"] == "success"
-        key = f"ar:{{{first.node.region}}}:trace:trace-dup"
+        key = f"ar:{{{first.node.region}}}:trace:trace-dup/node"  # the node's own records
         ttl_ms = await first.node.store.redis.pttl(key)
         assert 0 < ttl_ms <= ProxySettings().trace_ttl_ms
         # someone who took no part in the collaboration sees nothing of it
@@ -343,7 +343,7 @@ async def test_traces_are_capped_per_trace(redis_url: str, region: str) -> None:
         assert status == 200 and body == {"accepted": 8}
         status, trace = await running.call("GET", "/v1/traces/trace-cap")
         assert [event["attempt"] for event in trace["events"]] == [3, 4, 5, 6, 7]  # the newest five
-        assert 0 < await node.store.redis.pttl(f"ar:{{{region}}}:trace:trace-cap") <= 60_000
+        assert 0 < await node.store.redis.pttl(f"ar:{{{region}}}:trace:trace-cap/by/admin") <= 60_000
         # nobody records events in someone else's name
         status, body = await running.call("POST", "/v1/traces", json={"events": events[:1]},
                                           token=running.token("app.caller.one"))

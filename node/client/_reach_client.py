@@ -295,7 +295,8 @@ class ReachClient:
         return compat.read_python(Policy, await self._require_api().request("GET", "/v1/policy"))
 
     async def trace(self, trace_id: str) -> Trace:
-        """Decisions, deliveries and outcomes recorded for one trace (``GET /v1/traces/{id}``)."""
+        """One trace (``GET /v1/traces/{id}``): the node's decisions, deliveries and outcomes this client took part
+        in and the deliveries it posted itself, by time; never another caller's posts."""
         return compat.read_python(Trace, await self._require_api().request("GET", f"/v1/traces/{quote(trace_id)}"))
 
     async def resolve(self, capability: str | None = None, *, agent_id: str | None = None,

@@ -250,14 +250,22 @@ def _proxy() -> Paths:
         },
         "/v1/traces/{trace_id}": {
             "get": operation("Route decisions, deliveries and outcomes of one trace",
-                             {"200": json_answer("Trace", "The events the caller took part in, oldest first")},
+                             {"200": json_answer("Trace", "The node's records the caller took part in (as their "
+                                                          "caller or agent) and the caller's own posts, by at_ms; "
+                                                          "an admin gets every writer's")},
                              errors=(404, 422, 503), parameters=[TRACE_ID],
                              notes={404: "No events of this trace that the caller took part in (traces expire)"}),
         },
         "/v1/traces": {
             "post": operation("Record the caller's own direct-call route events",
                               {"200": json_answer("Accepted", "The events were recorded")}, body="RouteEvents",
-                              errors=(403,), notes={403: "An event names another caller"}),
+                              description="A trace keeps each caller's posts apart from the node's records and from "
+                                          "other callers' (the newest trace_max_events of each); they are shown to "
+                                          "that caller and admins only, never to an agent they name.",
+                              errors=(403, 409, 503),
+                              notes={403: "An event names another caller",
+                                     409: "A trace of the batch already holds the posts of trace_max_callers other "
+                                          "callers (trace_full); nothing of the batch was recorded"}),
         },
         "/v1/policy": {
             "get": operation("The region's policy for agents and the caller's token claims",
