@@ -35,6 +35,7 @@ from .sweeper import (
     DEFAULT_PROTECTION_MAX_HOLD_MS,
     DEFAULT_SWEEP_INTERVAL_MS,
 )
+from .watch import DEFAULT_STREAMS_PER_CALLER
 
 DEFAULT_PORT = 7101  # the first node of topology/local.toml: where `up`, `node` and the client commands meet
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
@@ -185,6 +186,9 @@ class NodeConfig(BaseModel):
     rate_limit_rps: float = Field(default=DEFAULT_RATE_LIMIT_RPS, ge=0, description="Per caller; 0 = unlimited.")
     rate_limit_burst: int = Field(default=100, ge=1,
                                   description="Requests a caller may send at once above rate_limit_rps.")
+    watch_streams_per_caller: int = Field(default=DEFAULT_STREAMS_PER_CALLER, ge=1,
+                                          description="Open /v1/watch streams one caller (token subject) may hold; "
+                                                      "one more is answered 429 too_many_watches.")
     body_read_timeout_ms: int = Field(default=DEFAULT_BODY_READ_TIMEOUT_MS, ge=1,
                                       description="A request body must arrive within this long; else 408.")
     # HTTP server limits (node.server): what one client connection may cost the node.

@@ -30,6 +30,7 @@ import enum
 import logging
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -320,7 +321,8 @@ class _Phase(enum.Enum):
 class _NodeRequestHandler(RequestHandler):
     """aiohttp's per-connection protocol plus the head clock, the cap and JSON parse errors."""
 
-    __slots__ = ("_node_server", "_phase", "_head_deadline", "_head_timer", "_head_bytes", "_head_newline_at")
+    __slots__ = ("_node_server", "_phase", "_head_deadline", "_head_timer", "_head_bytes", "_head_newline_at",
+                 "_when_lost")
 
     def __init__(self, manager: _NodeServer, **options: Any) -> None:
         super().__init__(manager, **options)
@@ -331,6 +333,7 @@ class _NodeRequestHandler(RequestHandler):
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
         self._head_newline_at = -1
+        self._when_lost: list[Callable[[], None]] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if not self._node_server.admits_another():
@@ -348,6 +351,15 @@ class _NodeRequestHandler(RequestHandler):
         if self._phase is _Phase.REFUSED:
             return  # aiohttp never saw this connection
         super().connection_lost(exc)
+        callbacks, self._when_lost = self._when_lost, []
+        for callback in callbacks:
+            callback()
+
+    def when_lost(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` when the client's connection goes: a stream that only writes now and
+        then (``/v1/watch``) learns at once that nobody reads it. Returns what unregisters it."""
+        self._when_lost.append(callback)
+        return lambda: self._when_lost.remove(callback) if callback in self._when_lost else None
 
     def data_received(self, data: bytes) -> None:
         phase = self._phase

@@ -10,17 +10,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from .errors import RateLimited
 from .models import ChangeEvent
 
 DEFAULT_SUBSCRIBER_QUEUE = 1_000
+DEFAULT_STREAMS_PER_CALLER = 16
 
 
 class Subscription:
     """One watcher's queue; ``None`` in the queue ends it, ``end_reason`` says why."""
 
-    def __init__(self, hub: WatchHub, accept: Callable[[ChangeEvent], bool], maxsize: int) -> None:
+    def __init__(self, hub: WatchHub, accept: Callable[[ChangeEvent], bool], maxsize: int, owner: str) -> None:
         self.hub = hub
         self.accept = accept
+        self.owner = owner
         self.queue: asyncio.Queue[ChangeEvent | None] = asyncio.Queue(maxsize=maxsize)
         self.end_reason: str | None = None
 
@@ -45,15 +48,22 @@ class Subscription:
                 self.queue.get_nowait()
 
     def close(self) -> None:
-        self.hub.subscribers.discard(self)
+        self.hub.release(self)
 
 
 class WatchHub:
-    """Publishes every change (local and, when federation is attached, remote) to watchers."""
+    """Publishes every change (local and, when federation is attached, remote) to watchers.
 
-    def __init__(self, *, subscriber_queue: int = DEFAULT_SUBSCRIBER_QUEUE) -> None:
+    Every change is offered to every watcher, so one caller (a token subject) may hold at most
+    ``streams_per_caller`` streams at once: more would multiply the node's work per change.
+    """
+
+    def __init__(self, *, subscriber_queue: int = DEFAULT_SUBSCRIBER_QUEUE,
+                 streams_per_caller: int = DEFAULT_STREAMS_PER_CALLER) -> None:
         self.subscribers: set[Subscription] = set()
         self.subscriber_queue = subscriber_queue
+        self.streams_per_caller = streams_per_caller
+        self._held: dict[str, int] = {}
 
     def publish(self, event: ChangeEvent) -> None:
         for subscription in list(self.subscribers):
@@ -64,7 +74,24 @@ class WatchHub:
         for subscription in list(self.subscribers):
             subscription.end(reason)
 
-    def subscribe(self, accept: Callable[[ChangeEvent], bool]) -> Subscription:
-        subscription = Subscription(self, accept, self.subscriber_queue)
+    def subscribe(self, accept: Callable[[ChangeEvent], bool], *, owner: str) -> Subscription:
+        """A new watcher of ``owner``'s; raises :class:`RateLimited` (429) when it holds its share."""
+        held = self._held.get(owner, 0)
+        if held >= self.streams_per_caller:
+            raise RateLimited(f"caller {owner} holds {held} watch streams, the most one caller may; close one "
+                              "(or raise watch_streams_per_caller)", code="too_many_watches")
+        subscription = Subscription(self, accept, self.subscriber_queue, owner)
         self.subscribers.add(subscription)
+        self._held[owner] = held + 1
         return subscription
+
+    def release(self, subscription: Subscription) -> None:
+        """``subscription``'s stream ended: it no longer counts (idempotent)."""
+        if subscription not in self.subscribers:
+            return
+        self.subscribers.discard(subscription)
+        left = self._held[subscription.owner] - 1
+        if left:
+            self._held[subscription.owner] = left
+        else:
+            del self._held[subscription.owner]

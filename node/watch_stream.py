@@ -36,7 +36,11 @@ async def watch(request: web.Request) -> web.StreamResponse:
     node = request.app[NODE_KEY]
     accept = _watch_filter(request)
     since = _since(request)
-    subscription = node.watch.subscribe(accept)
+    subscription = node.watch.subscribe(accept, owner=request[CALLER].sub)
+    # The node's server says when the watcher's connection goes, so its stream (and its place in
+    # the caller's share) ends then, not at the next keep-alive.
+    when_lost = getattr(request.protocol, "when_lost", None)
+    forget = when_lost(lambda: subscription.end("gone")) if when_lost is not None else None
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
     try:
@@ -77,6 +81,8 @@ async def watch(request: web.Request) -> web.StreamResponse:
         pass  # the watcher went away
     finally:
         subscription.close()
+        if forget is not None:
+            forget()
     with contextlib.suppress(ConnectionResetError):
         await response.write_eof()
     return response

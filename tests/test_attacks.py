@@ -153,3 +153,18 @@ async def test_a_caller_cannot_wipe_another_s_trace_nor_show_an_agent_its_events
     status, trace = await node.call("GET", "/v1/traces/trace-alice")  # admin: all of it, by time
     assert status == 200 and trace["count"] == 1_001 and trace["events"][0]["caller"] == "app.mallory.caller"
     assert trace["events"][-1]["event"] == "decision"
+
+async def test_one_caller_holds_at_most_its_share_of_watch_streams(node_factory) -> None:
+    """Every change is offered to every watcher: streams are capped per caller (429 too_many_watches),
+    the cap is the caller's alone, and a stream that ends gives its place back."""
+    node = await node_factory(watch_streams_per_caller=2)
+    greedy, other = node.token("greedy.one.c", TokenRole.CALLER), node.token("other.one.c", TokenRole.CALLER)
+    async with Watcher(node.session, "/v1/watch", greedy), Watcher(node.session, "/v1/watch", greedy):
+        status, body = await node.call("GET", "/v1/watch", token=greedy)
+        assert status == 429 and body["error"] == "too_many_watches", body
+        assert "greedy.one.c" in body["message"]
+        async with Watcher(node.session, "/v1/watch", other) as theirs:
+            assert theirs.kinds() == ["hello"] and not theirs.ended
+    await wait_for(lambda: not node.node.watch.subscribers, timeout_s=10, message="the streams ended on the node")
+    async with Watcher(node.session, "/v1/watch", greedy) as again:
+        assert again.kinds() == ["hello"]

@@ -184,7 +184,8 @@ def _feeds() -> Paths:
                                         "version), ': keep-alive' comments while idle; overflow ends a watcher "
                                         "that fell behind",
                          "content": {"text/event-stream": {"itemSchema": ref("WatchEvent")}}}},
-                errors=(422,), parameters=[
+                errors=(422, 503), notes={429: "Rate limited, or the caller holds watch_streams_per_caller streams "
+                                               "already (too_many_watches)"}, parameters=[
                     query("since", {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
                           "Replay the changes after this region version first"),
                     CAPABILITY, PATTERN]),
