@@ -11,9 +11,10 @@ import pytest
 from pydantic import ValidationError
 
 from federation.events import FederationMessage
+from node.client._http import wire_json
 from node.errors import ValidationFailed
 from node.http import parse_json
-from node.models import AgentRecord, ChangeEvent, ChangeKind, Registration, RouteTicket, compat
+from node.models import AgentRecord, ChangeEvent, ChangeKind, Heartbeat, Registration, RouteTicket, compat
 from node.stored_records import read_record
 
 from .helpers import registration
@@ -91,3 +92,14 @@ def test_what_agents_and_callers_send_stays_strict() -> None:
     with pytest.raises(ValidationFailed) as raised:
         parse_json(body, Registration)
     assert raised.value.field == "zone_hint"
+
+
+def test_the_sdk_sends_only_the_fields_its_caller_set() -> None:
+    """The other direction of an upgrade: a newer SDK talking to an older node sends no field the
+    caller did not use (null or default), so the older node's strict reading finds none it does not know."""
+    sent = orjson.loads(wire_json(Registration.model_validate(registration("sdk.grp.a1"))))
+    assert set(sent) == set(registration("sdk.grp.a1"))  # no defaulted field (weight, labels, probes …)
+    assert set(sent["capabilities"][0]) == {"name", "version", "description"}
+    assert orjson.loads(wire_json(Heartbeat(status=None))) == {}
+    assert Registration.model_validate_json(wire_json(Registration.model_validate(registration("sdk.grp.a1")))) \
+        == Registration.model_validate(registration("sdk.grp.a1"))  # the node fills in the same defaults

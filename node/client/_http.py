@@ -17,6 +17,13 @@ from ..models import CredentialRequest, Heartbeat, IssuedCredential, Load, Regis
 from ._errors import NodeUnreachable, node_error
 
 
+def wire_json(body: BaseModel) -> bytes:
+    """``body`` as sent to a node: only the fields set, and none that is null — so a node of an
+    older version, which refuses fields it does not know, is sent no field this SDK added unless
+    the caller used it (the node fills in the defaults, which are the same models')."""
+    return body.model_dump_json(exclude_unset=True, exclude_none=True).encode()
+
+
 @dataclass(slots=True)
 class SendResult:
     """The answer of proxy mode (``POST /v1/send``)."""
@@ -44,7 +51,7 @@ class NodeApi:
         data = None
         headers = self.headers
         if body is not None:
-            data = body.model_dump_json().encode() if isinstance(body, BaseModel) else orjson.dumps(body)
+            data = wire_json(body) if isinstance(body, BaseModel) else orjson.dumps(body)
             headers = {**headers, "Content-Type": "application/json"}
         url = self.base_url + path
         try:

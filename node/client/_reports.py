@@ -94,8 +94,11 @@ class Reporter:
                 marker.set()
 
     async def _send(self, batch: list[OutcomeReport | RouteEvent]) -> None:
-        reports = [item.model_dump(mode="json") for item in batch if isinstance(item, OutcomeReport)]
-        events = [item.model_dump(mode="json") for item in batch if isinstance(item, RouteEvent)]
+        # Only what is set, as every body the SDK sends (``_http.wire_json``): older nodes refuse new fields.
+        reports = [item.model_dump(mode="json", exclude_unset=True, exclude_none=True)
+                   for item in batch if isinstance(item, OutcomeReport)]
+        events = [item.model_dump(mode="json", exclude_unset=True, exclude_none=True)
+                  for item in batch if isinstance(item, RouteEvent)]
         try:
             if reports:
                 await self.api.request("POST", "/v1/reports", {"reports": reports})
