@@ -165,7 +165,12 @@ class NodeConfig(BaseModel):
                                                        "share times this; the rest spills to the next.")
     semantic_threshold: float | None = Field(
         default=None, ge=-1.0, le=1.0,
-        description="Score a semantic fallback match needs; None = the matcher's suggestion for its mode.")
+        description="Score a semantic fallback match needs when ranked the node's way (hybrid; lexical with "
+                    "semantic_enabled false); None = the matcher's suggestion for its ranking.")
+    semantic_lexical_threshold: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="Score a lexically ranked fallback match needs on a hybrid node (a mostly-Chinese request with "
+                    "an English-only model), on BM25's scale; None = the matcher's suggestion (0.07).")
     semantic_enabled: bool = Field(default=True, description="False: search and fallback are lexical only.")
     # A2A (node.a2a.routes): who may read agents' cards without a token.
     public_cards: bool = Field(

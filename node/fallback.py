@@ -5,8 +5,8 @@ Matches are ranked, not drawn: the best-scoring routable agent is the target (a 
 before a stale one), the next best are the alternates. A match counts only above the
 threshold the matcher gives with its matches (calibrated for the ranking that scored them: a
 mostly-Chinese request is ranked by its words, on another scale than a hybrid score) or the
-node's ``semantic_threshold`` (one value for every ranking), so "close enough" never means
-"anything at all". Never the caller itself, never an agent registered with
+node's ``semantic_threshold`` (hybrid) or ``semantic_lexical_threshold`` (lexical), so "close
+enough" never means "anything at all". Never the caller itself, never an agent registered with
 ``semantic_fallback: false``. The router owns the await and the reasons; this module turns scored
 hits into candidates and a choice.
 """

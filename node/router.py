@@ -153,7 +153,7 @@ class Router:
     def __init__(self, cache: RegionView, signer: Signer, outcomes: OutcomeTracker, *,
                  ticket_ttl_ms: int = DEFAULT_TICKET_TTL_MS,
                  overprovisioning_factor: float = DEFAULT_OVERPROVISIONING_FACTOR,
-                 semantic_threshold: float | None = None,
+                 semantic_threshold: float | None = None, semantic_lexical_threshold: float | None = None,
                  factors: WeightFactor = ALL_WEIGHT_FACTORS,
                  max_ejection_fraction: float = DEFAULT_MAX_EJECTION_FRACTION,
                  rng: random.Random | None = None,
@@ -170,7 +170,8 @@ class Router:
         self.outcomes = outcomes
         self.ticket_ttl_ms = ticket_ttl_ms
         self.overprovisioning_factor = overprovisioning_factor
-        self.semantic_threshold = semantic_threshold
+        self.semantic_threshold = semantic_threshold  # for hybrid-ranked matches (and a lexical node's, see service)
+        self.semantic_lexical_threshold = semantic_lexical_threshold  # lexically ranked ones: another scale
         self.clock = clock
         self.credentials = credentials
         self.remote: RemoteCatalog | None = None
@@ -454,7 +455,8 @@ class Router:
         found = await matcher.match(request.capability or "", k=MATCHES_ASKED, allow=visible)
         hits = found.matches
         now = self.clock()
-        threshold = self.semantic_threshold if self.semantic_threshold is not None else found.threshold
+        configured = self.semantic_lexical_threshold if found.ranking == "lexical" else self.semantic_threshold
+        threshold = configured if configured is not None else found.threshold
         above = [hit for hit in hits if hit.score >= threshold]
         good = [hit for hit in above if hit.agent_id != caller.sub]
         if not good:

