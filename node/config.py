@@ -172,6 +172,15 @@ class NodeConfig(BaseModel):
         description="Score a lexically ranked fallback match needs on a hybrid node (a mostly-Chinese request with "
                     "an English-only model), on BM25's scale; None = the matcher's suggestion (0.07).")
     semantic_enabled: bool = Field(default=True, description="False: search and fallback are lexical only.")
+
+    @property
+    def lexical_threshold(self) -> float | None:
+        """What a lexically ranked fallback match is held to: ``semantic_lexical_threshold``, or on a
+        lexical node (its own ranking, so set on BM25's scale) ``semantic_threshold``."""
+        if self.semantic_lexical_threshold is None and not self.semantic_enabled:
+            return self.semantic_threshold
+        return self.semantic_lexical_threshold
+
     # A2A (node.a2a.routes): who may read agents' cards without a token.
     public_cards: bool = Field(
         default=False, description="True: an agent registered from its card with public_card=true (and no "

@@ -5,6 +5,15 @@ routing entirely after ``failure_threshold`` failures within ``window_ms`` (open
 trial ticket through after ``cooldown_ms`` (half-open), and closes on a successful trial or
 re-opens on a failed one. State lives in the node's memory: each replica learns from the
 reports it receives, which is what Envoy's outlier detection does per proxy.
+
+No caller decides for everyone: a report names its ``reporter`` (the caller's token subject), and
+each reporter's failures count for at most half of ``failure_threshold`` (rounded up) towards
+the shared breaker, so with a threshold of 2 or more it opens on the word of two callers or more
+(or of trusted evidence: ``reporter`` None, an admin's or a peer's reports). A reporter whose own failures reach the threshold ejects
+the agent from its own routing only, for ``cooldown_ms`` (:meth:`OutcomeTracker.ejected_for`):
+a single caller of a broken agent stops calling it, and one ticket holder's made-up failures no
+longer take an agent out for every caller. Likewise one reporter's failures and rejections move
+the shared error penalty at most that half-threshold many times per window.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ ERROR_EWMA_ALPHA = 0.2
 MIN_ERROR_FACTOR = 0.1
 ERROR_RECHECK_MS = 1_000
 NEGLIGIBLE_ERROR_RATE = 0.01
+MAX_REPORTERS = 64  # per agent: the reporters whose recent failures are held (the oldest go first)
+MAX_PRIVATE_EJECTIONS = 10_000  # (reporter, agent) pairs held at once across the node
 
 
 class BreakerState(str, enum.Enum):
@@ -34,7 +45,9 @@ class BreakerState(str, enum.Enum):
 
 @dataclass(slots=True)
 class AgentHealth:
-    failures: deque[int] = field(default_factory=deque)
+    failures: deque[int] = field(default_factory=deque)  # trusted evidence (no reporter)
+    by_reporter: dict[str, deque[int]] = field(default_factory=dict)  # each reporter's, within the window
+    penalised_by: dict[str, deque[int]] = field(default_factory=dict)  # when a reporter's word moved error_rate
     error_rate: float = 0.0
     error_rate_at_ms: int = 0
     state: BreakerState = BreakerState.CLOSED
@@ -55,18 +68,23 @@ class OutcomeTracker:
         self.cooldown_ms = cooldown_ms
         self.error_half_life_ms = error_half_life_ms
         self._agents: dict[str, AgentHealth] = {}
+        self._private: dict[tuple[str, str], int] = {}  # (reporter, agent) -> ejected until (ms)
+        self._private_of: dict[str, set[str]] = {}  # reporter -> the agents it ejected for itself
         self.opened_total = 0
         # Bumped whenever a routing-relevant fact changes (a breaker moves, an error rate
         # moves), so the router knows its precomputed tables are out of date.
         self.generation = 0
 
-    def record(self, agent_id: str, outcome: Outcome, *, now_ms: int) -> BreakerState:
+    def record(self, agent_id: str, outcome: Outcome, *, now_ms: int, reporter: str | None = None) -> BreakerState:
+        """One call's outcome; ``reporter``: the caller who reports it (None: trusted evidence)."""
         health = self._agents.setdefault(agent_id, AgentHealth())
         failed = outcome is not Outcome.SUCCESS
         if failed or health.error_rate or health.state is not BreakerState.CLOSED:
             self.generation += 1
-        health.error_rate = self._decayed(health, now_ms) * (1 - ERROR_EWMA_ALPHA) + (ERROR_EWMA_ALPHA if failed else 0.0)
-        health.error_rate_at_ms = now_ms
+        if not (failed and reporter is not None and self._spent(health, reporter, now_ms)):
+            health.error_rate = (self._decayed(health, now_ms) * (1 - ERROR_EWMA_ALPHA)
+                                 + (ERROR_EWMA_ALPHA if failed else 0.0))
+            health.error_rate_at_ms = now_ms
         if outcome is Outcome.REJECTED:
             # A 429 says "too busy", not "broken": it lowers the weight but never trips the breaker.
             return health.state
@@ -74,21 +92,85 @@ class OutcomeTracker:
             if health.state is BreakerState.HALF_OPEN:
                 health.state = BreakerState.CLOSED
                 health.failures.clear()
+                health.by_reporter.clear()
             return health.state
         if health.state is BreakerState.HALF_OPEN:
             self._open(health, now_ms)
             return health.state
-        health.failures.append(now_ms)
-        while health.failures and health.failures[0] <= now_ms - self.window_ms:
-            health.failures.popleft()
-        if health.state is BreakerState.CLOSED and len(health.failures) >= self.failure_threshold:
+        if reporter is None:
+            health.failures.append(now_ms)
+        else:
+            self._reported(health, agent_id, reporter, now_ms)
+        if health.state is BreakerState.CLOSED and self._evidence(health, now_ms) >= self.failure_threshold:
             self._open(health, now_ms)
         return health.state
+
+    def _spent(self, health: AgentHealth, reporter: str, now_ms: int) -> bool:
+        """Whether ``reporter`` has moved the error penalty as often as one caller may within the
+        window (half the breaker threshold, rounded up); if not, this report is counted as a move."""
+        moves = health.penalised_by.pop(reporter, None) or deque(maxlen=(self.failure_threshold + 1) // 2)
+        health.penalised_by[reporter] = moves
+        if len(health.penalised_by) > MAX_REPORTERS:
+            del health.penalised_by[next(iter(health.penalised_by))]
+        if len(moves) == moves.maxlen and moves[0] > now_ms - self.window_ms:
+            return True
+        moves.append(now_ms)
+        return False
+
+    def _reported(self, health: AgentHealth, agent_id: str, reporter: str, now_ms: int) -> None:
+        mine = health.by_reporter.pop(reporter, None) or deque(maxlen=self.failure_threshold)
+        health.by_reporter[reporter] = mine  # the most recent reporter last
+        if len(health.by_reporter) > MAX_REPORTERS:
+            del health.by_reporter[next(iter(health.by_reporter))]
+        mine.append(now_ms)
+        if len(mine) == self.failure_threshold and mine[0] > now_ms - self.window_ms:
+            self._eject_for(reporter, agent_id, until_ms=now_ms + self.cooldown_ms)
+
+    def _evidence(self, health: AgentHealth, now_ms: int) -> int:
+        """The failures within the window that count for the shared breaker."""
+        horizon = now_ms - self.window_ms
+        while health.failures and health.failures[0] <= horizon:
+            health.failures.popleft()
+        share = (self.failure_threshold + 1) // 2  # half, rounded up: two reporters can open it
+        counted = len(health.failures)
+        for reporter, times in list(health.by_reporter.items()):
+            while times and times[0] <= horizon:
+                times.popleft()
+            if not times:
+                del health.by_reporter[reporter]
+            counted += min(len(times), share)
+        return counted
+
+    def _eject_for(self, reporter: str, agent_id: str, *, until_ms: int) -> None:
+        if len(self._private) >= MAX_PRIVATE_EJECTIONS and (reporter, agent_id) not in self._private:
+            (old_reporter, old_agent), _ = next(iter(self._private.items()))
+            self._readmit(old_reporter, old_agent)
+        self._private[(reporter, agent_id)] = until_ms
+        self._private_of.setdefault(reporter, set()).add(agent_id)
+
+    def _readmit(self, reporter: str, agent_id: str) -> None:
+        self._private.pop((reporter, agent_id), None)
+        agents = self._private_of.get(reporter)
+        if agents is not None:
+            agents.discard(agent_id)
+            if not agents:
+                del self._private_of[reporter]
+
+    def ejected_for(self, reporter: str, *, now_ms: int) -> frozenset[str]:
+        """The agents ``reporter``'s own failures took out of its routing (empty for nearly every caller)."""
+        agents = self._private_of.get(reporter)
+        if not agents:
+            return frozenset()
+        for agent_id in [a for a in agents if self._private[(reporter, a)] <= now_ms]:
+            self._readmit(reporter, agent_id)
+        return frozenset(self._private_of.get(reporter, ()))
 
     def _open(self, health: AgentHealth, now_ms: int) -> None:
         health.state = BreakerState.OPEN
         health.opened_at_ms = now_ms
         health.failures.clear()
+        health.by_reporter.clear()
+        health.penalised_by.clear()
         self.opened_total += 1
 
     def state(self, agent_id: str, *, now_ms: int) -> BreakerState:
@@ -156,6 +238,8 @@ class OutcomeTracker:
 
     def forget(self, agent_id: str) -> None:
         self._agents.pop(agent_id, None)
+        for reporter, agent in [key for key in self._private if key[1] == agent_id]:
+            self._readmit(reporter, agent)
 
     def open_count(self, *, now_ms: int) -> int:
         return sum(1 for agent_id in self._agents if self.state(agent_id, now_ms=now_ms) is not BreakerState.CLOSED)

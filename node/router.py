@@ -8,9 +8,9 @@ region that lost part of its capacity sheds only the part it cannot carry.
 
 Within a level, an agent's effective weight is its registered weight × a status factor
 (degraded/busy lower it) × a load factor (from heartbeats) × an error factor (from outcome
-reports); the choice is weighted-random. A conversation_id pins the choice with weighted
-rendezvous hashing while the pinned agent stays a candidate. Routing reads only memory; the
-semantic fallback (an attached :class:`Matcher`) is the only await.
+reports); the choice is weighted-random, less the agents the caller's own failures ejected for it.
+A conversation_id pins the choice with weighted rendezvous hashing while the pinned agent stays a
+candidate. Routing reads only memory; the semantic fallback (a :class:`Matcher`) is the only await.
 
 A call never goes to the calling agent itself, whatever the match (the caller's token subject is
 its agent id); the semantic fallback skips agents registered with ``semantic_fallback: false`` and
@@ -170,8 +170,7 @@ class Router:
         self.outcomes = outcomes
         self.ticket_ttl_ms = ticket_ttl_ms
         self.overprovisioning_factor = overprovisioning_factor
-        self.semantic_threshold = semantic_threshold  # for hybrid-ranked matches (and a lexical node's, see service)
-        self.semantic_lexical_threshold = semantic_lexical_threshold  # lexically ranked ones: another scale
+        self.semantic_threshold, self.semantic_lexical_threshold = semantic_threshold, semantic_lexical_threshold
         self.clock = clock
         self.credentials = credentials
         self.remote: RemoteCatalog | None = None
@@ -286,7 +285,8 @@ class Router:
                reasons: dict[str, str]) -> Level:
         table = self._tables.table(source, request, now, self.cache.preserving)
         itself = caller.sub in table.agent_ids
-        if not (table.has_acl or request.exclude or itself):
+        ejected = self.outcomes.ejected_for(caller.sub, now_ms=now)  # by the caller's own failures
+        if not (table.has_acl or request.exclude or itself or ejected):
             if not table.candidates:
                 reasons[source.label] = self._why_empty(request, as_seen_by(table, source.index, caller))
             return table.level
@@ -294,14 +294,17 @@ class Router:
         visible = table.candidates
         if table.has_acl:
             visible = [c for c in visible if caller_allowed(c.record, caller)]
-        candidates = [c for c in visible if c.record.agent_id not in excluded and c.record.agent_id != caller.sub]
+        candidates = [c for c in visible if c.record.agent_id not in excluded and c.record.agent_id != caller.sub
+                      and c.record.agent_id not in ejected]
         if len(candidates) < len(table.candidates):
             # Agents the caller may not see are not counted as matched: the reasons must not
             # reveal that they exist.
             rejected = dict(table.rejected)
             if itself:
                 rejected[CALLER_ITSELF] = 1
-            others = len(visible) - len(candidates) - int(itself)
+            if mine := sum(1 for c in visible if c.record.agent_id in ejected and c.record.agent_id not in excluded):
+                rejected["circuit_open"] = rejected.get("circuit_open", 0) + mine
+            others = len(visible) - len(candidates) - int(itself) - mine
             if others:
                 rejected["excluded"] = others
             table = replace(table, rejected=rejected, matched=table.matched - (len(table.candidates) - len(visible)))

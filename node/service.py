@@ -111,13 +111,10 @@ class RegistryNode:
                                   key_file=Path(config.signing_key_file) if config.signing_key_file else None,
                                   publish_interval_ms=config.key_publish_interval_ms,
                                   max_age_ms=config.signing_key_max_age_ms)
-        lexical_threshold = config.semantic_lexical_threshold
-        if lexical_threshold is None and not config.semantic_enabled:
-            lexical_threshold = config.semantic_threshold  # a lexical node's own ranking: set on BM25's scale
         self.router = Router(self.cache, self.signer, self.outcomes, ticket_ttl_ms=config.ticket_ttl_ms,
                              overprovisioning_factor=config.overprovisioning_factor,
                              semantic_threshold=config.semantic_threshold,
-                             semantic_lexical_threshold=lexical_threshold, credentials=self.keys)
+                             semantic_lexical_threshold=config.lexical_threshold, credentials=self.keys)
         self.leadership = Leadership(self.store, node_id=self.node_id, ttl_ms=config.leader_ttl_ms)
         self.sweeper = Sweeper(self.store, interval_ms=config.sweep_interval_ms,
                                max_expire_fraction=config.max_expire_fraction,
@@ -408,7 +405,8 @@ class RegistryNode:
         claims = self._ticket_claims(report.signature, report.agent_id, caller,
                                      deadline_ms=lambda e: e + self.config.report_grace_ms, now=now,
                                      too_old="the ticket is too old to report on")
-        self.outcomes.record(report.agent_id, report.outcome, now_ms=now)
+        reporter = None if caller.role in (TokenRole.ADMIN, TokenRole.PEER) else caller.sub  # trusted: node.outcomes
+        self.outcomes.record(report.agent_id, report.outcome, now_ms=now, reporter=reporter)
         self.metrics.reports(report.outcome.value).inc()
         ticket_id = claims.get("t")
         self.decisions.outcome(at_ms=now, ticket_id=ticket_id if isinstance(ticket_id, str) else None,

@@ -168,3 +168,20 @@ async def test_one_caller_holds_at_most_its_share_of_watch_streams(node_factory)
     await wait_for(lambda: not node.node.watch.subscribers, timeout_s=10, message="the streams ended on the node")
     async with Watcher(node.session, "/v1/watch", greedy) as again:
         assert again.kinds() == ["hello"]
+
+
+async def test_one_ticket_holder_cannot_open_an_agent_s_breaker_for_everyone(node: RunningNode) -> None:
+    """A ticket may be reported on many times: one caller's made-up failures eject the agent from
+    that caller's own routing, not from anyone else's (node.outcomes)."""
+    await node.register(registration("victim.grp.a1", capability="victim.work"))
+    await node.register(registration("victim.grp.a2", capability="victim.work"))
+    liar, honest = node.token("liar.one.c", TokenRole.CALLER), node.token("honest.one.c", TokenRole.CALLER)
+    status, ticket = await node.resolve(token=liar, capability="victim.work")
+    assert status == 200
+    failure = {"signature": ticket["signature"], "agent_id": "victim.grp.a1", "outcome": "failure"}
+    status, body = await node.call("POST", "/v1/reports", json={"reports": [failure] * 50}, token=liar)
+    assert status == 200 and body["accepted"] == 50
+    status, body = await node.call("GET", "/v1/breakers", token=node.admin_token)
+    assert status == 200 and all(b["state"] == "closed" for b in body["breakers"]), body
+    status, ticket = await node.resolve(token=honest, agent_id="victim.grp.a1")
+    assert status == 200, ticket

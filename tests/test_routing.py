@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from node.models import RouteRequest, TokenClaims, TokenRole
+from node.clock import now_ms
+from node.models import Outcome, RouteRequest, TokenClaims, TokenRole
 
 from .helpers import RunningNode, registration, wait_for
 
@@ -89,18 +90,27 @@ async def test_status_and_load_lower_the_share(node: RunningNode) -> None:
 
 
 async def test_breaker_opens_on_failures_and_recovers(node_factory) -> None:
-    node = await node_factory(breaker_failures=5, breaker_window_ms=10_000, breaker_cooldown_ms=300)
+    node = await node_factory(breaker_failures=5, breaker_window_ms=10_000, breaker_cooldown_ms=1_500)
     await node.register(registration("lang.translate.good"))
     await node.register(registration("lang.translate.bad"))
-    caller = node.token("ops.caller.c1", TokenRole.CALLER)
-    reports = []
-    while len(reports) < 5:
+    caller, other = node.token("ops.caller.c1", TokenRole.CALLER), node.token("ops.caller.c9", TokenRole.CALLER)
+
+    async def report_failures(token: str, count: int) -> None:
+        status, ticket = await node.resolve(capability="translate.text", token=token)
+        assert "lang.translate.bad" in [ticket["target"]["agent_id"], *(a["agent_id"] for a in ticket["alternates"])]
+        reports = [{"signature": ticket["signature"], "agent_id": "lang.translate.bad", "outcome": "failure"}] * count
+        status, body = await node.call("POST", "/v1/reports", json={"reports": reports}, token=token)
+        assert status == 200 and body["accepted"] == count
+
+    # One caller's five failures take the agent out of that caller's routing only (for a cool-down) ...
+    await report_failures(caller, 5)
+    assert node.node.outcomes.ejected_for("ops.caller.c1", now_ms=now_ms()) == {"lang.translate.bad"}
+    for _ in range(5):
         status, ticket = await node.resolve(capability="translate.text", token=caller)
-        named = [ticket["target"]["agent_id"], *(a["agent_id"] for a in ticket["alternates"])]
-        assert "lang.translate.bad" in named
-        reports.append({"signature": ticket["signature"], "agent_id": "lang.translate.bad", "outcome": "failure"})
-    status, body = await node.call("POST", "/v1/reports", json={"reports": reports}, token=caller)
-    assert status == 200 and body["accepted"] == 5
+        assert ticket["target"]["agent_id"] == "lang.translate.good" and not ticket["alternates"]
+    assert set(route_many(node, 200, capability="translate.text")) == {"lang.translate.good", "lang.translate.bad"}
+    # ... a second caller's word opens the breaker for everyone (each counts for half the threshold, rounded up).
+    await report_failures(other, 3)
     assert set(route_many(node, 200, capability="translate.text")) == {"lang.translate.good"}
     status, body = await node.resolve(agent_id="lang.translate.bad")
     assert status == 404 and "circuit_open" in str(body["details"])
@@ -161,9 +171,6 @@ async def test_labels_acl_and_alternates(node: RunningNode) -> None:
 
 
 async def test_breakers_eject_at_most_half_of_a_pool(node: RunningNode) -> None:
-    from node.models import Outcome
-    from node.store import now_ms
-
     agents = [f"lang.translate.e{i}" for i in range(4)]
     for agent_id in agents:
         await node.register(registration(agent_id))
