@@ -108,6 +108,7 @@ class _Stored(TypedDict):
 
 
 _STORED = TypeAdapter(_Stored)
+DEFAULT_WRITTEN_LIMIT = 2_000  # writes remembered (WrittenRecords): ~1.2 KiB each
 _MODELS = (("liveness_probe", Probe), ("readiness_probe", Probe), ("a2a", CardListing))
 
 
@@ -149,10 +150,13 @@ class WrittenRecords:
     The change stream hands the same JSON back (with its version spliced in first, see
     ``node.store_scripts``); :meth:`recall` then copies the record instead of reading the JSON
     again, for the readers of this process's own writes (the cache's tail, the publisher). The
-    records are held compact: 10,000 of them held 38 MB as parsed.
+    records are held compact: 10,000 of them held 38 MB as parsed, 12 MB compact with their JSON.
+    The tail reads a write back within milliseconds; ``DEFAULT_WRITTEN_LIMIT`` covers the last
+    half second of writes at 4,400 registrations/s, and a write read back later is read from its
+    JSON (``read_record``), as any other.
     """
 
-    def __init__(self, limit: int = 10_000) -> None:
+    def __init__(self, limit: int = DEFAULT_WRITTEN_LIMIT) -> None:
         self.limit = limit
         self._records: dict[str, tuple[str, AgentRecord]] = {}
 
