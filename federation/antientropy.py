@@ -143,16 +143,18 @@ class AntiEntropy:
                             "restarted; replacing the replica", self.config.region, peer, snapshot.watermark,
                             replica.seen_version)
             at = now_ms()
-            result = await self.replica_store.reconcile(peer, snapshot, now_ms=at, reset=reset, offset=offset)
+            async with self.replica_store.committing(peer):  # in memory in Redis's order (the consumer too)
+                result = await self.replica_store.reconcile(peer, snapshot, now_ms=at, reset=reset, offset=offset)
+                if not reset:
+                    # A reset is applied by the feed's reload entry, in order with what preceded it. The
+                    # whole snapshot goes to memory: what Redis holds already but memory lacks heals too.
+                    self.catalog.committed_reconcile(peer, records=snapshot.agents, evicted=result.evicted,
+                                                     watermark=snapshot.watermark, floor=result.floor,
+                                                     seen=result.seen, runs=result.runs, at_ms=at)
         except (SnapshotUnavailable, StoreUnavailable) as exc:
             self.stats.failures += 1
             self.stats.last_error[peer] = str(exc)
             raise
-        if not reset:
-            # A reset is applied by the feed's reload entry, in order with what preceded it.
-            self.catalog.committed_reconcile(peer, put=result.put, evicted=result.evicted,
-                                             watermark=snapshot.watermark, floor=result.floor, seen=result.seen,
-                                             runs=result.runs, at_ms=at)
         self.stats.runs += 1
         self.stats.last_error.pop(peer, None)
         elapsed_ms = (time.perf_counter() - started) * 1000

@@ -316,17 +316,18 @@ class Consumer:
                       next_offset: int) -> None:
         at = now_ms()
         offset = (self.offset_name(partition), next_offset) if partition is not None else None
-        result = await self.replica_store.apply(peer, messages, now_ms=at, offset=offset)
-        if partition is not None:
-            self.next_offsets[partition] = next_offset
-        applied = [messages[number - 1] for number in result.applied]
-        changes = [message.change for message in applied if message.change is not None]
-        if changes:
-            self.last_change_at_ms[peer] = max(self.last_change_at_ms.get(peer, 0), *(c.at_ms for c in changes))
-        self.catalog.committed_changes(peer, changes, seen=result.seen, heard_at_ms=at)
-        for message in applied:
-            if message.beacon is not None:
-                self.catalog.committed_beacon(peer, message.beacon, heard_at_ms=at)
+        async with self.replica_store.committing(peer):  # in memory in Redis's order (anti-entropy too)
+            result = await self.replica_store.apply(peer, messages, now_ms=at, offset=offset)
+            if partition is not None:
+                self.next_offsets[partition] = next_offset
+            applied = [messages[number - 1] for number in result.applied]
+            changes = [message.change for message in applied if message.change is not None]
+            if changes:
+                self.last_change_at_ms[peer] = max(self.last_change_at_ms.get(peer, 0), *(c.at_ms for c in changes))
+            self.catalog.committed_changes(peer, changes, seen=result.seen, heard_at_ms=at)
+            for message in applied:
+                if message.beacon is not None:
+                    self.catalog.committed_beacon(peer, message.beacon, heard_at_ms=at)
         self.stats.applied += len(changes)
 
     def _check_beacon(self, peer: str, beacon: RegionBeacon) -> None:

@@ -262,11 +262,16 @@ class PeerCatalog(StreamFollower[FeedEntry]):
         peer.beacon = beacon
         peer.hear(heard_at_ms)
 
-    def committed_reconcile(self, region: str, *, put: Sequence[AgentRecord], evicted: Sequence[str],
+    def committed_reconcile(self, region: str, *, records: Sequence[AgentRecord], evicted: Sequence[str],
                             watermark: int, floor: int, seen: int, runs: int, at_ms: int) -> None:
+        """A reconcile with the snapshot of ``records`` at ``watermark`` committed in Redis: memory
+        follows it as Redis did — newer records written, absent ones not newer than it dropped —
+        so a replica whose memory lags its Redis heals too."""
         peer = self._by_region[region]
-        changes = [event for record in put if (event := peer.put_record(record)) is not None]
-        changes += [event for agent_id in evicted if (event := peer.evict(agent_id, watermark)) is not None]
+        changes = [event for record in records if (event := peer.put_record(record)) is not None]
+        listed = {record.agent_id for record in records}
+        gone = {*evicted, *(record.agent_id for record in peer.index if record.agent_id not in listed)}
+        changes += [event for agent_id in sorted(gone) if (event := peer.evict(agent_id, watermark)) is not None]
         peer.raise_floor(floor, seen)
         peer.anti_entropy_runs = max(peer.anti_entropy_runs, runs)
         peer.reconciled_at_ms = at_ms

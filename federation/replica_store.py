@@ -256,6 +256,13 @@ class ReplicaStore:
         self.key_published = f"{self.key_base}:published"
         self._apply = redis.register_script(_APPLY)
         self._reconcile = redis.register_script(_RECONCILE)
+        self._committing: dict[str, asyncio.Lock] = {}
+
+    def committing(self, peer: str) -> asyncio.Lock:
+        """Held by the consumer and anti-entropy from a commit of ``peer``'s replica in Redis to its
+        in-memory apply: two commits whose replies came back in the other order would otherwise be
+        applied out of Redis's order (a reconcile's floor first, then the changes it covers, refused)."""
+        return self._committing.setdefault(peer, asyncio.Lock())
 
     def _peer_keys(self, peer: str) -> list[str]:
         base = f"{self.key_base}:peer:{peer}"

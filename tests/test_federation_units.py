@@ -261,6 +261,26 @@ async def test_a_feed_gap_in_the_middle_of_a_batch_reloads_and_every_change_reac
         assert len(heard) == len(expected)
 
 
+async def test_a_reconcile_heals_a_memory_that_lags_its_redis(redis_url: str, region: str) -> None:
+    """The leader's changes reached Redis but not its memory (a reconcile's reply was handled first
+    and raised the floor over them: the race the commit lock now prevents): the next reconcile finds
+    nothing to write in Redis, and still brings memory to the snapshot."""
+    async with replica(redis_url, region) as (store, catalog):
+        events = [ChangeEvent(kind=ChangeKind.UPSERT, region="p", version=v, agent_id=f"p.g.b{v}", at_ms=0,
+                              record=record(f"p.g.b{v}", v)) for v in (1, 2, 3)]
+        await store.apply("p", [FederationMessage(change=event) for event in events], now_ms=now_ms(),
+                          offset=("topic:0", 3))  # Redis only
+        catalog.peer("p").raise_floor(3, 3)  # memory refuses them from now on
+        catalog.committed_changes("p", events, seen=3, heard_at_ms=now_ms())
+        assert versions_of(catalog) == {}
+        snapshot = Snapshot(region="p", watermark=3, taken_at_ms=now_ms(), agents=[e.record for e in events])
+        result = await store.reconcile("p", snapshot, now_ms=now_ms())
+        assert result.put == [] and result.evicted == []  # Redis agreed already
+        catalog.committed_reconcile("p", records=snapshot.agents, evicted=result.evicted, watermark=3,
+                                    floor=result.floor, seen=result.seen, runs=result.runs, at_ms=now_ms())
+        assert versions_of(catalog) == {"p.g.b1": 1, "p.g.b2": 2, "p.g.b3": 3}
+
+
 async def test_reconcile_keeps_newer_records_drops_missing_ones_and_refuses_older_events(redis_url: str,
                                                                                        region: str) -> None:
     async with replica(redis_url, region) as (store, catalog):
@@ -270,7 +290,7 @@ async def test_reconcile_keeps_newer_records_drops_missing_ones_and_refuses_olde
         snapshot = Snapshot(region="p", watermark=8, taken_at_ms=now_ms(),
                             agents=[record("p.g.a2", 7), record("p.g.a3", 3), record("p.g.a5", 5)])
         result = await store.reconcile("p", snapshot, now_ms=now_ms())
-        catalog.committed_reconcile("p", put=result.put, evicted=result.evicted, watermark=8, floor=result.floor,
+        catalog.committed_reconcile("p", records=snapshot.agents, evicted=result.evicted, watermark=8, floor=result.floor,
                                     seen=result.seen, runs=result.runs, at_ms=now_ms())
         assert versions_of(catalog) == {"p.g.a2": 7, "p.g.a3": 3, "p.g.a5": 5, "p.g.a9": 9}
         assert sorted(result.evicted) == ["p.g.a1"]
