@@ -68,8 +68,8 @@ class OutcomeTracker:
         self.cooldown_ms = cooldown_ms
         self.error_half_life_ms = error_half_life_ms
         self._agents: dict[str, AgentHealth] = {}
-        self._private: dict[tuple[str, str], int] = {}  # (reporter, agent) -> ejected until (ms)
-        self._private_of: dict[str, set[str]] = {}  # reporter -> the agents it ejected for itself
+        self._share = (failure_threshold + 1) // 2  # one reporter's part of a breaker: half, rounded up
+        self._private: dict[str, dict[str, int]] = {}  # reporter -> {agent it ejected for itself: until ms}
         self.opened_total = 0
         # Bumped whenever a routing-relevant fact changes (a breaker moves, an error rate
         # moves), so the router knows its precomputed tables are out of date.
@@ -107,21 +107,15 @@ class OutcomeTracker:
 
     def _spent(self, health: AgentHealth, reporter: str, now_ms: int) -> bool:
         """Whether ``reporter`` has moved the error penalty as often as one caller may within the
-        window (half the breaker threshold, rounded up); if not, this report is counted as a move."""
-        moves = health.penalised_by.pop(reporter, None) or deque(maxlen=(self.failure_threshold + 1) // 2)
-        health.penalised_by[reporter] = moves
-        if len(health.penalised_by) > MAX_REPORTERS:
-            del health.penalised_by[next(iter(health.penalised_by))]
+        window (its share of the breaker); if not, this report is counted as a move."""
+        moves = _latest(health.penalised_by, reporter, self._share)
         if len(moves) == moves.maxlen and moves[0] > now_ms - self.window_ms:
             return True
         moves.append(now_ms)
         return False
 
     def _reported(self, health: AgentHealth, agent_id: str, reporter: str, now_ms: int) -> None:
-        mine = health.by_reporter.pop(reporter, None) or deque(maxlen=self.failure_threshold)
-        health.by_reporter[reporter] = mine  # the most recent reporter last
-        if len(health.by_reporter) > MAX_REPORTERS:
-            del health.by_reporter[next(iter(health.by_reporter))]
+        mine = _latest(health.by_reporter, reporter, self.failure_threshold)
         mine.append(now_ms)
         if len(mine) == self.failure_threshold and mine[0] > now_ms - self.window_ms:
             self._eject_for(reporter, agent_id, until_ms=now_ms + self.cooldown_ms)
@@ -131,39 +125,37 @@ class OutcomeTracker:
         horizon = now_ms - self.window_ms
         while health.failures and health.failures[0] <= horizon:
             health.failures.popleft()
-        share = (self.failure_threshold + 1) // 2  # half, rounded up: two reporters can open it
         counted = len(health.failures)
         for reporter, times in list(health.by_reporter.items()):
             while times and times[0] <= horizon:
                 times.popleft()
             if not times:
                 del health.by_reporter[reporter]
-            counted += min(len(times), share)
+            counted += min(len(times), self._share)
         return counted
 
     def _eject_for(self, reporter: str, agent_id: str, *, until_ms: int) -> None:
-        if len(self._private) >= MAX_PRIVATE_EJECTIONS and (reporter, agent_id) not in self._private:
-            (old_reporter, old_agent), _ = next(iter(self._private.items()))
-            self._readmit(old_reporter, old_agent)
-        self._private[(reporter, agent_id)] = until_ms
-        self._private_of.setdefault(reporter, set()).add(agent_id)
+        mine = self._private.setdefault(reporter, {})
+        if agent_id not in mine and sum(map(len, self._private.values())) >= MAX_PRIVATE_EJECTIONS:
+            oldest = next(who for who, agents in self._private.items() if agents)
+            self._readmit(oldest, next(iter(self._private[oldest])))
+        mine[agent_id] = until_ms
 
     def _readmit(self, reporter: str, agent_id: str) -> None:
-        self._private.pop((reporter, agent_id), None)
-        agents = self._private_of.get(reporter)
+        agents = self._private.get(reporter)
         if agents is not None:
-            agents.discard(agent_id)
+            agents.pop(agent_id, None)
             if not agents:
-                del self._private_of[reporter]
+                del self._private[reporter]
 
     def ejected_for(self, reporter: str, *, now_ms: int) -> frozenset[str]:
         """The agents ``reporter``'s own failures took out of its routing (empty for nearly every caller)."""
-        agents = self._private_of.get(reporter)
+        agents = self._private.get(reporter)
         if not agents:
             return frozenset()
-        for agent_id in [a for a in agents if self._private[(reporter, a)] <= now_ms]:
+        for agent_id in [a for a, until in agents.items() if until <= now_ms]:
             self._readmit(reporter, agent_id)
-        return frozenset(self._private_of.get(reporter, ()))
+        return frozenset(self._private.get(reporter, ()))
 
     def _open(self, health: AgentHealth, now_ms: int) -> None:
         health.state = BreakerState.OPEN
@@ -238,8 +230,18 @@ class OutcomeTracker:
 
     def forget(self, agent_id: str) -> None:
         self._agents.pop(agent_id, None)
-        for reporter, agent in [key for key in self._private if key[1] == agent_id]:
-            self._readmit(reporter, agent)
+        for reporter in [reporter for reporter, agents in self._private.items() if agent_id in agents]:
+            self._readmit(reporter, agent_id)
 
     def open_count(self, *, now_ms: int) -> int:
         return sum(1 for agent_id in self._agents if self.state(agent_id, now_ms=now_ms) is not BreakerState.CLOSED)
+
+
+def _latest(held: dict[str, deque[int]], reporter: str, maxlen: int) -> deque[int]:
+    """``reporter``'s times in ``held``, moved last (most recent); the least recent reporter goes
+    beyond ``MAX_REPORTERS``."""
+    times = held.pop(reporter, None) or deque(maxlen=maxlen)
+    held[reporter] = times
+    if len(held) > MAX_REPORTERS:
+        del held[next(iter(held))]
+    return times

@@ -48,7 +48,7 @@ class Subscription:
                 self.queue.get_nowait()
 
     def close(self) -> None:
-        self.hub.release(self)
+        self.hub.subscribers.discard(self)
 
 
 class WatchHub:
@@ -63,7 +63,6 @@ class WatchHub:
         self.subscribers: set[Subscription] = set()
         self.subscriber_queue = subscriber_queue
         self.streams_per_caller = streams_per_caller
-        self._held: dict[str, int] = {}
 
     def publish(self, event: ChangeEvent) -> None:
         for subscription in list(self.subscribers):
@@ -76,22 +75,10 @@ class WatchHub:
 
     def subscribe(self, accept: Callable[[ChangeEvent], bool], *, owner: str) -> Subscription:
         """A new watcher of ``owner``'s; raises :class:`RateLimited` (429) when it holds its share."""
-        held = self._held.get(owner, 0)
+        held = sum(1 for subscription in self.subscribers if subscription.owner == owner)  # a new stream only
         if held >= self.streams_per_caller:
             raise RateLimited(f"caller {owner} holds {held} watch streams, the most one caller may; close one "
                               "(or raise watch_streams_per_caller)", code="too_many_watches")
         subscription = Subscription(self, accept, self.subscriber_queue, owner)
         self.subscribers.add(subscription)
-        self._held[owner] = held + 1
         return subscription
-
-    def release(self, subscription: Subscription) -> None:
-        """``subscription``'s stream ended: it no longer counts (idempotent)."""
-        if subscription not in self.subscribers:
-            return
-        self.subscribers.discard(subscription)
-        left = self._held[subscription.owner] - 1
-        if left:
-            self._held[subscription.owner] = left
-        else:
-            del self._held[subscription.owner]
