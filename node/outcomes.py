@@ -3,8 +3,10 @@
 The error rate lowers an agent's routing weight (a soft penalty); the breaker takes it out of
 routing entirely after ``failure_threshold`` failures within ``window_ms`` (open), lets one
 trial ticket through after ``cooldown_ms`` (half-open), and closes on a successful trial or
-re-opens on a failed one. State lives in the node's memory: each replica learns from the
-reports it receives, which is what Envoy's outlier detection does per proxy.
+re-opens on a failed one. Only the trial's own report (its ticket id) or trusted evidence moves a
+half-open breaker: a caller who kept an older ticket cannot close it for everyone by reporting a
+success, nor re-open it with a failure. State lives in the node's memory: each replica learns
+from the reports it receives, which is what Envoy's outlier detection does per proxy.
 
 No caller decides for everyone: a report names its ``reporter`` (the caller's token subject), and
 each reporter's failures count for at most half of ``failure_threshold`` (rounded up) towards
@@ -53,6 +55,7 @@ class AgentHealth:
     state: BreakerState = BreakerState.CLOSED
     opened_at_ms: int = 0
     trial_issued_at_ms: int = 0
+    trial_ticket: str | None = None  # the half-open trial's ticket id: its report decides
 
 
 class OutcomeTracker:
@@ -75,8 +78,10 @@ class OutcomeTracker:
         # moves), so the router knows its precomputed tables are out of date.
         self.generation = 0
 
-    def record(self, agent_id: str, outcome: Outcome, *, now_ms: int, reporter: str | None = None) -> BreakerState:
-        """One call's outcome; ``reporter``: the caller who reports it (None: trusted evidence)."""
+    def record(self, agent_id: str, outcome: Outcome, *, now_ms: int, reporter: str | None = None,
+               ticket_id: str | None = None) -> BreakerState:
+        """One call's outcome; ``reporter``: the caller who reports it (None: trusted evidence);
+        ``ticket_id``: the ticket it reports on (a half-open breaker heeds its trial's only)."""
         health = self._agents.setdefault(agent_id, AgentHealth())
         failed = outcome is not Outcome.SUCCESS
         if failed or health.error_rate or health.state is not BreakerState.CLOSED:
@@ -88,6 +93,8 @@ class OutcomeTracker:
         if outcome is Outcome.REJECTED:
             # A 429 says "too busy", not "broken": it lowers the weight but never trips the breaker.
             return health.state
+        if health.state is BreakerState.HALF_OPEN and reporter is not None and ticket_id != health.trial_ticket:
+            return health.state  # a call from before the trial: the trial decides
         if not failed:
             if health.state is BreakerState.HALF_OPEN:
                 health.state = BreakerState.CLOSED
@@ -172,6 +179,7 @@ class OutcomeTracker:
         if health.state is BreakerState.OPEN and now_ms - health.opened_at_ms >= self.cooldown_ms:
             health.state = BreakerState.HALF_OPEN
             health.trial_issued_at_ms = 0
+            health.trial_ticket = None
             self.generation += 1
         return health.state
 
@@ -185,11 +193,12 @@ class OutcomeTracker:
         health = self._agents[agent_id]
         return now_ms - health.trial_issued_at_ms >= self.cooldown_ms
 
-    def issued(self, agent_id: str, *, now_ms: int) -> None:
+    def issued(self, agent_id: str, *, now_ms: int, ticket_id: str | None = None) -> None:
         """A ticket names this agent as its target (marks the half-open trial)."""
         health = self._agents.get(agent_id)
         if health is not None and health.state is BreakerState.HALF_OPEN:
             health.trial_issued_at_ms = now_ms
+            health.trial_ticket = ticket_id
             self.generation += 1
 
     def next_change_ms(self, agent_id: str) -> int | None:

@@ -423,7 +423,7 @@ class Router:
         if self.credentials is not None:
             credential = self.credentials.issue(caller=caller, agent_id=agents[0], capability=target.capability,
                                                 ticket_id=ticket_id, index=0, expires_at_ms=expires, now_ms_=now)
-        self.outcomes.issued(target.record.agent_id, now_ms=now)
+        self.outcomes.issued(target.record.agent_id, now_ms=now, ticket_id=ticket_id)
         return Decision(ticket_id=ticket_id, trace_id=request.trace_id or ids[16:], target=target,
                         alternates=alternates, match=match, issued_at_ms=now, expires_at_ms=expires,
                         caller=caller.sub, signature=signature, credential=credential, drawn=drawn)

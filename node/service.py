@@ -406,10 +406,10 @@ class RegistryNode:
                                      deadline_ms=lambda e: e + self.config.report_grace_ms, now=now,
                                      too_old="the ticket is too old to report on")
         reporter = None if caller.role in (TokenRole.ADMIN, TokenRole.PEER) else caller.sub  # trusted: node.outcomes
-        self.outcomes.record(report.agent_id, report.outcome, now_ms=now, reporter=reporter)
+        ticket_id = claims["t"] if isinstance(claims.get("t"), str) else None
+        self.outcomes.record(report.agent_id, report.outcome, now_ms=now, reporter=reporter, ticket_id=ticket_id)
         self.metrics.reports(report.outcome.value).inc()
-        ticket_id = claims.get("t")
-        self.decisions.outcome(at_ms=now, ticket_id=ticket_id if isinstance(ticket_id, str) else None,
+        self.decisions.outcome(at_ms=now, ticket_id=ticket_id,
                                caller=caller.sub, agent_id=report.agent_id, outcome=report.outcome.value,
                                latency_ms=report.latency_ms)
 

@@ -31,7 +31,7 @@ from node.models import (
     TokenClaims,
     TokenRole,
 )
-from node.outcomes import OutcomeTracker
+from node.outcomes import BreakerState, OutcomeTracker
 from node.router import ALL_WEIGHT_FACTORS, Router, SemanticMatch, SemanticMatches, WeightFactor
 from node.security import Signer
 from node.service import RegistryNode
@@ -268,6 +268,26 @@ def test_an_open_breaker_admits_one_trial_after_the_cool_down_and_closes_on_succ
     assert trial.target.agent_id == "lang.translate.bad"
     assert "circuit_open" in stages(router, agent_id="lang.translate.bad")["local"], "one trial per cool-down"
     outcomes.record("lang.translate.bad", Outcome.SUCCESS, now_ms=clock.now)
+    assert set(picks(router, 200, capability=CAPABILITY)) == {"lang.translate.good", "lang.translate.bad"}
+
+
+def test_only_the_trial_ticket_decides_a_half_open_breaker() -> None:
+    # A caller that kept an older ticket must not close a broken agent's breaker for everyone
+    # with a made-up success, nor hold a mended one open with a made-up failure.
+    outcomes = OutcomeTracker(failure_threshold=2, cooldown_ms=500)
+    router, _, clock = make_router(record("lang.translate.good"), record("lang.translate.bad"), outcomes=outcomes)
+    old = router.decide_exact(RouteRequest(agent_id="lang.translate.bad"), INSIDER)
+    for reporter in ("a", "b"):  # two callers' word opens it
+        outcomes.record("lang.translate.bad", Outcome.FAILURE, now_ms=clock.now, reporter=reporter)
+    clock.now += 500
+    trial = router.decide_exact(RouteRequest(agent_id="lang.translate.bad"), INSIDER)
+    assert trial.target.agent_id == "lang.translate.bad" and trial.ticket_id != old.ticket_id
+    for outcome in (Outcome.SUCCESS, Outcome.FAILURE):
+        state = outcomes.record("lang.translate.bad", outcome, now_ms=clock.now, reporter=INSIDER.sub,
+                                ticket_id=old.ticket_id)
+        assert state is BreakerState.HALF_OPEN, outcome
+    assert outcomes.record("lang.translate.bad", Outcome.SUCCESS, now_ms=clock.now, reporter=INSIDER.sub,
+                           ticket_id=trial.ticket_id) is BreakerState.CLOSED
     assert set(picks(router, 200, capability=CAPABILITY)) == {"lang.translate.good", "lang.translate.bad"}
 
 
