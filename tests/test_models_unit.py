@@ -135,3 +135,11 @@ def test_a_tombstone_keeps_its_audience() -> None:
     itself = TokenClaims(sub="fin.ledger.vip", role=TokenRole.AGENT, exp=1, iat=0)
     assert not may_see(outsider, tombstone.agent_id, tombstone.audience)
     assert all(may_see(claims, tombstone.agent_id, tombstone.audience) for claims in (insider, peer, itself))
+
+
+def test_admin_in_allowed_callers_names_the_role_not_a_subject() -> None:
+    audience = ["admin", "fin.*.*"]
+    named_admin = [TokenClaims(sub="admin", role=role, exp=1, iat=0) for role in (TokenRole.CALLER, TokenRole.AGENT)]
+    assert not any(may_see(claims, "fin.ledger.vip", audience) for claims in named_admin)
+    assert may_see(TokenClaims(sub="ops", role=TokenRole.ADMIN, exp=1, iat=0), "fin.ledger.vip", audience)
+    assert may_see(TokenClaims(sub="fin.books.y", role=TokenRole.CALLER, exp=1, iat=0), "fin.ledger.vip", audience)

@@ -80,11 +80,12 @@ def caller_may_call(caller: str, role: TokenRole, agent_id: str, allowed_callers
     """Whether ``caller`` (a token subject, in ``role``) may see and call ``agent_id``.
 
     ``allowed_callers`` empty: anyone. Otherwise admins and peer nodes, the agent itself, and
-    callers whose subject matches one of the patterns (``"admin"`` names the admin subject).
+    callers whose subject matches one of the patterns. ``"admin"`` names the admin role, never a
+    subject: a caller or agent token whose subject happens to be ``admin`` does not match it.
     """
     if not allowed_callers or role in (TokenRole.ADMIN, TokenRole.PEER) or caller == agent_id:
         return True
-    return any(pattern == caller or (pattern != "admin" and compile_pattern(pattern).match(caller))
+    return any(pattern != "admin" and (pattern == caller or compile_pattern(pattern).match(caller))
                for pattern in allowed_callers)
 
 
