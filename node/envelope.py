@@ -203,6 +203,16 @@ class RouteEvents(BaseModel):
     events: list[RouteEvent] = Field(min_length=1, max_length=500)
 
 
+class TraceEvent(RouteEvent):
+    """A route event as a trace shows it, with who recorded it (set by the node when read, never posted)."""
+
+    recorded_by: Literal["node", "client"] | None = Field(
+        default=None, description="node: the node's own record (a decision, delivery, outcome, duplicate, refusal "
+                                  "or callback); client: what a caller posted about its direct calls "
+                                  "(POST /v1/traces), under its own name; null: kept by an older version, "
+                                  "which held both in one list.")
+
+
 class Trace(BaseModel):
     """The route decisions, deliveries and outcomes of one collaboration, oldest first."""
 
@@ -211,7 +221,7 @@ class Trace(BaseModel):
     trace_id: str
     region: str
     count: int
-    events: list[RouteEvent]
+    events: list[TraceEvent]
 
 
 class SendAccepted(BaseModel):
@@ -259,4 +269,4 @@ def raw_payload(payload: Any) -> tuple[bytes, str]:
 
 
 __all__ = ["PASSTHROUGH", "raw_payload", "DEFAULT_MAX_HOPS", "Envelope", "EnvelopeExpired", "EnvelopeType", "HopLimitExceeded", "Policy", "RouteEvent", "RouteEventKind", "RouteEvents",
-           "SendAccepted", "Trace", "epoch_ms", "looks_like_envelope", "new_message_id", "new_trace_id"]
+           "SendAccepted", "Trace", "TraceEvent", "epoch_ms", "looks_like_envelope", "new_message_id", "new_trace_id"]

@@ -29,13 +29,14 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
+from typing import Literal
 
 from aiohttp import web
 from pydantic import ValidationError
 from redis import asyncio as aioredis
 
 from .clock import now_ms
-from .envelope import TRACE_ID_PATTERN, RouteEvent, RouteEvents, Trace
+from .envelope import TRACE_ID_PATTERN, RouteEvent, RouteEvents, Trace, TraceEvent
 from .errors import Conflict, Forbidden, NotFound, StoreUnavailable, ValidationFailed
 from .http import CALLER, json_response, parse_body
 from .models import TokenClaims, TokenRole, compat
@@ -81,11 +82,11 @@ return 0
 class StoredTrace:
     """One trace as Redis holds it, by writer: who wrote an event decides who is shown it."""
 
-    node: list[RouteEvent] = field(default_factory=list)
-    posted: dict[str, list[RouteEvent]] = field(default_factory=dict)  # caller -> what it posted
-    legacy: list[RouteEvent] = field(default_factory=list)  # the single list of older versions
+    node: list[TraceEvent] = field(default_factory=list)
+    posted: dict[str, list[TraceEvent]] = field(default_factory=dict)  # caller -> what it posted
+    legacy: list[TraceEvent] = field(default_factory=list)  # the single list of older versions
 
-    def every(self) -> list[RouteEvent]:
+    def every(self) -> list[TraceEvent]:
         """Every writer's events, the node's before callers' (what an admin is shown)."""
         return [*self.legacy, *self.node, *(event for posted in self.posted.values() for event in posted)]
 
@@ -174,19 +175,24 @@ class TraceLog:
                 for name in callers:
                     pipe.lrange(self.caller_key(trace_id, name), 0, -1)
                 node, legacy, *posted = await pipe.execute()
-        return StoredTrace(node=self._parsed(trace_id, node), legacy=self._parsed(trace_id, legacy),
-                           posted={name: self._parsed(trace_id, raw) for name, raw in zip(callers, posted) if raw})
+        return StoredTrace(node=self._parsed(trace_id, node, "node"), legacy=self._parsed(trace_id, legacy, None),
+                           posted={name: self._parsed(trace_id, raw, "client")
+                                   for name, raw in zip(callers, posted) if raw})
 
     async def _live_callers(self, trace_id: str) -> list[str]:
         return await self.redis.zrangebyscore(self.callers_key(trace_id), now_ms() - self.ttl_ms, "+inf")
 
-    def _parsed(self, trace_id: str, raw: list[bytes]) -> list[RouteEvent]:
+    def _parsed(self, trace_id: str, raw: list[bytes], recorded_by: Literal["node", "client"] | None
+                ) -> list[TraceEvent]:
         events = []
         for item in raw:
             try:
-                events.append(compat.read_json(RouteEvent, item))
+                event = compat.read_json(TraceEvent, item)
             except ValidationError:
                 log.warning("skipping an unreadable event of trace %s in %s", trace_id, self.region)
+                continue
+            event.recorded_by = recorded_by  # the list it was read from says who wrote it
+            events.append(event)
         return events
 
 
@@ -215,7 +221,7 @@ class TraceRoutes:
         events.sort(key=lambda event: event.at_ms)  # stable: the node's records first at the same instant
         return json_response(Trace(trace_id=trace_id, region=self.node.region, count=len(events), events=events))
 
-    def _shown(self, caller: TokenClaims, stored: StoredTrace) -> list[RouteEvent]:
+    def _shown(self, caller: TokenClaims, stored: StoredTrace) -> list[TraceEvent]:
         """What a non-admin sees: the node's records it took part in (as the caller or the agent), and its own
         posts; an event naming an agent whose ``allowed_callers`` exclude the caller is not shown."""
         recorded = [event for event in (*stored.legacy, *stored.node) if caller.sub in (event.caller, event.agent_id)]

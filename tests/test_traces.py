@@ -34,6 +34,12 @@ async def _seen(node: RunningNode, trace_id: str, token: str | None = None) -> l
     return [(event["caller"], event.get("agent_id")) for event in trace["events"]]
 
 
+async def _writers(node: RunningNode, trace_id: str, token: str | None = None) -> list[str | None]:
+    status, trace = await node.call("GET", f"/v1/traces/{trace_id}", token=token)
+    assert status == 200, trace
+    return [event["recorded_by"] for event in trace["events"]]
+
+
 async def test_a_trace_keeps_the_posts_of_a_bounded_number_of_callers(node_factory: NodeFactory) -> None:
     node = await node_factory(proxy={"trace_max_callers": 2, "trace_ttl_ms": 2_000})
     one, two, three = (node.token(f"app.caller.{name}", TokenRole.CALLER) for name in ("one", "two", "three"))
@@ -77,6 +83,11 @@ async def test_who_is_shown_which_events_of_a_trace(node: RunningNode) -> None:
     assert await _seen(node, "trace-shown", caller) == [decision, ("app.caller.one", None), decision]
     assert await _seen(node, "trace-shown", agent) == [("ledger.post.shown", "ledger.post.next"), decision]
     assert len(await _seen(node, "trace-shown")) == 4  # the admin: every writer's
+    # each event says whether the node recorded it or a client posted it; a post cannot claim to be the node's
+    assert await _writers(node, "trace-shown", caller) == ["client", "client", "node"]  # by at_ms: the decision is now
+    assert await _writers(node, "trace-shown", agent) == ["client", "node"]
+    status, body = await _post(node, caller, _event("trace-shown", "app.caller.one", recorded_by="node"))
+    assert (status, body["field"]) == (422, "events.0.recorded_by"), body
     assert await _seen(node, "trace-shown", node.token("app.caller.other", TokenRole.CALLER)) == []
     ttls = [await node.node.store.redis.pttl(f"ar:{{{node.node.region}}}:trace:trace-shown{suffix}")
             for suffix in ("/node", "/callers", "/by/app.caller.one", "/by/ledger.post.shown")]
@@ -99,4 +110,5 @@ async def test_a_trace_written_by_an_older_version_still_reads(node: RunningNode
     both = ("app.caller.one", "ledger.post.old")
     assert await _seen(node, "trace-old", caller) == [both, ("app.caller.one", None), both]
     assert await _seen(node, "trace-old", node.token("ledger.post.old")) == [both, both]
+    assert await _writers(node, "trace-old", caller) == [None, "client", None]  # the old list could hold either
     assert await node.node.store.redis.llen(key) == 2
