@@ -1,7 +1,7 @@
 """Ranking: how an owner's score is formed from its documents' cosines and BM25 coverages.
 
 One owner (agent) is scored from three kinds of vectors and two lexical indexes, all held by
-:class:`~semantic.search.SemanticSearch`:
+:class:`~semantic.holdings.Holdings` for :class:`~semantic.search.SemanticSearch`:
 
 * the agent level — a vector (the normalised mean of its description's, capabilities' and
   example requests' vectors) and a BM25 entry of every field of the agent, keyed by owner id;

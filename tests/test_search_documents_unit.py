@@ -1,4 +1,4 @@
-"""The search facade's documents as held (semantic.search): an agent description of the
+"""The search facade's documents as held (semantic.holdings): an agent description of the
 conventional id ``"<owner_id>#"`` is kept as its title and text alone, any other document as
 given. After any churn the facade gives back the documents upserted, counts them, ranks every
 query as a facade built afresh from the owners left, and keeps doc ids unique across owners
@@ -58,7 +58,8 @@ async def test_documents_after_churn_read_back_count_and_rank_as_a_fresh_facade(
                     given.pop(owner, None)
         assert {owner: facade.documents_of(owner) for owner in facade.owners()} == given
         assert len(facade) == sum(map(len, given.values())) > 100
-        assert not any(doc_id.endswith("#") and not facade._documents[doc_id].tags for doc_id in facade._documents)
+        held = facade._holdings._documents
+        assert not any(doc_id.endswith("#") and not held[doc_id].tags for doc_id in held)
         async with SemanticSearch(semantic_enabled=False) as fresh:
             await fresh.upsert_owners(given)
             assert await ranked(facade) == await ranked(fresh)
@@ -76,7 +77,7 @@ async def test_a_doc_id_stays_one_owner_s_whichever_form_holds_it() -> None:
         # A doc id moving between forms within one owner: a capability, then the description.
         await facade.upsert_owner("b", [Document.for_description(owner_id="b", title="agent b", description="z")])
         assert facade.documents_of("b") == [Document.for_description(owner_id="b", title="agent b", description="z")]
-        assert "b#" not in facade._documents and len(facade) == 2
+        assert "b#" not in facade._holdings._documents and len(facade) == 2
         facade.remove_owner("a")
         await facade.upsert_owner("b", [taken.__class__(doc_id="a#", owner_id="b", title="t")])
         assert facade.documents_of("b")[0].doc_id == "a#" and len(facade) == 1
