@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
+
+from node.client._http import NodeApi
+from node.client._reports import Reporter
 from node.envelope import RouteEvent, RouteEventKind
-from node.models import TokenRole
+from node.models import Outcome, OutcomeReport, TokenRole
 
 from .conftest import NodeFactory
 from .helpers import RunningNode, registration, wait_for
@@ -112,3 +116,26 @@ async def test_a_trace_written_by_an_older_version_still_reads(node: RunningNode
     assert await _seen(node, "trace-old", node.token("ledger.post.old")) == [both, both]
     assert await _writers(node, "trace-old", caller) == [None, "client", None]  # the old list could hold either
     assert await node.node.store.redis.llen(key) == 2
+
+
+async def test_the_sdk_counts_a_refused_trace_post_as_dropped_not_the_reports_sent_beside_it(
+        node_factory: NodeFactory) -> None:
+    node = await node_factory(proxy={"trace_max_callers": 1})
+    await node.register(registration("ledger.post.reported", capability="ledger.post"))
+    caller = node.token("app.caller.one", TokenRole.CALLER)
+    taken = node.token("app.caller.two", TokenRole.CALLER)  # holds the trace's only place
+    assert (await _post(node, taken, _event("trace-taken", "app.caller.two")))[0] == 200
+    status, ticket = await node.resolve(caller, capability="ledger.post")
+    assert status == 200, ticket
+    async with aiohttp.ClientSession() as session:
+        reporter = Reporter(NodeApi(session, node.url, caller, timeout_s=5), batch_size=10, flush_interval_s=0.05,
+                            queue_limit=100, flush_timeout_s=5)
+        reporter.start()
+        reporter.put(OutcomeReport(signature=ticket["signature"], agent_id="ledger.post.reported",
+                                   outcome=Outcome.SUCCESS))
+        reporter.put(RouteEvent(event=RouteEventKind.DELIVERY, at_ms=1_000, trace_id="trace-taken",
+                                caller="app.caller.one", result="success"))
+        await reporter.flush()
+        assert (reporter.sent_reports, reporter.sent_events, reporter.dropped) == (1, 0, 1)
+        await reporter.aclose()
+    assert node.node.metrics.requests("/v1/reports", "200")._value.get() == 1

@@ -269,6 +269,11 @@ class ReachClient:
     def report_batches_sent(self) -> int:
         return self._reporter.sent_batches if self._reporter is not None else 0
 
+    @property
+    def reports_dropped(self) -> int:
+        """Outcome reports and route events not delivered: shed when the queue was full, or refused."""
+        return self._reporter.dropped if self._reporter is not None else 0
+
     def set_status(self, status: Status | None, *, push: bool = True) -> None:
         """The status heartbeats carry from now on (thread-safe); ``push`` sends one at once."""
         self._status = status

@@ -31,7 +31,8 @@ class Reporter:
         self.flush_timeout_s = flush_timeout_s
         self.sent_reports = 0
         self.sent_batches = 0
-        self.dropped = 0
+        self.sent_events = 0
+        self.dropped = 0  # reports and events shed (queue full) or refused by the node
         self._queue: asyncio.Queue[OutcomeReport | RouteEvent | asyncio.Event] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
 
@@ -99,18 +100,23 @@ class Reporter:
                    for item in batch if isinstance(item, OutcomeReport)]
         events = [item.model_dump(mode="json", exclude_unset=True, exclude_none=True)
                   for item in batch if isinstance(item, RouteEvent)]
-        try:
-            if reports:
-                await self.api.request("POST", "/v1/reports", {"reports": reports})
-                self.sent_reports += len(reports)
+        requests = (("/v1/reports", "reports", reports), ("/v1/traces", "events", events))
+        for path, key, items in requests:
+            if not items:
+                continue
+            try:
+                await self.api.request("POST", path, {key: items})
+            except asyncio.CancelledError:
+                raise
+            except NodeError as exc:  # the other request still goes: each is counted for what it carried
+                self.dropped += len(items)
+                log.warning("could not send %d %s (POST %s): %s", len(items), key, path, exc.message)
+                continue
+            if key == "reports":
+                self.sent_reports += len(items)
                 self.sent_batches += 1
-            if events:
-                await self.api.request("POST", "/v1/traces", {"events": events})
-        except asyncio.CancelledError:
-            raise
-        except NodeError as exc:
-            self.dropped += len(batch)
-            log.warning("could not send %d outcome reports: %s", len(batch), exc.message)
+            else:
+                self.sent_events += len(items)
 
 
 __all__ = ["Reporter"]
