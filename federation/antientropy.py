@@ -170,6 +170,19 @@ class AntiEntropy:
                                               agent_id=agent_id)
         return quarantine
 
+    def _own_records(self, peer: str, snapshot: Snapshot) -> Snapshot:
+        """``snapshot`` without the records of another region (quarantined): a peer's snapshot
+        lists its own agents, and the router addresses a record's region as it says."""
+        kept = []
+        for record in snapshot.agents:
+            if record.region == peer:
+                kept.append(record)
+            else:
+                self.replica_store.quarantine.add("snapshot", f"{peer} snapshot {record.agent_id}@{record.region}",
+                                                  f"a record of region {record.region} in the snapshot of {peer}",
+                                                  agent_id=record.agent_id)
+        return snapshot if len(kept) == len(snapshot.agents) else snapshot.model_copy(update={"agents": kept})
+
     async def fetch_snapshot(self, peer: str) -> Snapshot:
         """The snapshot from the first node of ``peer`` that serves it; raises SnapshotUnavailable."""
         if self._session is None:
@@ -194,5 +207,5 @@ class AntiEntropy:
             if snapshot.region != peer:
                 problems.append(f"{url}: serves region {snapshot.region}, not {peer} (check the topology)")
                 continue
-            return snapshot
+            return self._own_records(peer, snapshot)
         raise SnapshotUnavailable(f"no node of region {peer} served its snapshot: {'; '.join(problems)}")

@@ -87,6 +87,8 @@ class FederationMessage(Strict):
     def _exactly_one(self) -> FederationMessage:
         if sum(kind is not None for kind in (self.change, self.beacon, self.summary)) != 1:
             raise ValueError("a federation message carries exactly one of 'change', 'beacon' or 'summary'")
+        if self.change is not None and self.change.record is not None:
+            _check_record(self.change)
         return self
 
     @property
@@ -128,6 +130,19 @@ class FederationMessage(Strict):
         except ValidationError as exc:
             first = first_problem(exc)
             raise InvalidMessage(f"{first.field or '(message)'}: {first.message}") from exc
+
+
+def _check_record(change: ChangeEvent) -> None:
+    """A change's record is of the change's agent, region and version. The replica is keyed by the
+    change's agent id in Redis and by the record's in memory, and the router addresses the record's
+    region and agent: a record naming another (this region's agent, say) would put a double of it,
+    at an address the message's writer chose, among the peer's agents."""
+    record = change.record
+    for name in ("agent_id", "region", "version"):
+        given, expected = getattr(record, name), getattr(change, name)
+        if given != expected:
+            raise ValueError(f"change.record.{name} is {given!r}, not the change's {expected!r}: a change "
+                             "carries the record of its own agent, region and version")
 
 
 def _schema_version(value: bytes) -> int | None:

@@ -9,11 +9,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import redis.asyncio as aioredis
+from aiohttp import web
+from aiokafka import AIOKafkaProducer
+
+from federation import AntiEntropy, FederationConfig, PeerCatalog, PeerConfig, ReplicaStore
+from federation.antientropy import SNAPSHOT_PATH
+from node.api import bound_port
 from node.models import TokenRole
 from topology import EmbeddedKafka
 
 from .conftest import TEST_SECRET
-from .helpers import Pair, RunningNode, Watcher, registration, wait_for
+from .helpers import Pair, RunningNode, Watcher, registration, topic_messages, wait_for
 
 
 async def _stages(node: RunningNode, token: str, **request: Any) -> dict[str, str]:
@@ -185,3 +192,98 @@ async def test_one_ticket_holder_cannot_open_an_agent_s_breaker_for_everyone(nod
     assert status == 200 and all(b["state"] == "closed" for b in body["breakers"]), body
     status, ticket = await node.resolve(token=honest, agent_id="victim.grp.a1")
     assert status == 200, ticket
+
+
+async def test_a_peer_s_change_cannot_name_another_agent_region_or_version(redis_url: str, region: str) -> None:
+    # A change on x's topic was applied with whatever record it carried: the record of x's
+    # mule.grp.a1 renamed to this region's pay.core.prod, region y, an address of the writer's
+    # choosing, sat in y's replica of x beside the real one. y listed it as a y agent and routed
+    # to it with a route credential for pay.core.prod (its aud), good at the real agent.
+    async with EmbeddedKafka() as kafka:
+        pair = Pair(redis_url, region, kafka.bootstrap_servers, secret=TEST_SECRET)
+        x, y = pair.names
+        try:
+            node_x, federation_x = await pair.start(x)
+            node_y, federation_y = await pair.start(y)
+            await node_y.register(registration("pay.core.prod", capability="pay.charge", lease_ttl_ms=600_000))
+            await node_x.register(registration("mule.grp.a1", capability="mule.work", lease_ttl_ms=600_000))
+            replica = federation_y.catalog.peer(x)
+            await wait_for(lambda: replica.index.get("mule.grp.a1"), timeout_s=15, message="x's agent in y")
+            topic = federation_x.config.topic(x)
+            (sent,) = [m for m in await topic_messages(kafka.bootstrap_servers, topic)
+                       if m.change is not None and m.change.agent_id == "mule.grp.a1"]
+            change, real = sent.change, sent.change.record
+            next_version = change.version + 1
+            forged = [  # each a change of x's agent whose record is not that agent's at that version
+                real.model_copy(update={"agent_id": "pay.core.prod", "region": y, "version": next_version,
+                                        "endpoints": {"primary": "http://127.0.0.1:9/steal"}}),
+                real.model_copy(update={"region": y, "version": next_version}),
+                real.model_copy(update={"version": next_version + 50}),
+            ]
+            invalid_before = federation_y.consumer.stats.invalid
+            producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
+            await producer.start()
+            try:
+                for record in forged:
+                    message = sent.model_copy(update={"change": change.model_copy(
+                        update={"version": next_version, "record": record})})
+                    await producer.send_and_wait(topic, message.encode(), key=b"mule.grp.a1", partition=0)
+            finally:
+                await producer.stop()
+            await wait_for(lambda: federation_y.consumer.stats.invalid >= invalid_before + 3, timeout_s=15,
+                           message="the forged changes refused and counted")
+            await node_x.register(registration("mule.grp.a2", capability="mule.work", lease_ttl_ms=600_000))
+            await wait_for(lambda: replica.index.get("mule.grp.a2"), timeout_s=15, message="the consumer goes on")
+
+            assert replica.index.get("pay.core.prod") is None
+            held = replica.index.get("mule.grp.a1")
+            assert held is not None and (held.region, held.version) == (x, change.version)
+            status, listed = await node_y.call("GET", "/v1/agents?pattern=pay.*.*")
+            assert status == 200 and [(a["agent_id"], a["region"]) for a in listed["agents"]] == [
+                ("pay.core.prod", y)], listed
+            status, body = await node_y.call("GET", "/v1/admin/quarantine")
+            assert status == 200 and sum(item["source"] == "kafka" for item in body["items"]) == 3, body
+            assert "change.record.agent_id" in str(body["items"])
+            eve = node_y.token("eve.outside.caller", TokenRole.CALLER)
+            for _ in range(10):
+                status, ticket = await node_y.resolve(eve, capability="mule.work")
+                assert status == 200 and ticket["target"]["region"] == x, ticket
+                assert ticket["target"]["endpoint"] == "http://127.0.0.1:9", ticket
+        finally:
+            await pair.aclose()
+
+
+async def test_a_peer_s_snapshot_cannot_list_another_region_s_agents(redis_url: str, region: str) -> None:
+    # Anti-entropy wrote every record of a peer's snapshot into the replica, whatever region the
+    # record named: a snapshot of p could slip in an agent "of" this region, routed as such.
+    peer, here = f"{region}-p", f"{region}-h"
+
+    def record(agent_id: str, home: str) -> dict[str, Any]:
+        return {**registration(agent_id), "region": home, "version": 1, "lease_expires_at_ms": 2**40}
+
+    document = {"region": peer, "watermark": 1, "taken_at_ms": 1,
+                "agents": [record("own.grp.a1", peer), record("pay.core.prod", here)]}
+
+    async def serve_snapshot(request: web.Request) -> web.Response:
+        return web.json_response(document)
+
+    app = web.Application()
+    app.router.add_get(SNAPSHOT_PATH, serve_snapshot)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        config = FederationConfig(region=here, bootstrap_servers="127.0.0.1:1", peers=[
+            PeerConfig(region=peer, node_urls=[f"http://127.0.0.1:{bound_port(runner)}"])])
+        store = ReplicaStore(client, region=here, key_prefix="ar", feed_maxlen=1_000)
+        catalog = PeerCatalog(store, peers=[peer], stale_after_ms=60_000, feed_block_ms=50)
+        async with AntiEntropy(config, catalog=catalog, replica_store=store, token=lambda: "unused") as anti_entropy:
+            snapshot = await anti_entropy.fetch_snapshot(peer)
+        assert [agent.agent_id for agent in snapshot.agents] == ["own.grp.a1"]
+        (item,) = store.quarantine.items()
+        assert item.agent_id == "pay.core.prod" and here in item.error, item
+    finally:
+        await client.aclose()
+        await runner.cleanup()
