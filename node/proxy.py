@@ -31,7 +31,6 @@ Limits are ``NodeConfig.proxy`` (:class:`~node.config.ProxySettings`); the sends
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -39,12 +38,10 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
 from .client.delivery import (
-    AttemptError,
     AttemptLimits,
     Failover,
     Pacing,
@@ -63,7 +60,6 @@ from .envelope import (
     RouteEvent,
     RouteEventKind,
     SendAccepted,
-    looks_like_envelope,
 )
 from .errors import Conflict, NodeError, RateLimited, StoreUnavailable, ValidationFailed
 from .http import CALLER, json_response, parse_body, validation_error
@@ -78,6 +74,7 @@ from .models import (
     compat,
 )
 from .once import Answer, DeliveryInProgress, OnceCache
+from .proxy_results import described, result_envelope
 from .service import RegistryNode
 from .tasks import cancel_and_wait
 from .traces import TraceLog, install_trace_routes
@@ -339,7 +336,7 @@ class Proxy:
                                   detail=str(failure) if failure is not None else None))
         self._report(tried.pick.ticket, target, tried.outcome, tried.latency_ms, caller)
         if failure is not None:
-            failures.append(_described(target.agent_id, failure))
+            failures.append(described(target.agent_id, failure))
 
     def _require_session(self) -> aiohttp.ClientSession:
         if self.session is None:
@@ -360,7 +357,7 @@ class Proxy:
         try:
             try:
                 answer = await self._deliver(envelope, route, caller, events)
-                result = _result_envelope(envelope, caller, answer)
+                result = result_envelope(envelope, caller, answer)
             except NodeError as exc:
                 result = Envelope(type=EnvelopeType.EVENT, operation="reach.delivery_failed",
                                   payload={"error": exc.code, "message": exc.message, "details": exc.details},
@@ -441,38 +438,9 @@ class Proxy:
         return response
 
 
-def _described(agent_id: str, failure: AttemptError) -> dict[str, Any]:
-    """How ``DeliveryFailed.details.attempts`` describes one failed attempt."""
-    described: dict[str, Any] = {"agent_id": agent_id, "error": str(failure), "status": failure.status}
-    if isinstance(failure.denied, EgressDenied):
-        described["reason"] = failure.denied.code
-        described["egress"] = {"address": failure.denied.address, "rule": failure.denied.rule}
-    return described
-
-
 def _response(answer: Answer) -> web.Response:
     headers = {"Content-Type": answer.content_type, **answer.headers}
     return web.Response(status=answer.status, body=answer.body, headers=headers)
-
-
-def _result_envelope(request: Envelope, caller: TokenClaims, answer: Answer) -> Envelope:
-    """What goes to the callback: the target's response envelope, or its raw answer wrapped in one."""
-    decoded: Any = answer.body
-    if answer.content_type.startswith("application/json"):
-        with contextlib.suppress(orjson.JSONDecodeError):
-            decoded = orjson.loads(answer.body)
-    if looks_like_envelope(decoded):
-        with contextlib.suppress(ValidationError):
-            response = compat.read_python(Envelope, decoded)
-            if response.reply_to_id is None:
-                response = response.model_copy(update={"reply_to_id": request.id})
-            return response
-    if isinstance(decoded, bytes):
-        decoded = decoded.decode(errors="replace")
-    return Envelope(type=EnvelopeType.RESPONSE, operation=request.operation, payload=decoded,
-                    trace_id=request.trace_id, source_agent=answer.headers.get("X-Reach-Agent"),
-                    target_agent=caller.sub, reply_to_id=request.id, hop_count=request.hop_count + 1,
-                    expire_at_ms=request.expire_at_ms, extensions={"status": answer.status})
 
 
 PROXY_KEY = web.AppKey("proxy", Proxy)

@@ -23,6 +23,16 @@ from .conftest import TEST_SECRET
 from .helpers import Pair, RunningNode, Watcher, registration, topic_messages, wait_for
 
 
+async def _serve(*routes: web.RouteDef) -> tuple[web.AppRunner, str]:
+    """A small HTTP server on 127.0.0.1 playing a hostile agent or peer; its runner and base URL."""
+    app = web.Application()
+    app.add_routes(routes)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{bound_port(runner)}"
+
+
 async def _stages(node: RunningNode, token: str, **request: Any) -> dict[str, str]:
     status, body = await node.resolve(token, **request)
     assert status == 404 and body["error"] == "no_agent_available", body
@@ -267,16 +277,11 @@ async def test_a_peer_s_snapshot_cannot_list_another_region_s_agents(redis_url: 
     async def serve_snapshot(request: web.Request) -> web.Response:
         return web.json_response(document)
 
-    app = web.Application()
-    app.router.add_get(SNAPSHOT_PATH, serve_snapshot)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner, url = await _serve(web.get(SNAPSHOT_PATH, serve_snapshot))
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
     try:
         config = FederationConfig(region=here, bootstrap_servers="127.0.0.1:1", peers=[
-            PeerConfig(region=peer, node_urls=[f"http://127.0.0.1:{bound_port(runner)}"])])
+            PeerConfig(region=peer, node_urls=[url])])
         store = ReplicaStore(client, region=here, key_prefix="ar", feed_maxlen=1_000)
         catalog = PeerCatalog(store, peers=[peer], stale_after_ms=60_000, feed_block_ms=50)
         async with AntiEntropy(config, catalog=catalog, replica_store=store, token=lambda: "unused") as anti_entropy:
@@ -286,4 +291,44 @@ async def test_a_peer_s_snapshot_cannot_list_another_region_s_agents(redis_url: 
         assert item.agent_id == "pay.core.prod" and here in item.error, item
     finally:
         await client.aclose()
+        await runner.cleanup()
+
+
+async def test_an_agent_s_odd_json_answer_still_reaches_the_caller_s_callback(node: RunningNode) -> None:
+    # A callback wrapped the agent's decoded JSON answer as the result envelope's payload; an answer
+    # that is JSON but no envelope payload (nested deeper than 32 levels, 1e300) failed that
+    # validation outside any handler: the background delivery died with a traceback in the log and
+    # the caller never got its result, nor a reach.delivery_failed.
+    answers = [b"[" * 40 + b"]" * 40, b'{"big": 1e300}',
+               b'{"id": "m-1", "type": "response", "trace_id": "t-1", "payload": 1e300}']
+    callbacks: list[dict[str, Any]] = []
+
+    async def invoke(request: web.Request) -> web.Response:
+        return web.Response(body=answers[int(request.query["n"])], content_type="application/json")
+
+    async def callback(request: web.Request) -> web.Response:
+        callbacks.append(await request.json())
+        return web.json_response({"ok": True})
+
+    runner, base = await _serve(web.post("/invoke", invoke), web.post("/callback", callback))
+    try:
+        await node.register(registration("app.waiting.caller", capability="app.wait", endpoint=base + "/unused",
+                                         callback_endpoint=base + "/callback"))
+        token = node.token("app.waiting.caller")
+        sent = []
+        for n in range(len(answers)):
+            await node.register(registration(f"odd.json.a{n}", capability=f"odd.json{n}",
+                                             endpoint=f"{base}/invoke?n={n}"))
+            envelope = {"id": f"odd-{n}", "operation": f"odd.json{n}", "payload": {"n": n}, "trace_id": f"odd-{n}"}
+            status, body = await node.call("POST", "/v1/send?delivery=callback", json=envelope, token=token)
+            assert status == 202, body
+            sent.append(envelope["id"])
+        await wait_for(lambda: len(callbacks) == len(answers), timeout_s=10, message="every callback")
+        by_request = {result["reply_to_id"]: result for result in callbacks}
+        assert sorted(by_request) == sent
+        for n, envelope_id in enumerate(sent):
+            result = by_request[envelope_id]
+            assert result["operation"] == f"odd.json{n}" and result["source_agent"] == f"odd.json.a{n}", result
+            assert result["payload"] == answers[n].decode(), result  # the answer as it came, as text
+    finally:
         await runner.cleanup()
