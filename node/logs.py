@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import datetime
 import logging
+import re
 from typing import Any
 
 import orjson
 
-__all__ = ["ACCESS_LOGGER", "FIELDS", "JsonFormatter", "LOG_FORMATS", "TextFormatter", "access_line", "formatter"]
+__all__ = ["ACCESS_LOGGER", "FIELDS", "JsonFormatter", "LOG_FORMATS", "TextFormatter", "access_line", "formatter", "one_line"]
 
 ACCESS_LOGGER = "agent_reach.access"
 FIELDS = "fields"  # the ``extra`` key structured fields travel under
@@ -51,10 +52,21 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """The classic line, with the record's fields appended as ``key=value``."""
+    """The classic line, with the record's fields appended as ``key=value``.
+
+    One record is one line (a traceback below it aside): control characters and line breaks in
+    the message and the fields — a request's path, an agent's answer in a probe error — are
+    written as escapes (``\\n``, ``\\x1b``, ``\\u2028``), so nothing a client sends can start a
+    line of its own that reads as the node's.
+    """
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging.Formatter's name
+        escaped = logging.makeLogRecord(record.__dict__)  # the record itself goes on to other handlers
+        escaped.message = one_line(record.message)
+        return super().formatMessage(escaped)
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
@@ -62,8 +74,18 @@ class TextFormatter(logging.Formatter):
         if not fields:
             return text
         head, newline, rest = text.partition("\n")  # a traceback stays below the line
-        pairs = " ".join(f"{key}={value}" for key, value in fields.items())
+        pairs = " ".join(f"{key}={one_line(str(value))}" for key, value in fields.items())
         return f"{head} {pairs}{newline}{rest}"
+
+
+_UNPRINTABLE_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters and line breaks as backslash escapes (``\\n``, ``\\x1b``)."""
+    if not _UNPRINTABLE_RE.search(text):
+        return text
+    return _UNPRINTABLE_RE.sub(lambda found: found.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def formatter(log_format: str) -> logging.Formatter:

@@ -13,6 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from yarl import URL
+
 from node.logs import ACCESS_LOGGER, FIELDS, JsonFormatter, TextFormatter
 from node.models import TokenRole
 from node.redact import CredentialFilter
@@ -67,6 +69,29 @@ async def test_no_access_log_unless_asked(node) -> None:
     with _Capture(ACCESS_LOGGER, JsonFormatter()) as capture:
         await node.call("GET", "/v1/agents")
     assert capture.lines() == []
+
+
+async def test_a_request_cannot_write_lines_of_its_own_into_the_text_log(node_factory) -> None:
+    # The access line is "{method} {path} {status}" with the path percent-decoded: a request for
+    # /v1/x%0a<a line of its own> (no token needed: refusals are logged too) wrote that line into
+    # the text log as if the node had, e.g. an admin's key rotation answered 200.
+    running = await node_factory(access_log=True)
+    forged = "2026-12-01 10:00:00,000 INFO agent_reach.access: POST /v1/admin/keys/rotate 200"
+    path = "/v1/agents/x%0a" + forged.replace(" ", "%20") + "%0d%E2%80%A8%1b[31m"
+    with _Capture(ACCESS_LOGGER, TextFormatter()) as capture:
+        async with running.session.get(URL(path, encoded=True)) as response:
+            assert response.status == 401
+        await wait_for(lambda: capture.lines(), timeout_s=5, message="the access line")
+    (line,) = capture.lines()
+    assert "GET /v1/agents/x\\n2026-12-01 10:00:00,000 INFO" in line and " status=401 " in line
+    assert "\\r\\u2028\\x1b[31m" in line, line
+    record = logging.LogRecord("agent_reach.x", logging.ERROR, __file__, 1, "said %s", ("a\nb",), None)
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        record.exc_info = sys.exc_info()
+    head, *traceback = TextFormatter().format(record).splitlines()
+    assert head.endswith("agent_reach.x: said a\\nb") and traceback[0] == "Traceback (most recent call last):"
 
 
 def test_text_format_shows_fields_and_json_masks_credentials() -> None:
