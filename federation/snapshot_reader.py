@@ -77,12 +77,21 @@ def _whole(body: bytes, bad_record: BadRecord) -> Snapshot:
 
 
 async def _lines(body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
-    """The lines of ``body`` without their newlines (the last one even if it has none)."""
-    pending = b""
+    """The lines of ``body`` without their newlines (the last one even if it has none).
+
+    Linear in the body's size however long a line is: a line's pieces are joined once, at its end.
+    (Adding each chunk to the line so far and splitting it again copied and scanned the whole line
+    per chunk: an older node's one-line snapshot of 20 MB took 6 s, 70 MB more than a minute.)
+    """
+    pieces: list[bytes] = []
     async for chunk in body:
-        pending += chunk
-        *complete, pending = pending.split(b"\n")
-        for line in complete:
-            yield line
-    if pending:
-        yield pending
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            pieces.append(chunk[start:end])
+            yield b"".join(pieces)
+            pieces = []
+            start = end + 1
+        if start < len(chunk):
+            pieces.append(chunk[start:])
+    if pieces:
+        yield b"".join(pieces)

@@ -3,13 +3,14 @@ one JSON document, one record per line, written a chunk at a time and read a rec
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import orjson
 import pytest
 
 import node.snapshot_stream as snapshot_stream
-from federation.snapshot_reader import read_snapshot
+from federation.snapshot_reader import _lines, read_snapshot
 from node.clock import now_ms
 from node.models import AgentRecord, TokenRole
 
@@ -76,3 +77,18 @@ async def test_the_reader_refuses_a_cut_stream_skips_a_bad_record_and_reads_one_
     assert [agent.agent_id for agent in streamed.agents] == ["snap.read.a1"]
     with pytest.raises(orjson.JSONDecodeError):
         await read_snapshot(_pieces(b'{"region":"r1"', 3), bad_record=_collect(bad))
+
+
+@pytest.mark.unit
+async def test_reading_a_long_line_costs_its_length_not_its_length_squared() -> None:
+    # An older node's one-line snapshot (or a peer's line that never ends) was read by adding each
+    # chunk to the line so far and splitting all of it again: 20 MB in 64 KiB chunks took 6 s of
+    # the event loop, 70 MB (100,000 agents) over a minute, past the snapshot's timeout.
+    one_line = b"x" * 30_000_000
+    started = time.perf_counter()
+    lines = [line async for line in _lines(_pieces(one_line, 65_536))]
+    elapsed_s = time.perf_counter() - started
+    assert lines == [one_line] and elapsed_s < 1.5, elapsed_s
+    body = b"\n".join([b"a", b"", b"bc" * 40_000, b"d"]) + b"\n"
+    for size in (1, 2, 7, 65_536):
+        assert [line async for line in _lines(_pieces(body, size))] == [b"a", b"", b"bc" * 40_000, b"d"]
