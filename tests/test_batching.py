@@ -159,6 +159,24 @@ def test_coalescer_refuses_an_empty_batch_size() -> None:
 
 
 @pytest.mark.unit
+def test_free_memory_goes_back_to_the_system_every_trim_step_records() -> None:
+    from node.loopwatch import FreezeOnGrowth, release_free_memory
+
+    if not release_free_memory():
+        pytest.skip("no glibc malloc_trim on this system")
+    held = [0]
+    freezer = FreezeOnGrowth(lambda: held[0], step=200, trim_step=1_000)
+    for count in range(200, 2_201, 200):
+        held[0] = count
+        assert freezer.check() is True
+    assert (freezer.freezes, freezer.trims, freezer.trimmed_at) == (11, 2, 2_000)
+    held[0] = 600  # records went: the next trim counts from here
+    freezer.check()
+    held[0] = 1_600
+    assert freezer.check() is True and freezer.trims == 3
+
+
+@pytest.mark.unit
 def test_the_collector_is_frozen_again_once_records_grew_by_a_step() -> None:
     import gc
 
