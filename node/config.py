@@ -50,6 +50,7 @@ DEFAULT_IDEMPOTENCY_TTL_MS = 600_000
 DEFAULT_TRACE_TTL_MS = 86_400_000
 DEFAULT_TRACE_MAX_EVENTS = 1_000
 DEFAULT_TRACE_MAX_CALLERS = 16
+DEFAULT_TRACE_CALLER_BYTES = 32 * 2**20
 DEFAULT_IDEMPOTENCY_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_MAX_BACKGROUND = 1_000
 DEFAULT_PROXY_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
@@ -86,6 +87,11 @@ class ProxySettings(BaseModel):
     trace_max_callers: int = Field(default=DEFAULT_TRACE_MAX_CALLERS, ge=1, le=1_000,
                                    description="Callers whose posts one trace keeps; a further caller's are refused "
                                                "(409 trace_full).")
+    trace_caller_bytes: int = Field(default=DEFAULT_TRACE_CALLER_BYTES, ge=0,
+                                    description="Bytes of trace events one caller's posts (POST /v1/traces, all its "
+                                                "traces together) may add within trace_ttl_ms; beyond, its posts are "
+                                                "refused (429 trace_quota) until older ones expire. Admins are not "
+                                                "counted. 0: no quota.")
     callback_attempts: int = Field(default=3, ge=1, le=10, description="Attempts to deliver a callback-mode result.")
     max_background: int = Field(default=DEFAULT_MAX_BACKGROUND, ge=1,
                                 description="Callback-mode deliveries in flight; beyond it sends get 429.")

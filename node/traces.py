@@ -37,7 +37,7 @@ from redis import asyncio as aioredis
 
 from .clock import now_ms
 from .envelope import TRACE_ID_PATTERN, RouteEvent, RouteEvents, Trace, TraceEvent
-from .errors import Conflict, Forbidden, NotFound, StoreUnavailable, ValidationFailed
+from .errors import Conflict, Forbidden, NotFound, RateLimited, StoreUnavailable, ValidationFailed
 from .http import CALLER, json_response, parse_body
 from .models import TokenClaims, TokenRole, compat
 from .service import RegistryNode
@@ -47,14 +47,18 @@ log = logging.getLogger(__name__)
 
 _TRACE_RE = re.compile(TRACE_ID_PATTERN)
 
-# KEYS: (callers zset, caller's list) per group; ARGV: now_ms, ttl_ms, max_events, max_callers, then
-# per group its caller, its number of events and the events. Admits every group or none: a caller
-# new to a trace whose live callers are already max_callers fails the batch, answering its group's
-# number (1-based); 0 when all was written. A member older than the TTL has lost its list.
+# KEYS: the poster's quota hash, then (callers zset, caller's list) per group; ARGV: now_ms, ttl_ms,
+# max_events, max_callers, quota_bytes (0: none), this post's bytes, the quota's slice (ms), then per
+# group its caller, its number of events and the events. Admits every group or none: a caller new to
+# a trace whose live callers are already max_callers fails the batch, answering its group's number
+# (1-based); a post that would take the poster past quota_bytes within ttl_ms answers -(ms until
+# its oldest slice expires) - 1; 0 when all was written. A member older than the TTL has lost its list.
+# The quota hash holds bytes posted per slice of ttl/24: a slice that ended before the TTL is dropped.
 POST = """
 local now, ttl, cap, most = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local groups, added, pos = {}, {}, 5
-for i = 1, #KEYS, 2 do
+local quota, size, slice = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local groups, added, pos = {}, {}, 8
+for i = 2, #KEYS, 2 do
   local zset, caller, n = KEYS[i], ARGV[pos], tonumber(ARGV[pos + 1])
   groups[#groups + 1] = {zset, KEYS[i + 1], caller, pos + 2, pos + 1 + n}
   pos = pos + 2 + n
@@ -66,6 +70,22 @@ for i = 1, #KEYS, 2 do
     mine.count = mine.count + 1
     if redis.call('ZCARD', zset) + mine.count > most then return #groups end
   end
+end
+if quota > 0 then
+  local first, held, oldest = math.floor((now - ttl) / slice), 0, nil
+  local slices = redis.call('HGETALL', KEYS[1])
+  for i = 1, #slices, 2 do
+    local at = tonumber(slices[i])
+    if at < first then
+      redis.call('HDEL', KEYS[1], slices[i])
+    else
+      held = held + tonumber(slices[i + 1])
+      if not oldest or at < oldest then oldest = at end
+    end
+  end
+  if held + size > quota then return -((oldest or first) * slice + slice + ttl - now) - 1 end
+  redis.call('HINCRBY', KEYS[1], math.floor(now / slice), size)
+  redis.call('PEXPIRE', KEYS[1], ttl + slice)
 end
 for _, g in ipairs(groups) do
   redis.call('ZADD', g[1], now, g[3])
@@ -95,20 +115,22 @@ class TraceLog:
     """Route events per trace_id and writer: capped lists with a TTL, on the region store's Redis connection."""
 
     def __init__(self, redis: aioredis.Redis, *, key_base: str, region: str, ttl_ms: int, max_events: int,
-                 max_callers: int) -> None:
+                 max_callers: int, caller_bytes: int = 0) -> None:
         self.redis = redis
         self.prefix = f"{key_base}:trace:"
         self.region = region
         self.ttl_ms = ttl_ms
         self.max_events = max_events
         self.max_callers = max_callers
+        self.caller_bytes = caller_bytes
         self._post = redis.register_script(POST)
 
     @classmethod
-    def of(cls, store: RegionStore, *, ttl_ms: int, max_events: int, max_callers: int) -> TraceLog:
+    def of(cls, store: RegionStore, *, ttl_ms: int, max_events: int, max_callers: int,
+           caller_bytes: int = 0) -> TraceLog:
         """The trace log beside ``store``: its connection, its key base, its region."""
         return cls(store.redis, key_base=store.key_base, region=store.region, ttl_ms=ttl_ms, max_events=max_events,
-                   max_callers=max_callers)
+                   max_callers=max_callers, caller_bytes=caller_bytes)
 
     def key(self, trace_id: str) -> str:
         """The key of the node's own records of ``trace_id``."""
@@ -116,6 +138,10 @@ class TraceLog:
 
     def caller_key(self, trace_id: str, caller: str) -> str:
         return f"{self.prefix}{trace_id}/by/{caller}"
+
+    def quota_key(self, poster: str) -> str:
+        """Bytes ``poster`` posted per slice of the TTL (a ``/`` never occurs in a trace id: no trace's key)."""
+        return f"{self.prefix}/quota/{poster}"
 
     def callers_key(self, trace_id: str) -> str:
         return f"{self.prefix}{trace_id}/callers"
@@ -142,22 +168,32 @@ class TraceLog:
         except StoreUnavailable as exc:
             log.warning("could not record %d route events: %s", len(events), exc.message)
 
-    async def post(self, events: list[RouteEvent]) -> None:
+    async def post(self, events: list[RouteEvent], *, poster: str | None) -> None:
         """Append what callers posted, each event to its caller's list: all or nothing, in one script.
 
-        Raises :class:`Conflict` (409, ``trace_full``) naming the trace when a caller new to it would
-        exceed ``max_callers``, and :class:`StoreUnavailable` (503).
+        ``poster``: the token subject posting, whose ``caller_bytes`` quota the events count against
+        (None: an admin, not counted). Raises :class:`Conflict` (409, ``trace_full``) naming the trace
+        when a caller new to it would exceed ``max_callers``, :class:`RateLimited` (429,
+        ``trace_quota``) past the poster's quota, and :class:`StoreUnavailable` (503).
         """
         grouped: dict[tuple[str, str], list[str]] = {}
         for event in events:
             grouped.setdefault((event.trace_id, event.caller), []).append(event.model_dump_json(exclude_none=True))
-        keys: list[str] = []
-        args: list[str | int] = [now_ms(), self.ttl_ms, self.max_events, self.max_callers]
+        size = sum(len(item.encode()) for items in grouped.values() for item in items)
+        quota = 0 if poster is None else self.caller_bytes
+        keys: list[str] = [self.quota_key(poster or "")]
+        args: list[str | int] = [now_ms(), self.ttl_ms, self.max_events, self.max_callers, quota, size,
+                                 max(1, self.ttl_ms // 24)]
         for (trace_id, caller), items in grouped.items():
             keys += [self.callers_key(trace_id), self.caller_key(trace_id, caller)]
             args += [caller, len(items), *items]
         async with RedisErrors(self.region):
             refused = int(await self._post(keys=keys, args=args))
+        if refused < 0:
+            raise RateLimited(f"{poster!r} has posted {self.caller_bytes:,} bytes of trace events within "
+                              f"trace_ttl_ms ({self.ttl_ms:,} ms), its quota (trace_caller_bytes); older posts free it "
+                              "as they expire", field="events", code="trace_quota",
+                              details={"retry_after_ms": -refused - 1})
         if refused:
             trace_id, caller = list(grouped)[refused - 1]
             raise Conflict(f"trace {trace_id} already holds the events of {self.max_callers} callers; "
@@ -239,7 +275,8 @@ class TraceRoutes:
             if caller.role is not TokenRole.ADMIN and event.caller != caller.sub:
                 raise Forbidden(f"a token for {caller.sub!r} may only record its own calls, not {event.caller!r}",
                                 field="events.caller")
-        await self.traces.post([event.model_copy(update={"mode": "direct"}) for event in batch.events])
+        await self.traces.post([event.model_copy(update={"mode": "direct"}) for event in batch.events],
+                               poster=None if caller.role is TokenRole.ADMIN else caller.sub)
         return json_response({"accepted": len(batch.events)})
 
 
@@ -249,7 +286,7 @@ def install_trace_routes(app: web.Application, node: RegistryNode) -> TraceLog:
         return app[TRACES_KEY]
     settings = node.config.proxy
     traces = TraceLog.of(node.store, ttl_ms=settings.trace_ttl_ms, max_events=settings.trace_max_events,
-                         max_callers=settings.trace_max_callers)
+                         max_callers=settings.trace_max_callers, caller_bytes=settings.trace_caller_bytes)
     app[TRACES_KEY] = traces
     routes = TraceRoutes(node, traces)
     app.router.add_get("/v1/traces/{trace_id}", routes.handle_trace)

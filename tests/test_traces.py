@@ -139,3 +139,26 @@ async def test_the_sdk_counts_a_refused_trace_post_as_dropped_not_the_reports_se
         assert (reporter.sent_reports, reporter.sent_events, reporter.dropped) == (1, 0, 1)
         await reporter.aclose()
     assert node.node.metrics.requests("/v1/reports", "200")._value.get() == 1
+
+
+async def test_a_caller_s_posts_are_held_to_its_byte_quota_across_all_its_traces(node_factory: NodeFactory) -> None:
+    # Made-up trace ids cost nothing to invent: without a quota one caller filled the region's Redis.
+    node = await node_factory(proxy={"trace_caller_bytes": 4_000, "trace_ttl_ms": 2_400})
+    one, two = (node.token(f"app.caller.{name}", TokenRole.CALLER) for name in ("one", "two"))
+    detail = "x" * 900  # ~1 KB an event
+    for number in range(3):  # three traces of its own, one event each
+        assert (await _post(node, one, _event(f"trace-q{number}", "app.caller.one", detail=detail)))[0] == 200
+    status, body = await _post(node, one, _event("trace-q3", "app.caller.one", detail=detail),
+                               _event("trace-q4", "app.caller.one", detail=detail))
+    assert (status, body["error"], body["field"]) == (429, "trace_quota", "events"), body
+    assert 0 < body["details"]["retry_after_ms"] <= 2_400 + 100, body
+    assert await _seen(node, "trace-q3", one) == []  # nothing of a refused post was written
+    assert await _seen(node, "trace-q0", one) == [("app.caller.one", None)]  # nor anything lost
+    # another caller's quota is its own; an admin is not counted
+    assert (await _post(node, two, _event("trace-q0", "app.caller.two", detail=detail)))[0] == 200
+    assert (await _post(node, None, *(_event(f"trace-a{n}", "app.caller.one", detail=detail) for n in range(5))))[0] == 200
+
+    async def freed() -> bool:  # the caller's oldest posts expire and free its quota
+        return (await _post(node, one, _event("trace-q5", "app.caller.one", detail=detail)))[0] == 200
+
+    await wait_for(freed, timeout_s=8, interval_s=0.1, message="the quota freed by expiry")
