@@ -38,7 +38,7 @@ from .config import FederationConfig
 from .errors import SnapshotUnavailable
 from .replica import PeerCatalog
 from .replica_store import ReconcileResult, ReplicaStore
-from .snapshot_reader import read_snapshot
+from .snapshot_reader import SnapshotTooLarge, read_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,11 @@ class AntiEntropy:
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> AntiEntropy:
-        timeout = aiohttp.ClientTimeout(total=self.config.snapshot_timeout_ms / 1000)
+        # A snapshot is read as it arrives: the peer must keep sending (a silence of
+        # snapshot_timeout_ms ends it), and the whole read has a deadline and a size cap of its own.
+        silence = self.config.snapshot_timeout_ms / 1000
+        timeout = aiohttp.ClientTimeout(total=self.config.snapshot_deadline_ms / 1000, sock_connect=silence,
+                                        sock_read=silence)
         self._session = aiohttp.ClientSession(timeout=timeout)
         return self
 
@@ -196,9 +200,13 @@ class AntiEntropy:
                         problems.append(f"{url}: HTTP {response.status} {(await response.read())[:200]!r}")
                         continue
                     # Parsed a record at a time as it arrives (federation.snapshot_reader).
-                    snapshot = await read_snapshot(response.content.iter_any(), bad_record=self._bad_record(peer))
+                    snapshot = await read_snapshot(response.content.iter_any(), bad_record=self._bad_record(peer),
+                                                   max_bytes=self.config.snapshot_max_bytes)
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 problems.append(f"{url}: {exc!r}")
+                continue
+            except SnapshotTooLarge as exc:
+                problems.append(f"{url}: {exc}")
                 continue
             except (ValidationError, orjson.JSONDecodeError) as exc:
                 detail = first_problem(exc).message if isinstance(exc, ValidationError) else str(exc)

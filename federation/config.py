@@ -19,6 +19,8 @@ DEFAULT_MAX_BACKOFF_MS = 2_000
 DEFAULT_PUBLISH_BATCH = 500
 DEFAULT_CONSUME_BATCH = 1_000
 DEFAULT_SNAPSHOT_TIMEOUT_MS = 5_000
+DEFAULT_SNAPSHOT_DEADLINE_MS = 600_000
+DEFAULT_SNAPSHOT_MAX_BYTES = 2**30
 DEFAULT_ANTI_ENTROPY_MIN_INTERVAL_MS = 1_000
 DEFAULT_FEED_MAXLEN = 100_000
 DEFAULT_FEED_BLOCK_MS = 1_000
@@ -57,7 +59,15 @@ class FederationConfig(BaseModel):
     max_backoff_ms: int = Field(default=DEFAULT_MAX_BACKOFF_MS, ge=10)
     publish_batch_max: int = Field(default=DEFAULT_PUBLISH_BATCH, ge=1)
     consume_batch_max: int = Field(default=DEFAULT_CONSUME_BATCH, ge=1)
-    snapshot_timeout_ms: int = Field(default=DEFAULT_SNAPSHOT_TIMEOUT_MS, ge=100)
+    snapshot_timeout_ms: int = Field(default=DEFAULT_SNAPSHOT_TIMEOUT_MS, ge=100,
+                                     description="The longest silence while a peer's snapshot is fetched: for the "
+                                                 "connection, the first byte, and between two chunks.")
+    snapshot_deadline_ms: int = Field(default=DEFAULT_SNAPSHOT_DEADLINE_MS, ge=100,
+                                      description="The whole fetch of one peer's snapshot, however steadily it "
+                                                  "arrives (100,000 agents take ~5 s to read here).")
+    snapshot_max_bytes: int = Field(default=DEFAULT_SNAPSHOT_MAX_BYTES, ge=1_024,
+                                    description="A peer's snapshot beyond this many bytes is refused (~700 B per "
+                                                "agent: the default holds about 1.5 million).")
     anti_entropy_min_interval_ms: int = Field(default=DEFAULT_ANTI_ENTROPY_MIN_INTERVAL_MS, ge=0)
     feed_maxlen: int = Field(default=DEFAULT_FEED_MAXLEN, ge=100)
     feed_block_ms: int = Field(default=DEFAULT_FEED_BLOCK_MS, ge=1)

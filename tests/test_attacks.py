@@ -6,15 +6,19 @@ agent token (or none) and nothing else.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
+import orjson
+import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 from aiokafka import AIOKafkaProducer
 
 from federation import AntiEntropy, FederationConfig, PeerCatalog, PeerConfig, ReplicaStore
 from federation.antientropy import SNAPSHOT_PATH
+from federation.errors import SnapshotUnavailable
 from node.api import bound_port
 from node.models import TokenRole
 from topology import EmbeddedKafka
@@ -289,6 +293,52 @@ async def test_a_peer_s_snapshot_cannot_list_another_region_s_agents(redis_url: 
         assert [agent.agent_id for agent in snapshot.agents] == ["own.grp.a1"]
         (item,) = store.quarantine.items()
         assert item.agent_id == "pay.core.prod" and here in item.error, item
+    finally:
+        await client.aclose()
+        await runner.cleanup()
+
+
+async def test_a_peer_s_snapshot_is_held_to_a_size_and_a_silence_not_to_one_whole_deadline(
+        redis_url: str, region: str) -> None:
+    # The whole fetch had one 5 s deadline: a large region's snapshot (100,000 agents take ~5 s to read
+    # here) could never be read, while a peer sending without end was read until then, into memory.
+    peer, here = f"{region}-p", f"{region}-h"
+    line = orjson.dumps({**registration("own.grp.a1"), "region": peer, "version": 1, "lease_expires_at_ms": 2**40})
+
+    async def steady(request: web.Request) -> web.StreamResponse:  # 0.6 s in all, a chunk every 0.1 s
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(orjson.dumps({"region": peer, "watermark": 1, "taken_at_ms": 1})[:-1] + b',"agents":[\n')
+        for _ in range(5):
+            await asyncio.sleep(0.1)
+            await response.write(b"\n")
+        await response.write(line + b"\n]}\n")
+        return response
+
+    async def endless(request: web.Request) -> web.StreamResponse:  # bounded here: 64 KiB past the cap
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(orjson.dumps({"region": peer, "watermark": 1, "taken_at_ms": 1})[:-1] + b',"agents":[\n')
+        for _ in range(16):
+            await response.write((line + b",\n") * 16)
+        return response
+
+    runner, url = await _serve(web.get(SNAPSHOT_PATH, steady), web.get("/endless" + SNAPSHOT_PATH, endless))
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        for base, cap in ((url, 1_000_000), (url + "/endless", 32_768)):
+            config = FederationConfig(region=here, bootstrap_servers="127.0.0.1:1", snapshot_timeout_ms=300,
+                                      snapshot_deadline_ms=10_000, snapshot_max_bytes=cap,
+                                      peers=[PeerConfig(region=peer, node_urls=[base])])
+            store = ReplicaStore(client, region=here, key_prefix="ar", feed_maxlen=1_000)
+            catalog = PeerCatalog(store, peers=[peer], stale_after_ms=60_000, feed_block_ms=50)
+            async with AntiEntropy(config, catalog=catalog, replica_store=store, token=lambda: "unused") as anti:
+                if base == url:  # longer than the silence allowed, never silent that long
+                    snapshot = await anti.fetch_snapshot(peer)
+                    assert [agent.agent_id for agent in snapshot.agents] == ["own.grp.a1"]
+                else:
+                    with pytest.raises(SnapshotUnavailable, match="larger than 32,768 bytes"):
+                        await anti.fetch_snapshot(peer)
     finally:
         await client.aclose()
         await runner.cleanup()
