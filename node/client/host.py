@@ -7,10 +7,11 @@ by hand, and this host keeps for a handler ``async def handle(envelope) -> resul
   :class:`~node.envelope.Envelope`. First the caller's route credential is verified
   (``Authorization: Bearer``, :class:`~node.client.CallVerifier`): 401 without one or with an
   expired or forged one, 403 for a credential meant for another agent or a caller outside the
-  registration's ``allowed_callers``. Then an envelope past ``expire_at_ms`` gets 410, a repeated
-  envelope id is answered from a local cache without running the handler again (the receiving
-  half of idempotency), and otherwise the handler runs with the envelope — its ``source_agent``
-  set to the verified caller — and the answer is ``envelope.reply(result)``. A handler that
+  registration's ``allowed_callers``. Then an envelope past ``expire_at_ms`` gets 410, an envelope
+  id the same caller sent before is answered from a local cache without running the handler
+  again (the receiving half of idempotency; another caller's same id is another message), and
+  otherwise the handler runs with the envelope — its ``source_agent`` set to the verified
+  caller — and the answer is ``envelope.reply(result)``. A handler that
   raises :class:`HandlerRejected` answers 4xx (not retried); any other exception 500 (retried
   elsewhere when the call is idempotent).
 * ``GET /healthz``: 200 while the process serves; ``GET /readyz``: 200 with the current load
@@ -86,7 +87,7 @@ class AgentHost:
         self.url = ""
         self.client: ReachClient | None = None
         self.verifier: CallVerifier | None = None
-        self._answers: OrderedDict[str, bytes] = OrderedDict()
+        self._answers: OrderedDict[tuple[str, str, str], bytes] = OrderedDict()  # (role, caller, id)
         self._runner: web.AppRunner | None = None
 
     async def __aenter__(self) -> AgentHost:
@@ -148,7 +149,10 @@ class AgentHost:
         if envelope.expired():
             return web.json_response({"error": "envelope_expired", "message": "nobody may act on it", "field": None},
                                      status=410)
-        cached = self._answers.get(envelope.id)
+        # A retry is the same caller's same id: ids are often business keys another caller can
+        # know, and must not get it this caller's answer nor stop the handler running for it.
+        answer_key = (caller.rol.value, caller.sub, envelope.id) if caller is not None else ("", "", envelope.id)
+        cached = self._answers.get(answer_key)
         if cached is not None:  # the same message again (a retry): same answer, no second execution
             return web.Response(body=cached, content_type="application/json")
         if caller is not None:  # who calls is what the credential says, not what the envelope claims
@@ -162,7 +166,7 @@ class AgentHost:
             self.inflight -= 1
         self.handled += 1
         body = envelope.reply(result).to_json()
-        self._answers[envelope.id] = body
+        self._answers[answer_key] = body
         if len(self._answers) > ANSWER_CACHE_SIZE:
             self._answers.popitem(last=False)
         return web.Response(body=body, content_type="application/json")
