@@ -12,7 +12,9 @@ was fetched from — the peer's own node at an address the operator configured (
 production) — while a topic accepts whatever anyone with write access to the broker puts on it;
 the key set is public and small, and its changes (a rotation, a restart) are rare. Of what a
 peer serves only its own region's keys are kept (``kid`` = ``<region>.<thumbprint>``), so one
-region can never speak for another. Each replica fetches for itself; nothing is stored in Redis.
+region can never speak for another; and of those at most ``MAX_REGION_KEYS`` (256), from an
+answer read to at most ``MAX_KEY_SET_BYTES`` (4 MiB), so a hostile peer can neither fill this
+node's memory nor make the key set this node serves its agents too large for them to read. Each replica fetches for itself; nothing is stored in Redis.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from collections.abc import Callable
 import aiohttp
 import orjson
 
+from node.bounded import BodyTooLarge, read_bounded
 from node.credentials import JWKS_PATH
-from node.models import PublicKey, key_region, usable_keys
+from node.models import MAX_KEY_SET_BYTES, MAX_REGION_KEYS, PublicKey, key_region, usable_keys
 from node.tasks import cancel_and_wait
 
 from .config import FederationConfig
@@ -124,18 +127,22 @@ class PeerKeys:
         for url in self.config.peer(region).node_urls:
             try:
                 async with session.get(url.rstrip("/") + JWKS_PATH, allow_redirects=False) as response:
-                    raw = await response.read()
+                    raw = await read_bounded(response, MAX_KEY_SET_BYTES)
                     if response.status != 200:
                         problems.append(f"{url}: HTTP {response.status}")
                         continue
                 body = orjson.loads(raw)
             except asyncio.CancelledError:
                 raise
-            except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError) as exc:
+            except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError, BodyTooLarge) as exc:
                 problems.append(f"{url}: {type(exc).__name__}: {exc}")
                 continue
             found = usable_keys(body.get("keys") if isinstance(body, dict) else None)
-            self._keys[region] = [key for key in found if key.region == region]
+            own = [key for key in found if key.region == region]
+            if len(own) > MAX_REGION_KEYS:
+                log.warning("region %s: peer %s serves %d signing keys; keeping the first %d (MAX_REGION_KEYS)",
+                            self.config.region, region, len(own), MAX_REGION_KEYS)
+            self._keys[region] = own[:MAX_REGION_KEYS]
             return
         self.failures += 1
         log.warning("region %s: cannot fetch the signing keys of peer %s (keeping %d known): %s", self.config.region,

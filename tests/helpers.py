@@ -210,6 +210,16 @@ async def topic_messages(bootstrap_servers: str, topic: str) -> list[FederationM
             if record.value is not None]
 
 
+async def serve_routes(*routes: web.RouteDef) -> tuple[web.AppRunner, str]:
+    """A small HTTP server on 127.0.0.1 playing a hostile agent, node or peer; its runner and base URL."""
+    app = web.Application()
+    app.add_routes(routes)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{bound_port(runner)}"
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -7,16 +7,24 @@ caller token (so a valid route credential of its own) or nothing.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import aiohttp
+import orjson
+import pytest
+from aiohttp import web
 
+from federation import FederationConfig, PeerConfig
+from federation.keys import PeerKeys
+from node.client import CallVerifier, CredentialRejected
 from node.client.host import AgentHost
 from node.clock import now_ms
+from node.credentials import JWKS_PATH, SigningKey
 from node.envelope import Envelope
-from node.models import Capability, TokenClaims, TokenRole
+from node.models import MAX_KEY_SET_BYTES, MAX_REGION_KEYS, Capability, TokenClaims, TokenRole
 
-from .helpers import RunningNode
+from .helpers import RunningNode, serve_routes, wait_for
 
 
 def _credential(node: RunningNode, caller: str, agent_id: str) -> str:
@@ -52,3 +60,55 @@ async def test_one_caller_cannot_read_nor_preempt_another_s_answer_by_its_envelo
         assert await post("alice.books.web", "again") == {"for": "alice.books.web", "payload": "secret"}
         assert await post("mallory.evil.web", "peek") == {"for": "mallory.evil.web", "payload": "first"}
         assert host.handled == 2
+
+
+async def test_a_key_set_is_read_to_a_bound_not_to_its_end(node: RunningNode) -> None:
+    # The verifier read the node's key set, and a node its peers', with response.read(): whatever
+    # the size. Here one key padded to twice the bound with blanks, valid JSON, was read whole and
+    # believed (and an endless answer was read into memory until the fetch's timeout).
+    key = orjson.dumps({"keys": [SigningKey.generate(region="hostile", created_at_ms=0).jwk.model_dump()]})
+
+    async def padded(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await response.write(key[:-1])
+        with contextlib.suppress(ConnectionError):  # the reader hangs up at the bound
+            for _ in range(2 * MAX_KEY_SET_BYTES // 65_536):
+                await response.write(b" " * 65_536)
+            await response.write(b"}")
+        return response
+
+    runner, url = await serve_routes(web.get(JWKS_PATH, padded))
+    try:
+        async with CallVerifier(url, agent_id="side.keys.one", timeout_s=20) as verifier:
+            with pytest.raises(CredentialRejected) as caught:
+                await verifier.verify(f"Bearer {_credential(node, 'billing.front.web', 'side.keys.one')}")
+            assert caught.value.code == "keys_unavailable", caught.value.message
+            assert f"exceeds {MAX_KEY_SET_BYTES} bytes" in caught.value.message
+        config = FederationConfig(region="here", bootstrap_servers="127.0.0.1:1", key_refresh_interval_ms=60_000,
+                                  peers=[PeerConfig(region="hostile", node_urls=[url])])
+        async with PeerKeys(config) as peers:
+            await wait_for(lambda: peers.fetches == 1 and peers.failures == 1, timeout_s=10,
+                           message="the peer's key set to be refused")
+            assert peers.keys() == []
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_peer_keeps_at_most_its_share_of_keys_in_the_set_agents_read() -> None:
+    # A peer may serve any number of keys of its own region; all were kept, and served by this
+    # node to each of its agents on every key-set fetch.
+    many = [{"kty": "OKP", "crv": "Ed25519", "x": "A" * 43, "kid": f"hostile.{n:016d}"} for n in range(1_000)]
+
+    async def keys(request: web.Request) -> web.Response:
+        return web.json_response({"keys": many})
+
+    runner, url = await serve_routes(web.get(JWKS_PATH, keys))
+    config = FederationConfig(region="here", bootstrap_servers="127.0.0.1:1", key_refresh_interval_ms=60_000,
+                              peers=[PeerConfig(region="hostile", node_urls=[url])])
+    try:
+        async with PeerKeys(config) as peers:
+            await wait_for(lambda: peers.fetches == 1 and peers.keys(), timeout_s=10, message="the peer's keys")
+            assert [key.kid for key in peers.keys()] == [key["kid"] for key in many[:MAX_REGION_KEYS]]
+    finally:
+        await runner.cleanup()

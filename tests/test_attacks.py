@@ -19,22 +19,12 @@ from aiokafka import AIOKafkaProducer
 from federation import AntiEntropy, FederationConfig, PeerCatalog, PeerConfig, ReplicaStore
 from federation.antientropy import SNAPSHOT_PATH
 from federation.errors import SnapshotUnavailable
-from node.api import bound_port
 from node.models import TokenRole
 from topology import EmbeddedKafka
 
 from .conftest import TEST_SECRET
 from .helpers import Pair, RunningNode, Watcher, registration, topic_messages, wait_for
-
-
-async def _serve(*routes: web.RouteDef) -> tuple[web.AppRunner, str]:
-    """A small HTTP server on 127.0.0.1 playing a hostile agent or peer; its runner and base URL."""
-    app = web.Application()
-    app.add_routes(routes)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    return runner, f"http://127.0.0.1:{bound_port(runner)}"
+from .helpers import serve_routes as _serve
 
 
 async def _stages(node: RunningNode, token: str, **request: Any) -> dict[str, str]:

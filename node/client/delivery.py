@@ -83,6 +83,7 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
+from ..bounded import BodyTooLarge, read_bounded
 from ..envelope import PASSTHROUGH, Envelope, raw_payload
 from ..errors import NoAgentAvailable, NodeError
 from ..models import Outcome, RouteRequest, RouteTarget, RouteTicket
@@ -155,10 +156,6 @@ class TargetAnswer:
         return self.body
 
 
-class _TooLarge(Exception):
-    """An answer grew past the attempt's ``max_response_bytes``."""
-
-
 async def attempt(session: aiohttp.ClientSession, target: RouteTarget, envelope: Envelope, *,
                   remaining_s: float, limits: AttemptLimits, guard: EgressGuard | None = None) -> TargetAnswer:
     """POST ``envelope`` (or its raw payload) to ``target`` once; see the module docstring.
@@ -194,12 +191,12 @@ async def attempt(session: aiohttp.ClientSession, target: RouteTarget, envelope:
             if 300 <= status < 400:
                 raise AttemptError(Outcome.FAILURE, f"HTTP {status}: the target answered a redirect"
                                    f"{_location(response)}; {REDIRECT_ADVICE}", status=status)
-            body = await _read_bounded(response, limits.max_response_bytes)
+            body = await read_bounded(response, limits.max_response_bytes)
             answer = TargetAnswer(status, response.headers.get("Content-Type", "application/octet-stream"), body,
                                   response.content_type in (A2A_JSON_TYPES if wire else ("application/json",)))
     except asyncio.CancelledError:
         raise
-    except _TooLarge as exc:
+    except BodyTooLarge as exc:
         raise AttemptError(Outcome.FAILURE, f"the answer exceeds {limits.owner} limit of "
                            f"{limits.max_response_bytes} bytes (max_response_bytes); send large results by "
                            "reference") from exc
@@ -220,25 +217,6 @@ async def attempt(session: aiohttp.ClientSession, target: RouteTarget, envelope:
             raise AttemptError(Outcome.FAILURE, f"HTTP {status} with {why}", status=status)
         answer = TargetAnswer(status, "application/json", result, True)
     return answer
-
-
-async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The body, counted as it arrives; raises :class:`_TooLarge` past ``limit`` bytes.
-
-    aiohttp's stream reader pauses the socket while its buffer is full, so at most ``limit`` plus
-    one chunk is ever held; the caller's context exit then closes the connection.
-    """
-    declared = response.content_length
-    if declared is not None and declared > limit:
-        raise _TooLarge()
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge()
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _location(response: aiohttp.ClientResponse) -> str:

@@ -26,7 +26,8 @@ rotated key, or the key of the peer region a cross-region caller resolved in, is
 asks that peer first when it does not hold the key either). Such lookups happen at most once per
 ``refresh_min_interval_s`` (a later one waits for the rest of the interval; the same unknown kid
 again within it is refused at once), and concurrent verifications share one, so credentials with
-made-up key ids cannot make an agent hammer its node.
+made-up key ids cannot make an agent hammer its node. The key set is read to at most ``MAX_KEY_SET_BYTES``
+(4 MiB; a larger one is a failed fetch).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ import jwt
 import orjson
 from pydantic import ValidationError
 
-from ..models import KEY_ID_PATTERN, CallClaims, caller_may_call, key_region, usable_keys
+from ..bounded import BodyTooLarge, read_bounded
+from ..models import KEY_ID_PATTERN, MAX_KEY_SET_BYTES, CallClaims, caller_may_call, key_region, usable_keys
 from ._errors import ClientError
 
 __all__ = ["DEFAULT_KEYS_CACHE_TTL_S", "DEFAULT_LEEWAY_S", "DEFAULT_REFRESH_MIN_INTERVAL_S", "CallVerifier",
@@ -194,7 +196,7 @@ class CallVerifier:
         self.fetches += 1
         try:
             body = await self._get(kid)
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, BodyTooLarge) as exc:
             self._fetched_at = self.clock()  # not again before refresh_min_interval_s
             if not self._keys:
                 raise CredentialRejected(f"cannot fetch the region's keys from {self.keys_url}: "
@@ -211,7 +213,7 @@ class CallVerifier:
             self._session = aiohttp.ClientSession()
         async with self._session.get(self.keys_url, params={"kid": kid}, timeout=self.timeout,
                                      allow_redirects=False) as response:
-            raw = await response.read()
+            raw = await read_bounded(response, MAX_KEY_SET_BYTES)
             if response.status != 200:
                 raise ValueError(f"HTTP {response.status}: {raw[:200]!r}")
         return orjson.loads(raw)

@@ -102,6 +102,8 @@ from .search import SearchHit, SearchResponse
 from .summaries import CapabilitySummary, RegionSummary, SummaryView
 from .tokens import (
     KEY_ID_PATTERN,
+    MAX_KEY_SET_BYTES,
+    MAX_REGION_KEYS,
     TOKEN_ID_PATTERN,
     CallClaims,
     ErrorBody,
@@ -123,7 +125,7 @@ __all__ = [
     "CAPABILITY_NAME_PATTERN", "CallClaims", "Capability", "CapabilitySummary", "CredentialRequest", "IssuedCredential", "ChangeEvent", "ChangeKind", "Count", "DEFAULT_FAILURE_THRESHOLD",
     "DEFAULT_LEASE_TTL_MS", "DEFAULT_PROBE_INTERVAL_MS", "DEFAULT_PROBE_TIMEOUT_MS", "DEFAULT_SUCCESS_THRESHOLD",
     "DEFAULT_WEIGHT", "DeleteReason", "EndpointName", "ErrorBody", "Heartbeat", "HeartbeatResponse", "LoadReportResponse", "INT64_MAX",
-    "JsonValue", "KEY_ID_PATTERN", "KeySet", "LABEL_KEY_PATTERN", "Load", "Locality", "LongText", "MAX_JSON_DEPTH", "MAX_LEASE_TTL_MS",
+    "JsonValue", "KEY_ID_PATTERN", "MAX_KEY_SET_BYTES", "MAX_REGION_KEYS", "KeySet", "LABEL_KEY_PATTERN", "Load", "Locality", "LongText", "MAX_JSON_DEPTH", "MAX_LEASE_TTL_MS",
     "MIN_LEASE_TTL_MS", "MULTI_LINE_PATTERN", "Match", "MatchKind", "Millis", "Outcome", "OutcomeReport",
     "OutcomeReports", "Probe", "PublicKey", "REGION_PATTERN", "ROUTABLE_STATUSES", "Region", "RegisterResponse", "Registration",
     "RegionSummary", "RevocationRequest", "RouteRequest", "RouteTarget", "RouteTicket", "SINGLE_LINE_PATTERN", "Scope", "SearchHit",

@@ -90,6 +90,10 @@ def caller_may_call(caller: str, role: TokenRole, agent_id: str, allowed_callers
 
 
 KEY_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}\.[A-Za-z0-9_-]{16,64}$"  # <region>.<RFC 7638 thumbprint>
+# A key set is read from another party (a node, a peer): at most this many bytes of it, and of
+# one region's keys at most this many (one per node process, plus rotated keys within their lease).
+MAX_KEY_SET_BYTES = 4 << 20
+MAX_REGION_KEYS = 256
 _BASE64URL_PATTERN = r"^[A-Za-z0-9_-]+$"
 
 
