@@ -7,13 +7,16 @@ caller token (so a valid route credential of its own) or nothing.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any
 
 import aiohttp
+import jwt
 import orjson
 import pytest
 from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from federation import FederationConfig, PeerConfig
 from federation.keys import PeerKeys
@@ -60,6 +63,38 @@ async def test_one_caller_cannot_read_nor_preempt_another_s_answer_by_its_envelo
         assert await post("alice.books.web", "again") == {"for": "alice.books.web", "payload": "secret"}
         assert await post("mallory.evil.web", "peek") == {"for": "mallory.evil.web", "payload": "first"}
         assert host.handled == 2
+
+
+async def test_a_crowd_of_made_up_key_ids_waits_for_one_lookup_not_one_each(node: RunningNode) -> None:
+    # Each credential naming an unknown key waited its turn for a lookup of its own, one per
+    # second: twenty at once (no token needed to send them) held the verifier's lock for twenty
+    # seconds, and a real caller whose key set had to be refreshed waited behind all of them.
+    agent_id = "side.crowd.one"
+    now = [1_000.0]
+    waits: list[float] = []
+
+    async def recorded(seconds: float) -> None:  # a clock that moves only when the verifier waits
+        waits.append(seconds)
+        now[0] += seconds
+        await asyncio.sleep(0)
+
+    def forged(n: int) -> str:
+        return jwt.encode({"aud": agent_id}, Ed25519PrivateKey.generate(), algorithm="EdDSA",
+                          headers={"kid": f"{node.node.region}.{'k' * 30}{n:013d}"})
+
+    async with CallVerifier(node.url, agent_id=agent_id, cache_ttl_s=60, sleep=recorded,
+                            clock=lambda: now[0]) as verifier:
+        good = f"Bearer {_credential(node, 'billing.front.web', agent_id)}"
+        assert (await verifier.verify(good)).sub == "billing.front.web"
+        now[0] += 61  # the cached key set is stale: the next verification refreshes it
+        answers = await asyncio.gather(*(verifier.verify(f"Bearer {forged(n)}") for n in range(20)),
+                                       verifier.verify(good), return_exceptions=True)
+    refused = answers[:-1]
+    assert all(isinstance(answer, CredentialRejected) and answer.code == "credential_invalid"
+               for answer in refused), refused
+    assert getattr(answers[-1], "sub", None) == "billing.front.web", answers[-1]
+    # the first fetch, the stale refresh (which asked for the first made-up kid), at most one more
+    assert verifier.fetches <= 3 and sum(waits) <= 1.0, (verifier.fetches, waits)
 
 
 async def test_a_key_set_is_read_to_a_bound_not_to_its_end(node: RunningNode) -> None:

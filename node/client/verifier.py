@@ -25,8 +25,10 @@ The key set comes from ``{node_url}/.well-known/jwks.json``: fetched at first us
 rotated key, or the key of the peer region a cross-region caller resolved in, is learnt (the node
 asks that peer first when it does not hold the key either). Such lookups happen at most once per
 ``refresh_min_interval_s`` (a later one waits for the rest of the interval; the same unknown kid
-again within it is refused at once), and concurrent verifications share one, so credentials with
-made-up key ids cannot make an agent hammer its node. The key set is read to at most ``MAX_KEY_SET_BYTES``
+again within it is refused at once), and concurrent verifications share one: a verification
+whose kid is still unknown after a lookup that began once it had arrived is refused, so however
+many credentials with made-up key ids arrive at once, none waits for more than two lookups and
+they cannot make an agent hammer its node. The key set is read to at most ``MAX_KEY_SET_BYTES``
 (4 MiB; a larger one is a failed fetch).
 """
 
@@ -97,6 +99,7 @@ class CallVerifier:
         self.clock = clock
         self.sleep = sleep
         self.fetches = 0  # key-set fetches so far (observability and tests)
+        self._lookups = 0  # lookups begun so far: a verification waits for none begun after it arrived
         self._keys: dict[str, jwt.PyJWK] = {}
         self._fetched_at: float | None = None
         self._looked_up_at: float | None = None  # the last fetch, and the kid it asked the node for
@@ -162,6 +165,7 @@ class CallVerifier:
     # -- keys --------------------------------------------------------------------------------
 
     async def _key(self, kid: str) -> jwt.PyJWK | None:
+        arrived = self._lookups
         if self._fetched_at is None or self.clock() - self._fetched_at > self.cache_ttl_s:
             async with self._lock:
                 if self._fetched_at is None or self.clock() - self._fetched_at > self.cache_ttl_s:
@@ -171,9 +175,11 @@ class CallVerifier:
             return key
         async with self._lock:  # a key the cache does not hold: a rotation, a peer's key, or junk
             key = self._keys.get(kid)
-            if key is None and not self._just_looked_up(kid):
+            if key is None and self._lookups == arrived and not self._just_looked_up(kid):
                 # Unknown keys are looked up at most once per refresh_min_interval_s, so junk kids
-                # cannot make the agent hammer its node.
+                # cannot make the agent hammer its node; and only when no lookup began since this
+                # verification arrived (that one's key set did not have it either), so a crowd of
+                # them is not served one interval after another while later calls queue behind.
                 if self._looked_up_at is not None:
                     wait = self._looked_up_at + self.refresh_min_interval_s - self.clock()
                     if wait > 0:
@@ -189,6 +195,7 @@ class CallVerifier:
 
     async def _look_up(self, kid: str) -> None:
         self._looked_up_at, self._looked_up_kid = self.clock(), kid
+        self._lookups += 1
         await self._fetch(kid)
 
     async def _fetch(self, kid: str) -> None:
