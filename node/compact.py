@@ -30,8 +30,9 @@ from pydantic import BaseModel
 
 from .models import AgentRecord, Capability, Load
 
-__all__ = ["MAX_KEY_SETS", "MAX_SHARED", "build", "capability_key", "compact", "is_compact", "key_shared",
-           "share_capabilities", "share_capability", "share_load", "share_parts", "shared_capability", "shared_load"]
+__all__ = ["MAX_KEY_SETS", "MAX_SHARED", "blank_fields", "build", "compact", "holding", "is_compact", "key_shared", "share_callers",
+           "share_capabilities", "share_capability", "share_labels", "share_load", "share_parts", "share_value",
+           "shared_load"]
 
 MAX_SHARED = 100_000  # distinct values a table remembers; beyond it the table starts again
 
@@ -44,7 +45,8 @@ _key_holders: dict[tuple[str, ...], type] = {}  # per set of dict keys, the clas
 MAX_KEY_SETS = 1_000  # sets of endpoint names given key-sharing dicts; beyond, dicts stay as they are
 _texts: dict[object, Any] = {}  # strings and numbers that repeat across records (_REPEATED)
 _all_fields: dict[type[BaseModel], set[str]] = {}
-_field_names: dict[type[BaseModel], tuple[str, ...]] = {}
+# Per model, the __dict__ build() copies and the all-fields set.
+_templates: dict[type[BaseModel], tuple[dict[str, Any], set[str]]] = {}
 _set = object.__setattr__
 # Record fields whose values repeat across records (no bools among them: True == 1 in a table).
 _REPEATED = ("region", "transport", "description", "lease_ttl_ms", "weight", "max_concurrency")
@@ -62,28 +64,50 @@ def _fields_of(model: type[BaseModel]) -> set[str]:
 
 
 def build(model: type[M], values: dict[str, Any]) -> M:
-    """An instance of ``model`` holding ``values`` (every field, trusted: nothing is validated),
-    with a key-sharing ``__dict__`` and the shared all-fields set."""
-    names = _field_names.get(model)
-    if names is None:
-        names = _field_names[model] = tuple(model.model_fields)
-        _fields_of(model)
+    """An instance of ``model`` holding ``values`` (every field, no other key; trusted: nothing
+    is validated), with a key-sharing ``__dict__`` and the shared all-fields set. Raises
+    ``TypeError`` when ``values`` does not name exactly the model's fields."""
+    fields = blank_fields(model)
+    size = len(fields)
+    fields.update(values)
+    if len(values) != size or len(fields) != size:
+        raise TypeError(f"{model.__name__} has the fields {list(model.model_fields)}, not {list(values)}")
+    return holding(model, fields)
+
+
+def blank_fields(model: type[BaseModel]) -> dict[str, Any]:
+    """A fresh ``__dict__`` for a compact instance of ``model``: every field, in field order,
+    its keys shared with every other; set its values (only those keys: a new one makes it a dict
+    of its own), then :func:`holding`."""
+    held = _templates.get(model)
+    if held is None:
+        held = _templates[model] = (_prototype(model).__dict__, _fields_of(model))
+    return held[0].copy()  # a copy of a key-sharing dict shares its keys too
+
+
+def holding(model: type[M], fields: dict[str, Any]) -> M:
+    """An instance of ``model`` whose ``__dict__`` is ``fields`` (from :func:`blank_fields`), with
+    the shared all-fields set."""
     instance = model.__new__(model)
-    fields = instance.__dict__  # a fresh one, sharing the class's keys
-    for name in names:  # always in field order, as the prototype set them
-        fields[name] = values[name]
-    _set(instance, "__pydantic_fields_set__", _all_fields[model])
+    _set(instance, "__dict__", fields)
+    _set(instance, "__pydantic_fields_set__", _templates[model][1])
     _set(instance, "__pydantic_extra__", None)
     _set(instance, "__pydantic_private__", None)
     return instance
 
 
 def _prototype(model: type[M]) -> M:
-    """An instance holding every field, built first: it sets the order of the class's shared
-    ``__dict__`` keys (instances of a class given its attributes in another order first were
-    seen to get a dict of their own, 1,584 B)."""
-    return build(model, {name: field.get_default(call_default_factory=True)
-                         for name, field in model.model_fields.items()})
+    """An instance holding every field, set attribute by attribute in field order: the order of
+    the class's shared ``__dict__`` keys, which :func:`build` copies (instances of a class given
+    their attributes in another order first were seen to get a dict of their own, 1,584 B)."""
+    instance = model.__new__(model)
+    fields = instance.__dict__  # a fresh one, sharing the class's keys
+    for name, field in model.model_fields.items():
+        fields[name] = field.get_default(call_default_factory=True)
+    _set(instance, "__pydantic_fields_set__", _fields_of(model))
+    _set(instance, "__pydantic_extra__", None)
+    _set(instance, "__pydantic_private__", None)
+    return instance
 
 
 def _remembered(table: dict[Any, V], key: Any, value: V) -> V:
@@ -96,23 +120,17 @@ def _remembered(table: dict[Any, V], key: Any, value: V) -> V:
     return shared
 
 
-def capability_key(name: str, version: str, description: str, tags: list[str], examples: list[str]) -> tuple[object, ...]:
-    return (name, version, description, *tags, "\0", *examples)
+def _capability_key(c: Capability) -> tuple[object, ...]:
+    return (c.name, c.version, c.description, len(c.tags), *c.tags, *c.examples)
 
 
 def share_capability(capability: Capability) -> Capability:
     """The one instance of capabilities equal to ``capability`` (compact, built once)."""
-    c = capability
-    key = capability_key(c.name, c.version, c.description, c.tags, c.examples)
+    key = _capability_key(capability)
     shared = _capabilities.get(key)
     if shared is None:
-        shared = _remembered(_capabilities, key, build(Capability, dict(c.__dict__)))
+        shared = _remembered(_capabilities, key, build(Capability, dict(capability.__dict__)))
     return shared
-
-
-def shared_capability(key: tuple[object, ...]) -> Capability | None:
-    """The shared capability of ``key`` (:func:`capability_key`) if one is held."""
-    return _capabilities.get(key)
 
 
 def share_capabilities(capabilities: list[Capability]) -> list[Capability]:
@@ -134,6 +152,14 @@ def share_load(load: Load) -> Load:
 def shared_load(key: tuple[int, int, float]) -> Load | None:
     """The shared load of ``(queued, inflight, rps)`` if one is held."""
     return _loads.get(key)
+
+
+def share_value(value: V) -> V:
+    """The one object of values equal to ``value``: a string or number that repeats across
+    records (not a bool: ``True == 1`` in a table; not a float: ``1.0 == 1``)."""
+    if len(_texts) >= MAX_SHARED:
+        _texts.clear()
+    return _texts.setdefault(value, value)  # type: ignore[return-value]
 
 
 def share_labels(labels: dict[str, str]) -> dict[str, str]:
@@ -161,7 +187,8 @@ def key_shared(mapping: dict[str, V]) -> dict[str, V]:
     return instance.__dict__  # the instance goes; the dict holds the values from now on
 
 
-_PROTOTYPES = [_prototype(model) for model in (AgentRecord, Capability, Load)]
+for _model in (AgentRecord, Capability, Load):  # their keys' order is set here, before any other instance
+    _templates[_model] = (_prototype(_model).__dict__, _fields_of(_model))
 
 
 def is_compact(record: BaseModel) -> bool:

@@ -73,8 +73,9 @@ class StreamFollower(abc.ABC, Generic[Entry]):
     # -- what a subclass provides ------------------------------------------------------------
 
     @abc.abstractmethod
-    async def _load(self) -> tuple[int, Sequence[ChangeEvent]]:
-        """Swap in the snapshot Redis holds now; its position and the changes from the old view."""
+    async def _load(self) -> tuple[int, Iterable[ChangeEvent]]:
+        """Swap in the snapshot Redis holds now; its position and the changes from the old view
+        (iterated at once, before any other change: they may be made as they are iterated)."""
 
     @abc.abstractmethod
     async def _read(self, *, after: int) -> Sequence[Entry]:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections.abc import AsyncIterator, Callable, Iterable
 
 import orjson
@@ -41,6 +40,7 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.client import NEVER_DECODE
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -56,7 +56,7 @@ from .redis_wire import pack_with_hiredis
 from .script_line import ScriptLine
 from .store_results import HeartbeatResult, SnapshotData, StoredVersions
 from .store_scripts import ACQUIRE, DELETE, REGISTER, RELEASE, UPDATE
-from .stored_records import WrittenRecords, read_record
+from .stored_records import WrittenRecords, read_record, stored_version
 
 DEFAULT_KEY_PREFIX = "ar"
 DEFAULT_CHANGE_STREAM_MAXLEN = 100_000
@@ -66,16 +66,6 @@ _SNAPSHOT_CHUNK = 2_000
 _PARSE_SLICE = 100  # records parsed between two turns of the event loop in a load
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_POOL_TIMEOUT_S = 5.0
-
-# register/update splice the version first into every record they write: '{"version":N,...'.
-_STORED_VERSION = re.compile(r'^\{"version":(\d+),')
-
-
-def stored_version(raw: str) -> int | None:
-    """The version of a record as this store wrote it, read off its JSON without parsing it."""
-    match = _STORED_VERSION.match(raw)
-    return int(match.group(1)) if match else None
-
 
 RecordChunk = tuple[list[str], list[str], list["float | None"]]  # agent ids, raw records, lease expiries
 
@@ -271,11 +261,8 @@ class RegionStore:
                 raw, lease, raw_load = await pipe.execute()
         if raw is None:
             return None
-        record = self._parse_record(agent_id, raw, lease_expires_at_ms=int(lease or 0))
         load = None if raw_load is None else parse_load(raw_load)
-        if record is not None and load is not None:
-            record.load = load
-        return record
+        return self._parse_record(agent_id, raw, lease_expires_at_ms=int(lease or 0), load=load)
 
     async def _read_region(self) -> tuple[int, dict[str, str], dict[str, int]]:
         """The region version, every stored record (raw) and every lease, in one MULTI/EXEC."""
@@ -299,21 +286,38 @@ class RegionStore:
         """
         version = await self.version()
         records: list[AgentRecord] = []
-        async with contextlib.aclosing(read_ahead(self._chunks_with_loads(chunk))) as chunks:
+        async for parsed in self.parsed_chunks(chunk=chunk):
+            records.extend(parsed)
+        return SnapshotData(version=version, records=records)
+
+    async def parsed_chunks(self, *, chunk: int = _SNAPSHOT_CHUNK) -> AsyncIterator[list[AgentRecord]]:
+        """Every stored record with its lease and reported load, parsed, one HSCAN chunk at a
+        time; read the version before the first (see :meth:`snapshot`). A record that does not
+        parse — or is not UTF-8 — is quarantined and skipped."""
+        async with contextlib.aclosing(read_ahead(self._stored_chunks(chunk))) as chunks:
             async for ids, raw_records, leases, loads in chunks:
+                records = []
                 for at, (agent_id, raw, lease, load) in enumerate(zip(ids, raw_records, leases, loads), 1):
-                    record = self._parse_record(agent_id, raw, lease_expires_at_ms=int(lease or 0))
+                    record = self._parse_record(agent_id, raw, lease_expires_at_ms=int(lease or 0), load=load)
                     if record is not None:
-                        if load is not None:
-                            record.load = load
                         records.append(record)
                     if at % _PARSE_SLICE == 0:
                         await asyncio.sleep(0)  # the next chunk's round trips go on meanwhile
-        return SnapshotData(version=version, records=records)
+                yield records
 
-    async def _chunks_with_loads(self, chunk: int) -> AsyncIterator[tuple[list[str], list[str], list, list]]:
-        async for ids, raw_records, leases in self.chunks(chunk=chunk):
-            yield ids, raw_records, leases, await self.loads(ids)
+    async def _stored_chunks(self, chunk: int) -> AsyncIterator[tuple[list[str], list[bytes], list, list]]:
+        """The stored records as bytes in HSCAN chunks, with their leases and loads. Bytes: a
+        value that is not UTF-8 fails its own parse, not the whole read (decoding the reply did)."""
+        cursor = 0
+        while True:
+            async with self._translate():
+                cursor, stored = await self.redis.execute_command("HSCAN", self.key_agents, cursor, "COUNT", chunk,
+                                                                  **{NEVER_DECODE: True})
+                ids = [agent_id.decode(errors="replace") for agent_id in stored]
+                leases = await self.redis.zmscore(self.key_leases, list(stored)) if ids else []
+            yield ids, list(stored.values()), leases, await self.loads(ids)
+            if cursor == 0:
+                return
 
     async def chunks(self, *, chunk: int = _SNAPSHOT_CHUNK) -> AsyncIterator[RecordChunk]:
         """Every stored record in HSCAN chunks: ``(agent ids, raw records, lease expiries)`` (a
@@ -454,10 +458,11 @@ class RegionStore:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _parse_record(self, agent_id: str, raw: str, *, lease_expires_at_ms: int | None) -> AgentRecord | None:
+    def _parse_record(self, agent_id: str, raw: str | bytes, *, lease_expires_at_ms: int | None,
+                      load: Load | None = None) -> AgentRecord | None:
         """A stored record, or None (quarantined) when it does not parse."""
         try:
-            record = read_record(raw, lease_expires_at_ms=lease_expires_at_ms)
+            record = read_record(raw, lease_expires_at_ms=lease_expires_at_ms, load=load)
             if record.agent_id != agent_id:
                 raise ValueError(f"the record names agent {record.agent_id!r}")
         except ValueError as exc:  # pydantic's ValidationError included

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from node.compact import compact, is_compact, key_shared
-from node.models import AgentRecord, Status
+from node.models import AgentRecord, Status, compat
 from node.stored_records import WrittenRecords, read_record
 
 pytestmark = pytest.mark.unit
@@ -46,10 +46,14 @@ def stored_json(**changes: Any) -> str:
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_a_stored_record_reads_as_pydantic_reads_it_and_dumps_the_same_bytes(variant: str) -> None:
+def test_a_stored_record_reads_as_pydantic_reads_it_and_dumps_the_same_bytes(
+        variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     raw = stored_json(**VARIANTS[variant])
     expected = AgentRecord.model_validate_json(raw)
+    read_by_pydantic: list[object] = []
+    monkeypatch.setattr(compat, "read_json", lambda *args: read_by_pydantic.append(args))
     record = read_record(raw)
+    assert not read_by_pydantic  # read by the one-pass check, not handed to pydantic
     assert record == expected
     assert record.model_dump_json() == expected.model_dump_json() == raw
     assert record.model_dump(mode="json") == expected.model_dump(mode="json")
@@ -118,6 +122,12 @@ NOT_RECORDS = {
     "a label key of another form": lambda raw: raw.replace('"labels":{}', '"labels":{"Bad Key":"v"}'),
     "an endpoint name of another form": lambda raw: raw.replace('"primary":"http', '"primary":"http", "9x":"http'),
     "a transport of another form": lambda raw: raw.replace('"transport":"http+token"', '"transport":"HTTP TOKEN"'),
+    # Checked after decoding, each distinct value once (node.stored_records._compact_record).
+    "an agent id ending in a line break": lambda raw: raw.replace('"unit.stored.a1"', '"unit.stored.a1\\n"'),
+    "a control character in a label value": lambda raw: raw.replace('"labels":{}', '"labels":{"env":"a\\u0007b"}'),
+    "a line separator in a caller": lambda raw: raw.replace('"allowed_callers":[]', '"allowed_callers":["a\u2028b"]'),
+    "a control character in the description": lambda raw: raw.replace('"description":""', '"description":"a\\u0001b"'),
+    "a capability name of another form": lambda raw: raw.replace('"cap.one"', '"Cap One"'),
     "seventeen endpoints": lambda raw: raw.replace('"endpoints":{', '"endpoints":{' + "".join(
         f'"e{n}":"http://127.0.0.1:{n}",' for n in range(16))),
 }
@@ -183,4 +193,24 @@ def test_the_stored_shape_names_every_field_of_the_models() -> None:
     from node.stored_records import _Stored, _StoredCapability, _StoredLoad
 
     for mirror, model in ((_Stored, AgentRecord), (_StoredCapability, Capability), (_StoredLoad, Load)):
-        assert list(mirror.__annotations__) == list(model.model_fields), model.__name__
+        assert list(mirror.__struct_fields__) == list(model.model_fields), model.__name__
+
+
+def test_a_value_checked_for_one_field_is_not_taken_for_another() -> None:
+    """The values checked before are remembered per field: a description is no region."""
+    assert read_record(stored_json(description="plain words")).description == "plain words"
+    assert read_record(stored_json(transport="grpc")).transport == "grpc"
+    for spoiled in (stored_json().replace('"region":"r1"', '"region":"plain words"'),
+                    stored_json().replace('"transport":"http+token"', '"transport":"plain words"')):
+        with pytest.raises(ValueError) as refused:
+            read_record(spoiled)
+        with pytest.raises(ValueError) as by_pydantic:
+            AgentRecord.model_validate_json(spoiled)
+        assert str(refused.value) == str(by_pydantic.value)
+
+
+def test_capabilities_that_differ_only_in_where_a_word_is_are_told_apart() -> None:
+    tagged = read_record(stored_json(capabilities=[{"name": "cap.one", "tags": ["x"]}]))
+    exemplified = read_record(stored_json(capabilities=[{"name": "cap.one", "examples": ["x"]}]))
+    assert tagged.capabilities[0].tags == ["x"] and tagged.capabilities[0].examples == []
+    assert exemplified.capabilities[0].examples == ["x"] and exemplified.capabilities[0].tags == []

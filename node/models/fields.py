@@ -28,6 +28,7 @@ LABEL_KEY_PATTERN = r"^[a-z0-9][a-z0-9_./-]{0,62}$"
 REGION_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 TRANSPORT_PATTERN = r"^[a-z][a-z0-9+_-]{0,31}$"
 TRACE_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,100}$"
+ENDPOINT_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,31}$"
 
 INT64_MAX = 2**63 - 1
 # One line of text: no C0/C1 control characters, no Unicode line or paragraph separators.
@@ -42,7 +43,7 @@ Region = Annotated[str, Field(pattern=REGION_PATTERN, max_length=63)]
 ShortText = Annotated[str, Field(max_length=200, pattern=SINGLE_LINE_PATTERN)]
 LongText = Annotated[str, Field(max_length=4_000, pattern=MULTI_LINE_PATTERN)]
 Millis = Annotated[int, Field(ge=0, le=INT64_MAX, description="ms since the epoch")]
-EndpointName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
+EndpointName = Annotated[str, Field(pattern=ENDPOINT_NAME_PATTERN)]
 Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
