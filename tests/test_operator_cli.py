@@ -140,3 +140,27 @@ async def test_watch_prints_a_line_per_change(searchable: RunningNode) -> None:
     assert lines[0].startswith(f"watching region {node.node.region}")
     assert "upsert" in lines[1] and lines[1].endswith("lang.translate.one  ready")
     assert "lang.translate.two" in lines[2]
+
+
+async def test_what_an_agent_registered_reaches_the_operator_s_terminal_inert(node: RunningNode) -> None:
+    # A description may hold line breaks and carriage returns, and any text C1 controls (U+009B
+    # is CSI) and bidi overrides: 'agents get' printed them raw, so a registration could overwrite
+    # or make up rows, or drive the operator's terminal. Now each is printed as an escape.
+    env = {"AGENT_REACH_URL": node.url, "AGENT_REACH_TOKEN": node.admin_token}
+    description = "ok\rFORGED\npay.core.prod  1.0.0  refunds\x9b2J"
+    record = registration("term.escape.one", lease_ttl_ms=600_000, display_name="invoice\u202efdp.exe",
+                          labels={"team": "a\u2066b"})
+    record["capabilities"][0]["description"] = description
+    await node.register(record)
+    code, out, err = await cli("agents", "get", "term.escape.one", env=env)
+    assert code == 0, err
+    assert not any(character in out for character in "\r\x9b\u202e\u2066"), repr(out)
+    assert "invoice\\u202efdp.exe" in out and "a\\u2066b" in out
+    rows = out.split("CAPABILITY", 1)[1].strip().splitlines()[1:]
+    assert rows == ["translate.text  1        ok\\x0dFORGED\\x0apay.core.prod  1.0.0  refunds\\x9b2J"], rows
+    code, out, err = await cli("agents", "get", "term.escape.one", "--json", env=env)
+    assert code == 0 and not any(character in out for character in "\r\x9b\u202e\u2066"), repr(out)
+    parsed = json.loads(out)
+    assert parsed["display_name"] == "invoice\u202efdp.exe" and parsed["capabilities"][0]["description"] == description
+    code, out, err = await cli("agents", "list", env=env)
+    assert code == 0 and "term.escape.one" in out and "\u202e" not in out, err

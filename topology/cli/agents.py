@@ -12,6 +12,7 @@ import argparse
 import time
 from typing import Any
 
+from .console import shown
 from .operator import NodeClient, add_operator_options, as_json, exit_codes_epilog, print_table, run_operator
 
 __all__ = ["add_parser", "describe_load"]
@@ -73,7 +74,7 @@ async def _get(client: NodeClient, args: argparse.Namespace) -> int:
              ("allowed callers", ", ".join(record["allowed_callers"]) or "anyone")]
     width = max(len(name) for name, _ in facts)
     for name, value in facts:
-        print(f"{name.ljust(width)}  {value}")
+        print(f"{name.ljust(width)}  {shown(value)}")
     print()
     print_table(["CAPABILITY", "VERSION", "DESCRIPTION"],
                 [[c["name"], c["version"], c["description"] or "-"] for c in record["capabilities"]])
@@ -83,7 +84,7 @@ async def _get(client: NodeClient, args: argparse.Namespace) -> int:
 async def _deregister(client: NodeClient, args: argparse.Namespace) -> int:
     answer = await client.call("DELETE", f"/v1/agents/{args.agent_id}")
     if not as_json(args, answer):
-        print(f"deregistered {answer['agent_id']} (region version {answer['version']})")
+        print(shown(f"deregistered {answer['agent_id']} (region version {answer['version']})"))
     return 0
 
 

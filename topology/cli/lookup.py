@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .console import shown
 from .operator import (
     NodeClient,
     UsageError,
@@ -65,7 +66,7 @@ async def _resolve(client: NodeClient, args: argparse.Namespace) -> int:
     how = match["kind"] + (f" {match['capability']}" if match.get("capability") else "")
     if match["kind"] == "semantic":
         how += f" (score {match['score']:.3f})"
-    print(f"ticket {ticket['ticket_id']}  trace {ticket['trace_id']}  match {how}  caller {ticket['caller']}")
+    print(shown(f"ticket {ticket['ticket_id']}  trace {ticket['trace_id']}  match {how}  caller {ticket['caller']}"))
     rows = [["target", *_target(ticket["target"])]]
     rows += [["alternate", *_target(target)] for target in ticket["alternates"]]
     print_table(["ROLE", "AGENT", "REGION", "LOCALITY", "ENDPOINT"], rows)
@@ -86,7 +87,7 @@ async def _search(client: NodeClient, args: argparse.Namespace) -> int:
     answer = await client.call("GET", "/v1/search", params=params)
     if as_json(args, answer):
         return 0
-    print(f"{len(answer['hits'])} agents ({answer['mode']} ranking, {answer['took_ms']:.1f} ms)")
+    print(shown(f"{len(answer['hits'])} agents ({answer['mode']} ranking, {answer['took_ms']:.1f} ms)"))
     rows = [[f"{hit['score']:.3f}", hit["agent_id"], hit["region"], hit["locality"],
              f"capability {hit['capability']}" if hit["capability"] else "description",
              "yes" if hit["routable"] else "no"] for hit in answer["hits"]]

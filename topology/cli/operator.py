@@ -197,7 +197,7 @@ def run_operator(args: argparse.Namespace, command: Callable[[NodeClient], Await
 
         return int(run(main()) or EXIT_OK)
     except OperatorError as exc:
-        console.error(str(exc))
+        console.error(console.shown(exc))  # one line: a node's message may quote what others sent it
         return exc.exit_code
     except (KeyboardInterrupt, asyncio.CancelledError):
         return EXIT_INTERRUPTED
@@ -205,7 +205,7 @@ def run_operator(args: argparse.Namespace, command: Callable[[NodeClient], Await
 
 def print_json(value: object) -> None:
     """One JSON document on stdout (scripts parse it; keys as the node sent them)."""
-    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+    sys.stdout.write(console.json_text(value, indent=True) + "\n")
     sys.stdout.flush()
 
 
@@ -217,11 +217,11 @@ def as_json(args: argparse.Namespace, answer: object) -> bool:
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, empty: str = "(none)") -> None:
-    """Aligned columns for people; ``empty`` when there is no row."""
+    """Aligned columns for people, each cell :func:`console.shown`; ``empty`` when there is no row."""
     if not rows:
         print(empty)
         return
-    cells = [[str(value) for value in row] for row in rows]
+    cells = [[console.shown(value) for value in row] for row in rows]
     widths = [max(len(headers[i]), *(len(row[i]) for row in cells)) for i in range(len(headers))]
     for row in [list(headers), *cells]:
         print("  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip())

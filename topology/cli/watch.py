@@ -15,6 +15,7 @@ import time
 
 import orjson
 
+from .console import json_text, shown
 from .operator import NodeAnswered, NodeClient, UsageError, add_operator_options, exit_codes_epilog, run_operator
 
 __all__ = ["add_parser"]
@@ -38,9 +39,9 @@ async def _watch(client: NodeClient, args: argparse.Namespace) -> int:
     changes = 0
     async for event, data in client.events("/v1/watch", params=params):
         if args.json:
-            sys.stdout.write(orjson.dumps({"event": event, "data": data}).decode() + "\n")
+            sys.stdout.write(json_text({"event": event, "data": data}) + "\n")
         else:
-            sys.stdout.write(_line(event, data) + "\n")
+            sys.stdout.write(shown(_line(event, data)) + "\n")
         sys.stdout.flush()
         if event == "overflow":
             raise NodeAnswered("the node ended the watch: this watcher fell behind (reconnect with --since)",
