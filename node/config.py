@@ -35,7 +35,7 @@ from .sweeper import (
     DEFAULT_PROTECTION_MAX_HOLD_MS,
     DEFAULT_SWEEP_INTERVAL_MS,
 )
-from .watch import DEFAULT_STREAMS_PER_CALLER
+from .watch import DEFAULT_STREAMS_PER_CALLER, DEFAULT_WRITE_TIMEOUT_MS
 
 DEFAULT_PORT = 7101  # the first node of topology/local.toml: where `up`, `node` and the client commands meet
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
@@ -209,6 +209,9 @@ class NodeConfig(BaseModel):
     watch_streams_per_caller: int = Field(default=DEFAULT_STREAMS_PER_CALLER, ge=1,
                                           description="Open /v1/watch streams one caller (token subject) may hold; "
                                                       "one more is answered 429 too_many_watches.")
+    watch_write_timeout_ms: int = Field(default=DEFAULT_WRITE_TIMEOUT_MS, ge=1,
+                                        description="A /v1/watch stream whose watcher takes no write within this "
+                                                    "long (it stopped reading) is cut, its token's expiry or not.")
     body_read_timeout_ms: int = Field(default=DEFAULT_BODY_READ_TIMEOUT_MS, ge=1,
                                       description="A request body must arrive within this long; else 408.")
     # HTTP server limits (node.server): what one client connection may cost the node.

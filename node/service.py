@@ -123,7 +123,7 @@ class RegistryNode:
         self.prober = Prober(self.store, self.cache, max_concurrent=config.max_concurrent_probes, egress=config.egress)
         self.leadership.add_duty("sweeper", self.sweeper.run)
         self.leadership.add_duty("prober", self.prober.run)
-        self.watch = WatchHub(streams_per_caller=config.watch_streams_per_caller)
+        self.watch = WatchHub(streams_per_caller=config.watch_streams_per_caller, write_timeout_ms=config.watch_write_timeout_ms)
         self.cache.subscribe(self.watch.publish)
         self.metrics = NodeMetrics(config.region)
         self.revocations = RevocationList.of(self.store, poll_interval_ms=config.revocation_poll_interval_ms)

@@ -15,6 +15,7 @@ from .models import ChangeEvent
 
 DEFAULT_SUBSCRIBER_QUEUE = 1_000
 DEFAULT_STREAMS_PER_CALLER = 16
+DEFAULT_WRITE_TIMEOUT_MS = 30_000
 
 
 class Subscription:
@@ -55,14 +56,19 @@ class WatchHub:
     """Publishes every change (local and, when federation is attached, remote) to watchers.
 
     Every change is offered to every watcher, so one caller (a token subject) may hold at most
-    ``streams_per_caller`` streams at once: more would multiply the node's work per change.
+    ``streams_per_caller`` streams at once: more would multiply the node's work per change. A
+    stream whose watcher does not take a write within ``write_timeout_ms`` is cut (see
+    ``node.watch_stream``).
     """
 
     def __init__(self, *, subscriber_queue: int = DEFAULT_SUBSCRIBER_QUEUE,
-                 streams_per_caller: int = DEFAULT_STREAMS_PER_CALLER) -> None:
+                 streams_per_caller: int = DEFAULT_STREAMS_PER_CALLER,
+                 write_timeout_ms: int = DEFAULT_WRITE_TIMEOUT_MS) -> None:
         self.subscribers: set[Subscription] = set()
         self.subscriber_queue = subscriber_queue
         self.streams_per_caller = streams_per_caller
+        self.write_timeout_ms = write_timeout_ms
+        self.cut = 0  # streams cut because their watcher stopped reading (observability and tests)
 
     def publish(self, event: ChangeEvent) -> None:
         for subscription in list(self.subscribers):

@@ -7,7 +7,10 @@ may see (the record's audience), with ``: keep-alive`` comments while idle. A wa
 behind gets ``overflow`` and the end of the stream; so does every watcher when the app shuts
 down (:func:`end_watches`). A stream whose token is revoked meanwhile (``node.revocation``) gets
 ``revoked`` and ends at its next event or keep-alive; one whose token expires meanwhile gets
-``expired`` and ends at that instant. The events are documented in ``node.openapi.watch_events``.
+``expired`` and ends at that instant. A watcher that stops reading is cut (its connection
+aborted) when a write waits longer than ``watch_write_timeout_ms``: a write waits while the
+socket's buffers are full, and before, such a stream — and its connection, its place in the
+caller's share and the events it was sent — was held for ever, past its token's expiry. The events are documented in ``node.openapi.watch_events``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,11 @@ from .models import INT64_MAX, ChangeEvent
 from .security import may_see
 
 SSE_KEEPALIVE_S = 15.0
+
+
+class _Stuck(Exception):
+    """The watcher took no write within the hub's ``write_timeout_ms``: it stopped reading."""
+
 _IDLE = object()  # no event within SSE_KEEPALIVE_S
 WATCH_REPLAY_MAX = 10_000
 
@@ -43,15 +51,23 @@ async def watch(request: web.Request) -> web.StreamResponse:
     forget = when_lost(lambda: subscription.end("gone")) if when_lost is not None else None
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
+    write_timeout_s = node.watch.write_timeout_ms / 1000
+
+    async def send(data: bytes) -> None:
+        try:
+            await asyncio.wait_for(response.write(data), write_timeout_s)
+        except TimeoutError:
+            raise _Stuck() from None
+
     try:
         # The replay is read before the stream opens, so a Redis outage is a clean 503, not a cut stream.
         replay = await node.store.read_changes(after_version=since, count=WATCH_REPLAY_MAX) if since is not None else []
         await response.prepare(request)
-        await response.write(_sse("hello", {"region": node.region, "version": node.cache.index.version}))
+        await send(_sse("hello", {"region": node.region, "version": node.cache.index.version}))
         last = 0
         for event in replay:
             if accept(event):
-                await response.write(_sse("change", event.model_dump(mode="json"), event_id=event.version))
+                await send(_sse("change", event.model_dump(mode="json"), event_id=event.version))
             last = event.version
         expires_at_s = request[CALLER].exp
         while True:
@@ -62,23 +78,28 @@ async def watch(request: web.Request) -> web.StreamResponse:
             except TimeoutError:
                 event = _IDLE
             if _revoked(node, request):
-                await response.write(_sse("revoked", {"message": "the token was revoked"}))
+                await send(_sse("revoked", {"message": "the token was revoked"}))
                 break
             if time.time() >= expires_at_s:
-                await response.write(_sse("expired", {"message": "the token has expired; issue a new one"}))
+                await send(_sse("expired", {"message": "the token has expired; issue a new one"}))
                 break
             if event is _IDLE:
-                await response.write(b": keep-alive\n\n")
+                await send(b": keep-alive\n\n")
                 continue
             if event is None:
                 if subscription.end_reason == "overflow":
-                    await response.write(_sse("overflow", {"message": "watcher fell behind; reconnect with since="}))
+                    await send(_sse("overflow", {"message": "watcher fell behind; reconnect with since="}))
                 break
             if event.region == node.region and event.version <= last:
                 continue  # already sent by the replay
-            await response.write(_sse("change", event.model_dump(mode="json"), event_id=event.version))
+            await send(_sse("change", event.model_dump(mode="json"), event_id=event.version))
     except ConnectionResetError:
         pass  # the watcher went away
+    except _Stuck:  # it stopped reading: the node holds neither its connection nor its events
+        node.watch.cut += 1
+        if request.transport is not None:
+            request.transport.abort()
+        return response
     finally:
         subscription.close()
         if forget is not None:

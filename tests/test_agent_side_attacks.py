@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from typing import Any
 
 import aiohttp
@@ -27,7 +28,7 @@ from node.credentials import JWKS_PATH, SigningKey
 from node.envelope import Envelope
 from node.models import MAX_KEY_SET_BYTES, MAX_REGION_KEYS, Capability, TokenClaims, TokenRole
 
-from .helpers import RunningNode, serve_routes, wait_for
+from .helpers import RunningNode, registration, serve_routes, wait_for
 
 
 def _credential(node: RunningNode, caller: str, agent_id: str) -> str:
@@ -147,3 +148,26 @@ async def test_a_peer_keeps_at_most_its_share_of_keys_in_the_set_agents_read() -
             assert [key.kid for key in peers.keys()] == [key["kid"] for key in many[:MAX_REGION_KEYS]]
     finally:
         await runner.cleanup()
+
+
+async def test_a_watcher_that_stops_reading_is_cut_not_held_for_ever(node_factory) -> None:
+    # A write to a watcher waits while the socket's buffers are full: one that asked for a replay
+    # and never read held the stream, its connection, its place in the caller's share and the
+    # events it was sent, for ever, its token's expiry or not (the loop never got past the write).
+    node = await node_factory(watch_write_timeout_ms=300)
+    prose = "x" * 3_900
+    capabilities = [{"name": f"fat.cap{n}", "description": prose} for n in range(64)]
+    for n in range(24):  # ~250 KB each: a replay larger than the socket buffers (~3 MB here)
+        await node.register(registration(f"fat.watch.a{n}", lease_ttl_ms=600_000, capabilities=capabilities))
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4_096)
+    try:
+        reader.connect(("127.0.0.1", int(node.url.rsplit(":", 1)[1])))
+        reader.sendall(f"GET /v1/watch?since=0 HTTP/1.1\r\nHost: node\r\n"
+                       f"Authorization: Bearer {node.admin_token}\r\n\r\n".encode())
+        await wait_for(lambda: node.node.watch.subscribers, timeout_s=10, message="the watch to open")
+        await wait_for(lambda: not node.node.watch.subscribers, timeout_s=10,
+                       message="the stream of the watcher that does not read to be cut")
+        assert node.node.watch.cut == 1
+    finally:
+        reader.close()
