@@ -28,6 +28,7 @@ import aiohttp
 import orjson
 from pydantic import ValidationError
 
+from node.bounded import BodyTooLarge, read_bounded
 from node.errors import NoAgentAvailable, PeerUnreachable, first_problem
 from node.models import AgentRecord, RouteRequest, Scope, SearchHit, SearchResponse, TokenClaims, compat
 from node.security import Signer
@@ -134,11 +135,14 @@ class Forwarder:
                     try:
                         async with self._session.request(method, url.rstrip("/") + path, json=json, params=params,
                                                          headers=headers, allow_redirects=False) as response:
-                            body = await response.content.read(_ANSWER_LIMIT_BYTES)
+                            # read(n) returns what has arrived, up to n: a long answer came back cut
+                            body = await read_bounded(response, _ANSWER_LIMIT_BYTES)
                             if response.status < 500:
                                 self._silent_since.pop(region, None)
                                 return response.status, body
                             problems.append(f"{url}: HTTP {response.status}")
+                    except BodyTooLarge as exc:
+                        problems.append(f"{url}: {exc}")
                     except (aiohttp.ClientError, OSError) as exc:
                         problems.append(f"{url}: {exc.__class__.__name__}")
         except TimeoutError:

@@ -137,3 +137,44 @@ async def test_a_peer_that_hangs_is_not_asked_again_until_its_pause_ends() -> No
             writer.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_peer_s_answer_that_arrives_in_pieces_is_read_whole() -> None:
+    """``content.read(limit)`` returned what had arrived so far: a forwarded answer sent in two
+    writes came back cut, and a good record read as 'answered no agent record'."""
+    import asyncio
+
+    import orjson
+
+    from federation.config import FederationConfig
+    from federation.forward import Forwarder
+    from node.models import TokenClaims
+    from node.security import Signer
+
+    from .helpers import registration
+
+    record = orjson.dumps({**registration("far.grp.a", capability="far.only"), "region": "far", "version": 3,
+                           "lease_expires_at_ms": 2**40})
+
+    async def node(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                     + str(len(record)).encode() + b"\r\n\r\n" + record[:100])
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the rest a moment later, as a long answer arrives
+        writer.write(record[100:])
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(node, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    config = FederationConfig(region="home", peers=[{"region": "far", "node_urls": [f"http://127.0.0.1:{port}"]}],
+                              bootstrap_servers="127.0.0.1:1", forward_timeout_ms=2_000)
+    caller = TokenClaims(sub="ops.caller.x", role=TokenRole.CALLER, iat=int(time.time()), exp=int(time.time()) + 60)
+    try:
+        async with Forwarder(config, signer=Signer(b"test-secret-0123456789abcdef")) as forwarder:
+            found = await forwarder.agent("far", "far.grp.a", caller)
+        assert found is not None and found.agent_id == "far.grp.a" and found.version == 3
+    finally:
+        server.close()
+        await server.wait_closed()
