@@ -19,14 +19,18 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
 
-from .errors import ValidationFailed
+from .errors import StoreUnavailable, ValidationFailed
 from .http import CALLER, NODE_KEY, query_pattern
 from .models import INT64_MAX, ChangeEvent
 from .security import may_see
+
+if TYPE_CHECKING:
+    from .service import RegistryNode
 
 SSE_KEEPALIVE_S = 15.0
 
@@ -36,6 +40,9 @@ class _Stuck(Exception):
 
 _IDLE = object()  # no event within SSE_KEEPALIVE_S
 WATCH_REPLAY_MAX = 10_000
+# Change events read from Redis at a time during a replay: one event can hold a record of ~250 KB
+# (64 capabilities of long descriptions), and the whole replay read at once held up to 10,000.
+WATCH_REPLAY_PAGE = 200
 
 
 async def watch(request: web.Request) -> web.StreamResponse:
@@ -60,17 +67,30 @@ async def watch(request: web.Request) -> web.StreamResponse:
             raise _Stuck() from None
 
     try:
-        # The replay is read before the stream opens, so a Redis outage is a clean 503, not a cut stream.
-        replay = await node.store.read_changes(after_version=since, count=WATCH_REPLAY_MAX) if since is not None else []
+        # The replay's first page is read before the stream opens, so a Redis outage is a clean 503,
+        # not a cut stream; the rest a page at a time as it is sent.
+        page = await _replay_page(node, since, 0) if since is not None else []
         await response.prepare(request)
         await send(_sse("hello", {"region": node.region, "version": node.cache.index.version}))
-        last = 0
-        for event in replay:
-            if accept(event):
-                await send(_sse("change", event.model_dump(mode="json"), event_id=event.version))
-            last = event.version
+        last = replayed = 0
+        live = True
+        while page:
+            for event in page:
+                if accept(event):
+                    await send(_sse("change", event.model_dump(mode="json"), event_id=event.version))
+                last = event.version
+            replayed += len(page)
+            if len(page) < WATCH_REPLAY_PAGE:
+                break
+            try:
+                page = await _replay_page(node, last, replayed)
+            except StoreUnavailable:
+                await send(_sse("overflow", {"message": "the region's store stopped answering during the replay; "
+                                                        "reconnect with since="}))
+                live = False
+                break
         expires_at_s = request[CALLER].exp
-        while True:
+        while live:
             try:
                 # Woken at the token's expiry too: the stream ends with it, as a request would be refused.
                 timeout_s = min(SSE_KEEPALIVE_S, max(0.0, expires_at_s - time.time()))
@@ -107,6 +127,12 @@ async def watch(request: web.Request) -> web.StreamResponse:
     with contextlib.suppress(ConnectionResetError):
         await response.write_eof()
     return response
+
+
+async def _replay_page(node: RegistryNode, after: int, replayed: int) -> list[ChangeEvent]:
+    """The next page of a replay: events after version ``after``, none past ``WATCH_REPLAY_MAX`` in all."""
+    count = min(WATCH_REPLAY_PAGE, WATCH_REPLAY_MAX - replayed)
+    return await node.store.read_changes(after_version=after, count=count) if count > 0 else []
 
 
 def _revoked(node: object, request: web.Request) -> bool:
@@ -152,4 +178,4 @@ async def end_watches(app: web.Application) -> None:
     app[NODE_KEY].watch.end_all()
 
 
-__all__ = ["SSE_KEEPALIVE_S", "WATCH_REPLAY_MAX", "end_watches", "watch"]
+__all__ = ["SSE_KEEPALIVE_S", "WATCH_REPLAY_MAX", "WATCH_REPLAY_PAGE", "end_watches", "watch"]

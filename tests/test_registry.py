@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import aiohttp
+import pytest
 
-from node.models import ChangeKind, DeleteReason
+from node.models import ChangeKind, DeleteReason, TokenRole
 from node.store import now_ms
 
-from .helpers import RunningNode, registration, wait_for
+from .helpers import RunningNode, Watcher, registration, wait_for
 
 
 async def test_register_resolve_heartbeat_deregister_round_trip(node: RunningNode) -> None:
@@ -104,6 +106,31 @@ async def test_watch_replays_since_a_version(node: RunningNode) -> None:
         await wait_for(lambda: any("lang.translate.w2" in line for line in lines), message="replayed change")
         reader.cancel()
     assert not any('"agent_id":"lang.translate.w1"' in line and "upsert" in line for line in lines)
+
+
+async def test_a_watch_replay_is_read_a_page_at_a_time_in_order(node: RunningNode,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # The whole replay (up to 10,000 events, one of them possibly a 250 KB record) was read into
+    # memory before the first was sent; now a page at a time (here 3), none read twice or skipped.
+    import node.watch_stream as watch_stream
+
+    monkeypatch.setattr(watch_stream, "WATCH_REPLAY_PAGE", 3)
+    store = node.node.store
+    asked: list[int] = []
+    read_changes = store.read_changes
+
+    async def counted(**kwargs: Any) -> Any:
+        asked.append(kwargs["count"])
+        return await read_changes(**kwargs)
+
+    monkeypatch.setattr(store, "read_changes", counted)
+    versions = [(await node.register(registration(f"lang.translate.p{n}")))["version"] for n in range(8)]
+    async with Watcher(node.session, "/v1/watch?since=0", node.token("app.watch.one", TokenRole.CALLER)) as watcher:
+        await wait_for(lambda: len(watcher.changes()) >= 8, message="the replay")
+        await node.register(registration("lang.translate.live"))
+        await wait_for(lambda: len(watcher.changes()) == 9, message="a live change after the replay")
+    assert [int(event["id"]) for event in watcher.events if event["event"] == "change"][:8] == versions
+    assert asked and max(asked) <= 3 and len(asked) >= 3, asked
 
 
 async def test_two_nodes_on_one_redis_share_records_and_one_sweeps(node_factory) -> None:
