@@ -16,7 +16,7 @@ from node.models import TokenRole
 from node.security import Signer
 from topology.cli.preflight import run_preflight
 
-from .helpers import AgentServer, RunningNode, free_port, wait_for
+from .helpers import AgentServer, RunningNode, free_port, registration, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -220,3 +220,44 @@ async def test_preflight_takes_the_node_from_the_environment(node: RunningNode, 
                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     output, _ = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode == 0 and f"{node.url} answers" in output.decode(), output.decode()
+
+
+async def test_the_gateway_reads_header_names_in_any_case(node: RunningNode) -> None:
+    # Header names were compared as spelt: a client sending lower-case names (as HTTP/2 and many
+    # clients do) lost its Content-Type and X-Reach-* headers on the way to the agent.
+    from node.client import CallVerifier
+    from topology.cli.gateway import Gateway
+
+    seen: list[dict[str, str]] = []
+
+    async def upstream(request: web.Request) -> web.Response:
+        seen.append({name.lower(): value for name, value in request.headers.items()})
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/invoke", upstream)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    upstream_port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", upstream_port).start()
+    agent_id, port = "vision.ocr.cased", free_port()
+    await node.register(registration(agent_id, capability="ocr.image", endpoint=f"http://127.0.0.1:{port}/invoke"))
+    status, ticket = await node.resolve(node.token("billing.front.web", TokenRole.CALLER), agent_id=agent_id)
+    assert status == 200, ticket
+    gateway = Gateway(verifier=CallVerifier(node.url, agent_id=agent_id), upstream=f"http://127.0.0.1:{upstream_port}",
+                      listen=("127.0.0.1", port), max_body_bytes=65_536, timeout_s=5, status=lambda: (True, True))
+    await gateway.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"http://127.0.0.1:{port}/invoke", data=b'{"image": "scan.png"}', headers={
+                    "authorization": f"Bearer {ticket['target']['credential']}", "content-type": "application/json",
+                    "x-reach-trace-id": "trace-cased", "x-reach-caller": "admin", "X-REACH-CALLER-ROLE": "admin"}
+                    ) as answer:
+                assert answer.status == 200, await answer.text()
+        (headers,) = seen
+        assert headers["content-type"] == "application/json" and headers["x-reach-trace-id"] == "trace-cased"
+        # what the caller claimed about itself, in whatever case, never passes: the gateway says who it is
+        assert (headers["x-reach-caller"], headers["x-reach-caller-role"]) == ("billing.front.web", "caller")
+    finally:
+        await gateway.aclose()
+        await runner.cleanup()

@@ -32,7 +32,8 @@ __all__ = ["CALLER_HEADER", "CALLER_ROLE_HEADER", "Gateway"]
 
 CALLER_HEADER = "X-Reach-Caller"
 CALLER_ROLE_HEADER = "X-Reach-Caller-Role"
-_PASSED_ON = ("Content-Type", "Accept")
+_PASSED_ON = ("content-type", "accept")  # header names are compared lower-cased: HTTP says case does not matter
+_SET_HERE = (CALLER_HEADER.lower(), CALLER_ROLE_HEADER.lower())
 
 
 class Gateway:
@@ -90,8 +91,8 @@ class Gateway:
             return web.json_response({"error": "payload_too_large", "message": f"the body exceeds the sidecar's "
                                       f"{self.max_body_bytes} bytes (max_body_bytes)", "field": None}, status=413)
         headers = {name: value for name, value in request.headers.items()
-                   if name in _PASSED_ON or (name.startswith("X-Reach-")
-                                             and name not in (CALLER_HEADER, CALLER_ROLE_HEADER))}
+                   if (lowered := name.lower()) in _PASSED_ON
+                   or (lowered.startswith("x-reach-") and lowered not in _SET_HERE)}
         headers[CALLER_HEADER] = caller.sub
         headers[CALLER_ROLE_HEADER] = caller.rol.value
         url = self.upstream + request.rel_url.path_qs
