@@ -16,7 +16,7 @@ Two parts, on an embedded redis-server over 127.0.0.1:
    start-up: load time and RSS per record.
 
 Run from the repository root: ``make bench-scale`` or ``.venv/bin/python -m bench.scale``
-(``--agents 10000 --million 100000`` for a quick look).
+(``--agents 10000 --million 100000`` for a quick look; ``--only load`` for the in-process load alone).
 """
 
 from __future__ import annotations
@@ -281,14 +281,19 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--million", type=int, default=1_000_000, help="records of the in-process load")
     parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--only", choices=("node", "upkeep", "load"),
+                        help="run one part: the node process (1), the routing table upkeep or the in-process load (2)")
     args = parser.parse_args()
-    if shutil.which("wrk") is None:
+    if args.only in (None, "node") and shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: `make bench-scale` installs it (apt-get install wrk)")
     print(f"scale benchmark: {args.agents:,} agents over {CAPABILITIES} capabilities; {os.cpu_count()} cores "
           "shared by the node, its clients and redis")
-    node_part(args)
-    table_upkeep()
-    asyncio.run(million_part(args.million))
+    if args.only in (None, "node"):
+        node_part(args)
+    if args.only in (None, "upkeep"):
+        table_upkeep()
+    if args.only in (None, "load"):
+        asyncio.run(million_part(args.million))
 
 
 if __name__ == "__main__":

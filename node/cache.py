@@ -25,7 +25,7 @@ from collections.abc import Coroutine, Iterable, Iterator
 from typing import Any
 
 from .clock import now_ms
-from .compact import build, compact, is_compact, share_load
+from .compact import build, compact, holding, is_compact, share_load
 from .errors import StoreUnavailable
 from .follower import FollowerState, StreamFollower
 from .loads import LoadFeed
@@ -206,12 +206,14 @@ class AgentIndex:
                 yield build(ChangeEvent, {"kind": ChangeKind.DELETE, "region": region, "version": version,
                                           "agent_id": agent_id, "at_ms": at, "record": None,
                                           "reason": DeleteReason.EVICTED, "allowed_callers": gone.allowed_callers})
+        upsert = build(ChangeEvent, {"kind": ChangeKind.UPSERT, "region": region, "version": 0, "agent_id": "",
+                                     "at_ms": at, "record": None, "reason": None, "allowed_callers": None}).__dict__
         for record in list(new.values()):  # a list: a listener may change the index meanwhile
             was = old.get(record.agent_id)
             if was is None or was.version != record.version:
-                yield build(ChangeEvent, {"kind": ChangeKind.UPSERT, "region": region, "version": record.version,
-                                          "agent_id": record.agent_id, "at_ms": at, "record": record,
-                                          "reason": None, "allowed_callers": None})
+                fields = upsert.copy()  # one per record: the template's fields, three of them its own
+                fields["version"], fields["agent_id"], fields["record"] = record.version, record.agent_id, record
+                yield holding(ChangeEvent, fields)
 
     def __iter__(self) -> Iterator[AgentRecord]:
         return iter(self.records.values())

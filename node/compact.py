@@ -174,7 +174,9 @@ def key_shared(mapping: dict[str, V]) -> dict[str, V]:
     """A dict equal to ``mapping`` (same keys, order and values) whose keys are held once for
     every dict of the same keys: the ``__dict__`` of an instance of a class made for those keys
     (CPython's key-sharing dicts). A plain ``dict`` to every reader; one that is changed turns
-    into an ordinary dict of its own. ``mapping`` itself when too many sets of keys were seen."""
+    into an ordinary dict of its own. ``mapping`` itself when too many sets of keys were seen.
+    (A copy of such a dict shares the keys too, but measured 337 B against 99 for one endpoint:
+    it sizes its values for the class's whole table of keys.)"""
     names = tuple(mapping)
     holder = _key_holders.get(names)
     if holder is None:

@@ -314,8 +314,14 @@ class RegionStore:
                 cursor, stored = await self.redis.execute_command("HSCAN", self.key_agents, cursor, "COUNT", chunk,
                                                                   **{NEVER_DECODE: True})
                 ids = [agent_id.decode(errors="replace") for agent_id in stored]
-                leases = await self.redis.zmscore(self.key_leases, list(stored)) if ids else []
-            yield ids, list(stored.values()), leases, await self.loads(ids)
+                leases: list = []
+                loads: list = []
+                if ids:
+                    async with self.redis.pipeline(transaction=False) as pipe:  # one round trip
+                        pipe.zmscore(self.key_leases, list(stored))
+                        pipe.hmget(self.key_loads, ids)
+                        leases, loads = await pipe.execute()
+            yield ids, list(stored.values()), leases, [None if raw is None else parse_load(raw) for raw in loads]
             if cursor == 0:
                 return
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from msgspec import Meta, Struct
@@ -144,10 +144,8 @@ _endpoint_names_seen: dict[tuple[str, ...], bool] = {}
 _labels_seen: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
 _callers_seen: dict[tuple[str, ...], list[str]] = {}
 _capabilities_seen: dict[tuple[_StoredCapability, ...], list[Capability]] = {}
-_TEXTS_SEEN = (("region", _regions_seen, _region_form), ("transport", _transports_seen, _transport_form),
-               ("description", _descriptions_seen, _prose))
-_MODELS: tuple[tuple[str, type[BaseModel]], ...] = (
-    ("liveness_probe", Probe), ("readiness_probe", Probe), ("a2a", CardListing))
+_TEXTS_SEEN = ((_regions_seen, _transports_seen, _descriptions_seen), (_region_form, _transport_form, _prose))
+M = TypeVar("M", bound=BaseModel)
 
 
 def read_record(raw: str | bytes, *, lease_expires_at_ms: int | None = None, load: Load | None = None) -> AgentRecord:
@@ -171,19 +169,18 @@ def read_record(raw: str | bytes, *, lease_expires_at_ms: int | None = None, loa
 def _compact_record(stored: _Stored, lease_expires_at_ms: int | None, load: Load | None) -> AgentRecord | None:
     """The compact record of ``stored`` once the patterns hold, else None; a new capability,
     probe or card is validated by its model (raising its ``ValidationError``)."""
-    values = blank_fields(AgentRecord)  # the record's __dict__, filled in place
-    values.update(zip(_NAMES, _fields_in_order(stored)))
     if (_agent_id_form(stored.agent_id) is None or "primary" not in stored.endpoints
             or not (stored.display_name.isprintable() or _one_line(stored.display_name))):
         return None
-    for name, table, form in _TEXTS_SEEN:
-        value = values[name]
+    texts = []
+    for value, table, form in zip((stored.region, stored.transport, stored.description), *_TEXTS_SEEN):
         held = table.get(value)
         if held is None:
             if form(value) is None:
                 return None
             held = _admit(table, value, value)
-        values[name] = held
+        texts.append(held)
+    region, transport, description = texts
     names = tuple(stored.endpoints)
     if names not in _endpoint_names_seen:
         if not all(map(_endpoint_name_form, names)):
@@ -198,22 +195,27 @@ def _compact_record(stored: _Stored, lease_expires_at_ms: int | None, load: Load
     capabilities = _capabilities_seen.get(stored.capabilities)
     if capabilities is None:
         capabilities = _checked_capabilities(stored.capabilities)
-    for name, model in _MODELS:
-        if values[name] is not None:
-            values[name] = model.model_validate(values[name])
     if load is None:
         q, i, rps = stored.load.queued, stored.load.inflight, stored.load.rps
         load = shared_load((q, i, rps)) or share_load(Load.model_construct(queued=q, inflight=i, rps=rps))
     else:
         load = share_load(load)
-    values.update(capabilities=capabilities, endpoints=key_shared(stored.endpoints), labels=labels,
-                  allowed_callers=callers, load=load, lease_ttl_ms=share_value(stored.lease_ttl_ms),
-                  weight=share_value(stored.weight), max_concurrency=share_value(stored.max_concurrency))
-    if stored.updated_at_ms == stored.registered_at_ms:
-        values["updated_at_ms"] = values["registered_at_ms"]
-    if lease_expires_at_ms is not None:
-        values["lease_expires_at_ms"] = lease_expires_at_ms
+    registered = stored.registered_at_ms
+    values = blank_fields(AgentRecord)  # the record's __dict__, filled in place, in the model's field order
+    values.update(zip(_NAMES, (
+        stored.agent_id, stored.display_name, description, capabilities, key_shared(stored.endpoints),
+        stored.callback_endpoint, transport, _model_or_none(Probe, stored.liveness_probe),
+        _model_or_none(Probe, stored.readiness_probe), share_value(stored.lease_ttl_ms), labels,
+        share_value(stored.weight), share_value(stored.max_concurrency), callers, stored.semantic_fallback,
+        stored.status, region, stored.version, load, registered,
+        registered if stored.updated_at_ms == registered else stored.updated_at_ms,
+        stored.lease_expires_at_ms if lease_expires_at_ms is None else lease_expires_at_ms,
+        stored.live, stored.ready, stored.probe_error, _model_or_none(CardListing, stored.a2a)), strict=True))
     return holding(AgentRecord, values)
+
+
+def _model_or_none(model: type[M], value: dict[str, Any] | None) -> M | None:
+    return None if value is None else model.model_validate(value)
 
 
 def _admit(table: dict[Any, Any], key: Any, value: Any) -> Any:
