@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import orjson
@@ -72,23 +72,8 @@ async def watch(request: web.Request) -> web.StreamResponse:
         page = await _replay_page(node, since, 0) if since is not None else []
         await response.prepare(request)
         await send(_sse("hello", {"region": node.region, "version": node.cache.index.version}))
-        last = replayed = 0
-        live = True
-        while page:
-            for event in page:
-                if accept(event):
-                    await send(_sse("change", event.model_dump(mode="json"), event_id=event.version))
-                last = event.version
-            replayed += len(page)
-            if len(page) < WATCH_REPLAY_PAGE:
-                break
-            try:
-                page = await _replay_page(node, last, replayed)
-            except StoreUnavailable:
-                await send(_sse("overflow", {"message": "the region's store stopped answering during the replay; "
-                                                        "reconnect with since="}))
-                live = False
-                break
+        replayed_to = await _replay(node, page, accept, send)
+        live, last = replayed_to is not None, replayed_to or 0
         expires_at_s = request[CALLER].exp
         while live:
             try:
@@ -127,6 +112,28 @@ async def watch(request: web.Request) -> web.StreamResponse:
     with contextlib.suppress(ConnectionResetError):
         await response.write_eof()
     return response
+
+
+async def _replay(node: RegistryNode, page: list[ChangeEvent], accept: Callable[[ChangeEvent], bool],
+                  send: Callable[[bytes], Awaitable[None]]) -> int | None:
+    """Send the replay from its first ``page`` on; the last version replayed (0: none), or None when
+    the store stopped answering after the first page (the stream then ends with ``overflow``)."""
+    last = replayed = 0
+    while page:
+        for event in page:
+            if accept(event):
+                await send(_sse("change", event.model_dump(mode="json"), event_id=event.version))
+            last = event.version
+        replayed += len(page)
+        if len(page) < WATCH_REPLAY_PAGE:
+            break
+        try:
+            page = await _replay_page(node, last, replayed)
+        except StoreUnavailable:
+            await send(_sse("overflow", {"message": "the region's store stopped answering during the replay; "
+                                                    "reconnect with since="}))
+            return None
+    return last
 
 
 async def _replay_page(node: RegistryNode, after: int, replayed: int) -> list[ChangeEvent]:
