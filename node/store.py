@@ -33,11 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 
-import orjson
 import redis.asyncio as aioredis
-from pydantic import ValidationError
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.client import NEVER_DECODE
@@ -46,9 +44,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .batch import Coalescer
 from .clock import now_ms
-from .errors import Conflict, UnknownAgent, first_problem
+from .errors import Conflict, UnknownAgent
 from .loads import parse_load
-from .models import AGENT_ID_RE, AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Load
+from .models import AgentRecord, ChangeEvent, DeleteReason, Load
 from .quarantine import RECORD, Quarantine
 from .read_ahead import read_ahead
 from .redis_errors import RedisErrors
@@ -56,7 +54,11 @@ from .redis_wire import pack_with_hiredis
 from .script_line import ScriptLine
 from .store_results import HeartbeatResult, SnapshotData, StoredVersions
 from .store_scripts import ACQUIRE, DELETE, REGISTER, RELEASE, UPDATE
+from .stored_bytes import parse_change, problem_of, read_region, text_of
 from .stored_records import WrittenRecords, read_record, stored_version
+
+__all__ = ["DEFAULT_CHANGE_STREAM_MAXLEN", "DEFAULT_KEY_PREFIX", "RedisErrors", "RegionStore", "now_ms",
+           "stored_version"]
 
 DEFAULT_KEY_PREFIX = "ar"
 DEFAULT_CHANGE_STREAM_MAXLEN = 100_000
@@ -267,12 +269,21 @@ class RegionStore:
     async def _read_region(self) -> tuple[int, dict[str, str], dict[str, int]]:
         """The region version, every stored record (raw) and every lease, in one MULTI/EXEC."""
         async with self._translate():
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.get(self.key_version)
-                pipe.hgetall(self.key_agents)
-                pipe.zrange(self.key_leases, 0, -1, withscores=True)
-                version, raw_records, leases = await pipe.execute()
-        return int(version or 0), raw_records, {agent_id: int(score) for agent_id, score in leases}
+            version, records, leases = await read_region(self.redis, (self.key_version, self.key_agents,
+                                                                       self.key_leases))
+        return version, self._texts(records), leases
+
+    def _texts(self, stored: dict[bytes, bytes]) -> dict[str, str]:
+        """Stored records read as bytes, as text; one that is not UTF-8 is quarantined and left out
+        (decoding the whole reply raised: one such value failed every digest and snapshot)."""
+        texts = {}
+        for raw_id, raw in stored.items():
+            agent_id = text_of(raw_id)
+            try:
+                texts[agent_id] = raw.decode()
+            except UnicodeDecodeError:
+                self._parse_record(agent_id, raw, lease_expires_at_ms=None)  # quarantines it
+        return texts
 
     async def snapshot(self, *, chunk: int = _SNAPSHOT_CHUNK) -> SnapshotData:
         """All records, read in chunks (HSCAN, with their leases), and a version V such that
@@ -313,7 +324,7 @@ class RegionStore:
             async with self._translate():
                 cursor, stored = await self.redis.execute_command("HSCAN", self.key_agents, cursor, "COUNT", chunk,
                                                                   **{NEVER_DECODE: True})
-                ids = [agent_id.decode(errors="replace") for agent_id in stored]
+                ids = [text_of(agent_id) for agent_id in stored]
                 leases: list = []
                 loads: list = []
                 if ids:
@@ -331,7 +342,9 @@ class RegionStore:
         cursor = 0
         while True:
             async with self._translate():
-                cursor, raw_records = await self.redis.hscan(self.key_agents, cursor, count=chunk)
+                cursor, stored = await self.redis.execute_command("HSCAN", self.key_agents, cursor, "COUNT", chunk,
+                                                                  **{NEVER_DECODE: True})
+                raw_records = self._texts(stored)
                 ids = list(raw_records)
                 leases = await self.redis.zmscore(self.key_leases, ids) if ids else []
             yield ids, list(raw_records.values()), leases
@@ -392,10 +405,15 @@ class RegionStore:
                            count: int = 1_000) -> list[ChangeEvent]:
         """Change entries after ``after_version`` (blocking up to ``block_ms`` for the first)."""
         async with self._translate():
+            # Bytes, as the load reads the hash: a value that is not UTF-8 fails its own entry
+            # (node.stored_bytes), not the whole read.
             if block_ms is None:
-                entries = await self.redis.xrange(self.key_changes, min=f"({after_version}-0", max="+", count=count)
+                entries = await self.redis.execute_command("XRANGE", self.key_changes, f"({after_version}-0", "+",
+                                                           "COUNT", count, **{NEVER_DECODE: True})
             else:
-                reply = await self.redis.xread({self.key_changes: f"{after_version}-0"}, count=count, block=block_ms)
+                reply = await self.redis.execute_command("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS",
+                                                         self.key_changes, f"{after_version}-0",
+                                                         **{NEVER_DECODE: True})
                 entries = reply[0][1] if reply else []
         changes = []
         for entry_id, fields in entries:
@@ -410,39 +428,11 @@ class RegionStore:
             entries = await self.redis.xrange(self.key_changes, count=1)
         return int(entries[0][0].split("-", 1)[0]) if entries else None
 
-    def parse_change(self, entry_id: str, fields: dict[str, str]) -> ChangeEvent | None:
-        """One change-stream entry as a :class:`ChangeEvent`.
-
-        An entry that does not parse is quarantined: it reads as the deletion of its agent
-        (reason ``quarantined``: the agent's stored record is not to be trusted), or as nothing
-        when even its agent id is unusable (readers then see a version gap and reload).
-        """
-        version = int(entry_id.split("-", 1)[0])
-        agent_id = fields.get("agent_id", "")
-        try:
-            kind = ChangeKind(fields["kind"])
-            at_ms = int(fields["at"])
-            record = None
-            reason = None
-            audience = None
-            if kind is ChangeKind.DELETE:
-                reason = DeleteReason(fields["reason"])
-                audience = orjson.loads(fields.get("acl") or "[]")
-            else:
-                record = self._written.recall(agent_id, version, fields["record"])
-            change = ChangeEvent(kind=kind, region=self.region, version=version, agent_id=agent_id, at_ms=at_ms,
-                                 record=record, reason=reason, allowed_callers=audience)
-        except (KeyError, ValueError, orjson.JSONDecodeError) as exc:  # ValidationError is a ValueError
-            key = f"{self.key_changes}@{version}"
-            usable_id = bool(AGENT_ID_RE.match(agent_id))
-            self.quarantine.add("change", key, _first_problem(exc), agent_id=agent_id if usable_id else None)
-            if not usable_id:
-                return None
-            return ChangeEvent(kind=ChangeKind.DELETE, region=self.region, version=version, agent_id=agent_id,
-                               at_ms=now_ms(), reason=DeleteReason.QUARANTINED)
-        if record is not None:
-            self.quarantine.resolve(self.record_key(agent_id))
-        return change
+    def parse_change(self, entry_id: str | bytes, fields: Mapping[str | bytes, str | bytes]) -> ChangeEvent | None:
+        """One change-stream entry as a :class:`ChangeEvent`, or quarantined (``node.stored_bytes``)."""
+        agent_id = text_of(fields.get("agent_id", fields.get(b"agent_id", b"")))
+        return parse_change(entry_id, fields, region=self.region, stream_key=self.key_changes, written=self._written,
+                            quarantine=self.quarantine, record_key=self.record_key(agent_id))
 
     def record_key(self, agent_id: str) -> str:
         """Where an agent's record lives, as the quarantine names it."""
@@ -473,7 +463,7 @@ class RegionStore:
                 raise ValueError(f"the record names agent {record.agent_id!r}")
         except ValueError as exc:  # pydantic's ValidationError included
             # Only a foreign writer or a schema change can get here: skip it, say which key.
-            self.quarantine.add(RECORD, self.record_key(agent_id), _first_problem(exc), agent_id=agent_id)
+            self.quarantine.add(RECORD, self.record_key(agent_id), problem_of(exc), agent_id=agent_id)
             return None
         if self.quarantine:  # something is held: this key's value may have been one of them
             self.quarantine.resolve(self.record_key(agent_id))
@@ -489,11 +479,3 @@ class RegionStore:
     def _translate(self) -> RedisErrors:
         return RedisErrors(self.region)
 
-
-def _first_problem(exc: Exception) -> str:
-    """What the quarantine says of a stored value that does not parse."""
-    if isinstance(exc, ValidationError):
-        return first_problem(exc).line()
-    if isinstance(exc, KeyError):
-        return f"missing field {exc}"
-    return str(exc)

@@ -375,6 +375,50 @@ async def test_a_record_that_does_not_parse_is_quarantined_and_the_region_goes_o
             await store.aclose()
 
 
+async def test_a_change_entry_that_is_not_utf8_is_quarantined_and_the_tail_goes_on(node: RunningNode,
+                                                                                    redis_url: str) -> None:
+    # Decoding the change stream's reply whole raised UnicodeDecodeError on one such byte: the
+    # cache's tail died (the node stopped seeing every later change), and so did a watch replay.
+    store = node.node.store
+    await node.register(registration("utf.grp.before", capability="utf.cap"))
+    version = int(await store.redis.incr(store.key_version))
+    await store.redis.execute_command("XADD", store.key_changes, f"{version}-0", "kind", "upsert", "agent_id",
+                                      "utf.grp.broken", "at", str(now_ms()), "record", b'{"agent_id":"\xff"}')
+    other = RegionStore.from_url(redis_url, region=store.region)  # another replica's write: seen by the tail only
+    try:
+        now = now_ms()
+        await other.register(AgentRecord.model_validate({**registration("utf.grp.after", capability="utf.cap"),
+                                                         "region": store.region, "registered_at_ms": now,
+                                                         "updated_at_ms": now, "lease_expires_at_ms": now + 600_000}),
+                             at_ms=now)
+    finally:
+        await other.aclose()
+    await wait_for(lambda: node.node.cache.index.get("utf.grp.after"), message="the tail to read on past the entry")
+    status, listed = await node.call("GET", "/v1/admin/quarantine")
+    assert status == 200 and any(item["key"] == f"{store.key_changes}@{version}" and "utf-8" in item["error"]
+                                 for item in listed["items"]), listed
+    assert [change.agent_id for change in await store.read_changes(after_version=0)] == [
+        "utf.grp.before", "utf.grp.broken", "utf.grp.after"]  # the broken one read as its quarantined delete
+
+
+async def test_a_stored_record_that_is_not_utf8_leaves_the_snapshot_and_the_digest_to_the_others(
+        node: RunningNode) -> None:
+    # Decoding a whole HSCAN/HGETALL reply raised on one such value: the snapshot served to peers
+    # and every digest of the region failed until someone deleted it by hand.
+    store = node.node.store
+    await node.register(registration("utf.grp.kept", capability="utf.cap"))
+    await store.redis.hset(store.key_agents, "utf.grp.garbled", b'{"version":9,"agent_id":"\xff"}')
+    await store.redis.zadd(store.key_leases, {"utf.grp.garbled": now_ms() + 600_000})
+    versions = await store.snapshot_versions()
+    assert set(versions.agents) == {"utf.grp.kept"}
+    async with node.session.get("/v1/federation/snapshot", headers=node.headers()) as response:
+        assert response.status == 200
+        snapshot = json.loads(await response.read())
+    assert [agent["agent_id"] for agent in snapshot["agents"]] == ["utf.grp.kept"]
+    status, listed = await node.call("GET", "/v1/admin/quarantine")
+    assert status == 200 and any(item["key"] == f"{store.key_agents}/utf.grp.garbled" for item in listed["items"])
+
+
 async def test_the_policy_route_tells_agents_which_addresses_they_may_register(node: RunningNode) -> None:
     status, policy = await node.call("GET", "/v1/policy", token=node.token("ops.caller.x", TokenRole.CALLER))
     assert status == 200 and policy["egress_allow"] == ["loopback"] and policy["egress_deny"] == [], policy
