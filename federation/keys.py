@@ -14,7 +14,8 @@ the key set is public and small, and its changes (a rotation, a restart) are rar
 peer serves only its own region's keys are kept (``kid`` = ``<region>.<thumbprint>``), so one
 region can never speak for another; and of those at most ``MAX_REGION_KEYS`` (256), from an
 answer read to at most ``MAX_KEY_SET_BYTES`` (4 MiB), so a hostile peer can neither fill this
-node's memory nor make the key set this node serves its agents too large for them to read. Each replica fetches for itself; nothing is stored in Redis.
+node's memory nor make the key set this node serves its agents too large for them to read. Each
+replica fetches for itself; nothing is stored in Redis.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable
 import orjson
 from pydantic import ValidationError
 
+from node.bounded import BodyTooLarge, at_most
 from node.errors import first_problem
 from node.models import AgentRecord, Snapshot, compat
 from node.snapshot_stream import END, HEAD_END
@@ -25,15 +26,18 @@ __all__ = ["SnapshotTooLarge", "read_snapshot"]
 BadRecord = Callable[[int, "str | None", str], None]  # position, agent_id if known, the problem
 
 
-class SnapshotTooLarge(ValueError):
+class SnapshotTooLarge(BodyTooLarge):
     """The document went on past the reader's ``max_bytes``: a peer's snapshot is not read whole at any size."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit, f"the snapshot is larger than {limit:,} bytes (snapshot_max_bytes)")
 
 
 async def read_snapshot(body: AsyncIterable[bytes], *, bad_record: BadRecord,
                         max_bytes: int | None = None) -> Snapshot:
     """The snapshot in ``body`` (chunks of bytes as they arrive); raises ``orjson.JSONDecodeError``
     or ``ValidationError`` when it is no snapshot, :class:`SnapshotTooLarge` past ``max_bytes``."""
-    lines = _lines(body if max_bytes is None else _at_most(body, max_bytes))
+    lines = _lines(body if max_bytes is None else at_most(body, max_bytes, too_large=SnapshotTooLarge))
     head = await anext(lines, b"")
     if not head.rstrip().endswith(HEAD_END):
         rest = [line async for line in lines]
@@ -79,15 +83,6 @@ def _whole(body: bytes, bad_record: BadRecord) -> Snapshot:
             agent_id = item.get("agent_id") if isinstance(item, dict) else None
             bad_record(position, agent_id if isinstance(agent_id, str) else None, first_problem(exc).message)
     return compat.read_python(Snapshot, {**data, "agents": agents})
-
-
-async def _at_most(body: AsyncIterable[bytes], max_bytes: int) -> AsyncIterator[bytes]:
-    read = 0
-    async for chunk in body:
-        read += len(chunk)
-        if read > max_bytes:
-            raise SnapshotTooLarge(f"the snapshot is larger than {max_bytes:,} bytes (snapshot_max_bytes)")
-        yield chunk
 
 
 async def _lines(body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:

@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from .models.fields import NOT_IN_ONE_LINE
+
 __all__ = ["ACCESS_LOGGER", "FIELDS", "JsonFormatter", "LOG_FORMATS", "TextFormatter", "access_line", "formatter", "one_line"]
 
 ACCESS_LOGGER = "agent_reach.access"
@@ -78,7 +80,7 @@ class TextFormatter(logging.Formatter):
         return f"{head} {pairs}{newline}{rest}"
 
 
-_UNPRINTABLE_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_UNPRINTABLE_RE = re.compile(f"[{NOT_IN_ONE_LINE}]")
 
 
 def one_line(text: str) -> str:

@@ -267,7 +267,8 @@ class RegionStore:
         return self._parse_record(agent_id, raw, lease_expires_at_ms=int(lease or 0), load=load)
 
     async def _read_region(self) -> tuple[int, dict[str, str], dict[str, int]]:
-        """The region version, every stored record (raw) and every lease, in one MULTI/EXEC."""
+        """The region version, every stored record (raw) and every lease, at one instant (one script,
+        ``node.stored_bytes.read_region``)."""
         async with self._translate():
             version, records, leases = await read_region(self.redis, (self.key_version, self.key_agents,
                                                                        self.key_leases))
@@ -430,9 +431,8 @@ class RegionStore:
 
     def parse_change(self, entry_id: str | bytes, fields: Mapping[str | bytes, str | bytes]) -> ChangeEvent | None:
         """One change-stream entry as a :class:`ChangeEvent`, or quarantined (``node.stored_bytes``)."""
-        agent_id = text_of(fields.get("agent_id", fields.get(b"agent_id", b"")))
         return parse_change(entry_id, fields, region=self.region, stream_key=self.key_changes, written=self._written,
-                            quarantine=self.quarantine, record_key=self.record_key(agent_id))
+                            quarantine=self.quarantine, record_key=self.record_key)
 
     def record_key(self, agent_id: str) -> str:
         """Where an agent's record lives, as the quarantine names it."""

@@ -12,7 +12,7 @@ entry, ``RegionStore`` for a record.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import orjson
 import redis.asyncio as aioredis
@@ -55,13 +55,14 @@ async def read_region(redis: aioredis.Redis, keys: tuple[str, str, str]
 
 
 def parse_change(entry_id: Raw, raw_fields: Mapping[Raw, Raw], *, region: str, stream_key: str,
-                 written: WrittenRecords, quarantine: Quarantine, record_key: str) -> ChangeEvent | None:
+                 written: WrittenRecords, quarantine: Quarantine,
+                 record_key: Callable[[str], str]) -> ChangeEvent | None:
     """One change-stream entry as a :class:`ChangeEvent`.
 
     An entry that does not parse is quarantined: it reads as the deletion of its agent (reason
     ``quarantined``: the agent's stored record is not to be trusted), or as nothing when even its
-    agent id is unusable (readers then see a version gap and reload). ``record_key`` names the
-    agent's record in the quarantine, resolved when a change carries a record that reads.
+    agent id is unusable (readers then see a version gap and reload). ``record_key(agent_id)``
+    names the agent's record in the quarantine, resolved when a change carries a record that reads.
     """
     version = int(text_of(entry_id).split("-", 1)[0])
     fields = {text_of(name): value for name, value in raw_fields.items()}
@@ -88,7 +89,7 @@ def parse_change(entry_id: Raw, raw_fields: Mapping[Raw, Raw], *, region: str, s
         return ChangeEvent(kind=ChangeKind.DELETE, region=region, version=version, agent_id=agent_id,
                            at_ms=now_ms(), reason=DeleteReason.QUARANTINED)
     if record is not None:
-        quarantine.resolve(record_key)
+        quarantine.resolve(record_key(agent_id))
     return change
 
 

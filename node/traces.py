@@ -190,8 +190,8 @@ class TraceLog:
         async with RedisErrors(self.region):
             refused = int(await self._post(keys=keys, args=args))
         if refused < 0:
-            raise RateLimited(f"{poster!r} has posted {self.caller_bytes:,} bytes of trace events within "
-                              f"trace_ttl_ms ({self.ttl_ms:,} ms), its quota (trace_caller_bytes); older posts free it "
+            raise RateLimited(f"{poster!r} would pass its quota of {self.caller_bytes:,} bytes of trace events "
+                              f"within trace_ttl_ms ({self.ttl_ms:,} ms; trace_caller_bytes); its older posts free it "
                               "as they expire", field="events", code="trace_quota",
                               details={"retry_after_ms": -refused - 1})
         if refused:

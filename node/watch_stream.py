@@ -10,7 +10,8 @@ down (:func:`end_watches`). A stream whose token is revoked meanwhile (``node.re
 ``expired`` and ends at that instant. A watcher that stops reading is cut (its connection
 aborted) when a write waits longer than ``watch_write_timeout_ms``: a write waits while the
 socket's buffers are full, and before, such a stream — and its connection, its place in the
-caller's share and the events it was sent — was held for ever, past its token's expiry. The events are documented in ``node.openapi.watch_events``.
+caller's share and the events it was sent — was held for ever, past its token's expiry. A replay
+is read a page at a time as it is sent. The events are documented in ``node.openapi.watch_events``.
 """
 
 from __future__ import annotations
@@ -33,16 +34,15 @@ if TYPE_CHECKING:
     from .service import RegistryNode
 
 SSE_KEEPALIVE_S = 15.0
-
-
-class _Stuck(Exception):
-    """The watcher took no write within the hub's ``write_timeout_ms``: it stopped reading."""
-
 _IDLE = object()  # no event within SSE_KEEPALIVE_S
 WATCH_REPLAY_MAX = 10_000
 # Change events read from Redis at a time during a replay: one event can hold a record of ~250 KB
 # (64 capabilities of long descriptions), and the whole replay read at once held up to 10,000.
 WATCH_REPLAY_PAGE = 200
+
+
+class _Stuck(Exception):
+    """The watcher took no write within the hub's ``write_timeout_ms``: it stopped reading."""
 
 
 async def watch(request: web.Request) -> web.StreamResponse:

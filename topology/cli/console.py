@@ -15,12 +15,13 @@ import sys
 
 import orjson
 
+from node.models.fields import NOT_IN_ONE_LINE
 from node.redact import mask_credentials
 
 __all__ = ["error", "json_text", "notice", "say", "shown"]
 
 _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
-_UNSAFE = re.compile(f"[\x00-\x1f\x7f-\x9f\u2028\u2029{_BIDI}]")
+_UNSAFE = re.compile(f"[{NOT_IN_ONE_LINE}{_BIDI}]")
 _UNSAFE_KEEPING_LINES = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029{_BIDI}]")
 # orjson escapes C0 itself; these it writes as they are (JSON allows them raw).
 _UNSAFE_IN_JSON = re.compile(f"[\x7f-\x9f\u2028\u2029{_BIDI}]")
