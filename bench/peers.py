@@ -36,8 +36,8 @@ from pathlib import Path
 
 import aiohttp
 
-from node.models import TokenRole
-from node.security import Signer
+from node.core.models import TokenRole
+from node.trust import Signer
 from topology.embedded import EmbeddedRedis
 
 from .resolve import (

@@ -29,9 +29,10 @@ import urllib.request
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from node.models import AgentRecord, Capability, TokenRole
-from node.security import Signer
-from node.store import RegionStore, now_ms
+from node.core.models import AgentRecord, Capability, TokenRole
+from node.store import RegionStore
+from node.store.region import now_ms
+from node.trust import Signer
 from topology.embedded import EmbeddedRedis
 
 SECRET = "bench-secret-0123456789abcdef"

@@ -52,7 +52,7 @@ import itertools
 import sys
 import time
 
-from node.router import ALL_WEIGHT_FACTORS, WeightFactor
+from node.routing.router import ALL_WEIGHT_FACTORS, WeightFactor
 
 from .routing_simulation import PolicyResult, Simulation
 from .routing_workload import (

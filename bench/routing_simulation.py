@@ -11,22 +11,14 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from node.cache import AgentIndex
 from node.client._tickets import TICKET_EXPIRY_MARGIN
-from node.errors import NoAgentAvailable
-from node.models import (
-    AgentRecord,
-    Capability,
-    Load,
-    Outcome,
-    RouteRequest,
-    Status,
-    TokenClaims,
-    TokenRole,
-)
-from node.outcomes import OutcomeTracker
-from node.router import Decision, Router, WeightFactor
-from node.security import Signer
+from node.core import NoAgentAvailable
+from node.core.models import AgentRecord, Capability, Load, Outcome, RouteRequest, Status, TokenClaims, TokenRole
+from node.delivery import OutcomeTracker
+from node.routing import Decision, Router
+from node.routing.router import WeightFactor
+from node.trust import Signer
+from node.view import AgentIndex
 
 from .routing_workload import (
     BACKOFF_MULTIPLIER,

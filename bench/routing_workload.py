@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass
 
 from node.client._config import DEFAULT_TICKET_REUSE_MS
-from node.models import Status
+from node.core.models import Status
 
 REGION = "sim"
 CAPABILITY = "sim.work"

@@ -37,13 +37,14 @@ import aiohttp
 import orjson
 
 from federation.snapshot_reader import read_snapshot
-from node.cache import AgentIndex, RegionCache
-from node.candidates import CandidateTables, Source
-from node.loopwatch import collector_paused
-from node.models import AgentRecord, Capability, Load, Locality, RouteRequest, Snapshot, TokenRole
-from node.outcomes import OutcomeTracker
-from node.security import Signer
-from node.store import RegionStore, now_ms
+from node.core.models import AgentRecord, Capability, Load, Locality, RouteRequest, Snapshot, TokenRole
+from node.delivery import OutcomeTracker
+from node.ops import collector_paused
+from node.routing.candidates import CandidateTables, Source
+from node.store import RegionStore
+from node.store.region import now_ms
+from node.trust import Signer
+from node.view import AgentIndex, RegionCache
 from topology.embedded import EmbeddedRedis
 
 from .resolve import (

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 
 from federation.events import FederationMessage, RegionBeacon
 from federation.summary import summary_parts
-from node.models import AgentRecord, Capability, CapabilitySummary, ChangeEvent, ChangeKind, DeleteReason
+from node.core.models import AgentRecord, Capability, CapabilitySummary, ChangeEvent, ChangeKind, DeleteReason
 
 REGIONS = (3, 20, 50)
 AGENTS = (10_000, 100_000, 1_000_000)

@@ -30,9 +30,8 @@ import aiohttp
 import orjson
 from pydantic import ValidationError
 
-from node.clock import now_ms
-from node.errors import StoreUnavailable, first_problem
-from node.models import Snapshot
+from node.core import StoreUnavailable, first_problem, now_ms
+from node.core.models import Snapshot
 
 from .config import FederationConfig
 from .errors import SnapshotUnavailable

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from node.models import REGION_PATTERN
+from node.core.models import REGION_PATTERN
 from node.store import DEFAULT_KEY_PREFIX
 
 DEFAULT_TOPIC_PREFIX = "agent-reach"

@@ -47,9 +47,7 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
-from node.clock import now_ms
-from node.errors import StoreUnavailable
-from node.tasks import run_together
+from node.core import StoreUnavailable, now_ms, run_together
 
 from .antientropy import AntiEntropy
 from .config import FederationConfig

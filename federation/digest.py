@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from node.models import AgentRecord, ChangeEvent, ChangeKind
+from node.core.models import AgentRecord, ChangeEvent, ChangeKind
 from node.store import RegionStore
 
 DIGEST_HEX_CHARS = 16

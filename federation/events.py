@@ -30,8 +30,8 @@ from __future__ import annotations
 import orjson
 from pydantic import Field, ValidationError, model_validator
 
-from node.errors import first_problem
-from node.models import ChangeEvent, Region, RegionSummary, Strict, compat
+from node.core import first_problem
+from node.core.models import ChangeEvent, Region, RegionSummary, Strict, compat
 
 from .errors import InvalidMessage, NewerSchema
 

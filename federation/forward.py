@@ -28,10 +28,9 @@ import aiohttp
 import orjson
 from pydantic import ValidationError
 
-from node.bounded import BodyTooLarge, read_bounded
-from node.errors import NoAgentAvailable, PeerUnreachable, first_problem
-from node.models import AgentRecord, RouteRequest, Scope, SearchHit, SearchResponse, TokenClaims, compat
-from node.security import Signer
+from node.core import BodyTooLarge, NoAgentAvailable, PeerUnreachable, first_problem, read_bounded
+from node.core.models import AgentRecord, RouteRequest, Scope, SearchHit, SearchResponse, TokenClaims, compat
+from node.trust import Signer
 
 from .config import FederationConfig
 

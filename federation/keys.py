@@ -28,10 +28,9 @@ from collections.abc import Callable
 import aiohttp
 import orjson
 
-from node.bounded import BodyTooLarge, read_bounded
-from node.credentials import JWKS_PATH
-from node.models import MAX_KEY_SET_BYTES, MAX_REGION_KEYS, PublicKey, key_region, usable_keys
-from node.tasks import cancel_and_wait
+from node.core import BodyTooLarge, cancel_and_wait, read_bounded
+from node.core.models import MAX_KEY_SET_BYTES, MAX_REGION_KEYS, PublicKey, key_region, usable_keys
+from node.trust import JWKS_PATH
 
 from .config import FederationConfig
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from node.clock import now_ms
+from node.core import now_ms
 
 from .publisher import PublisherState
 

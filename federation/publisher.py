@@ -34,9 +34,8 @@ from dataclasses import dataclass
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from node.clock import now_ms
-from node.errors import StoreUnavailable
-from node.models import ChangeEvent, ChangeKind
+from node.core import StoreUnavailable, now_ms
+from node.core.models import ChangeEvent, ChangeKind
 from node.store import RegionStore
 
 from .config import FederationConfig

@@ -26,12 +26,10 @@ from collections.abc import Collection, Sequence
 
 from pydantic import ValidationError
 
-from node.cache import AgentIndex
-from node.clock import now_ms
-from node.errors import first_problem
-from node.follower import FollowerState, StreamFollower
-from node.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason, SummaryView, compat
-from node.stored_records import read_record
+from node.core import first_problem, now_ms
+from node.core.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason, SummaryView, compat
+from node.store import read_record
+from node.view import AgentIndex, FollowerState, StreamFollower
 
 from .digest import digest_hex, entry_hash
 from .events import RegionBeacon

@@ -37,11 +37,9 @@ from typing import TypeVar
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 
-from node.errors import first_problem
-from node.models import AgentRecord, Snapshot, compat
-from node.quarantine import Quarantine
-from node.store import RedisErrors
-from node.stored_records import read_record
+from node.core import first_problem
+from node.core.models import AgentRecord, Snapshot, compat
+from node.store import Quarantine, RedisErrors, read_record
 
 from .events import FederationMessage, RegionBeacon
 

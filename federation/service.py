@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from node.clock import now_ms
+from node.core import now_ms
+from node.core.models import TokenRole
 from node.http import CALLER
-from node.models import TokenRole
-from node.remote import described_for
-from node.security import Signer
+from node.routing import described_for
 from node.store import RegionStore
+from node.trust import Signer
 
 from .antientropy import AntiEntropy
 from .config import FederationConfig

@@ -16,10 +16,9 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable
 import orjson
 from pydantic import ValidationError
 
-from node.bounded import BodyTooLarge, at_most
-from node.errors import first_problem
-from node.models import AgentRecord, Snapshot, compat
-from node.snapshot_stream import END, HEAD_END
+from node.core import BodyTooLarge, at_most, first_problem
+from node.core.models import AgentRecord, Snapshot, compat
+from node.http import END, HEAD_END
 
 __all__ = ["SnapshotTooLarge", "read_snapshot"]
 

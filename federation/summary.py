@@ -31,11 +31,10 @@ from dataclasses import dataclass
 from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
-from node.cache import AgentIndex
-from node.candidates import DEFAULT_CAPACITY, STATUS_FACTORS, capability_of
-from node.clock import now_ms
-from node.models import AgentRecord, CapabilitySummary, RegionSummary, SummaryView
-from node.tasks import cancel_and_wait
+from node.core import cancel_and_wait, now_ms
+from node.core.models import AgentRecord, CapabilitySummary, RegionSummary, SummaryView
+from node.routing import DEFAULT_CAPACITY, STATUS_FACTORS, capability_of
+from node.view import AgentIndex
 
 from .config import FederationConfig
 from .errors import BrokerUnavailable, InvalidMessage, NewerSchema

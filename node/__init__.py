@@ -1,23 +1,24 @@
-"""One regional registry node: models, Redis store, cache, router, probes, security, HTTP API.
+"""One regional registry node, in rooms: core, delivery, client (the agent SDK), store, view,
+routing, trust, duties, http and ops; the node's service and configuration at the root.
 
 Runs alone (single region, no Kafka, no torch); federation and semantic discovery attach
-through :class:`RemoteCatalog` and :class:`Matcher` (see ``node.router``). The agent SDK is the
+through :class:`RemoteCatalog` and :class:`Matcher` (see ``node.routing``). The agent SDK is the
 package :mod:`node.client`.
 
-The names below are loaded when first used (PEP 562, as aiohttp's ``__init__`` does), so
+The names below are loaded when first used (:mod:`node.core.lazy`), so
 ``from node.client import ReachClient`` does not pull in the server — Redis, Prometheus,
 ``aiohttp.web`` — with it; ``from node import RegistryNode`` works as ever.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .core.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .config import NodeConfig
-    from .egress import EgressDenied, EgressPolicy
-    from .errors import (
+    from .core import (
         BadRequest,
         Conflict,
         Forbidden,
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
         UnknownAgent,
         ValidationFailed,
     )
-    from .models import (
+    from .core.models import (
         AgentRecord,
         Capability,
         ChangeEvent,
@@ -45,11 +46,10 @@ if TYPE_CHECKING:
         Status,
         TokenRole,
     )
-    from .quarantine import Quarantine
-    from .router import Decision, Matcher, PeerView, RemoteCatalog, Router, SemanticMatch, SemanticMatches
-    from .security import Signer, load_secret
+    from .routing import Decision, Matcher, PeerView, RemoteCatalog, Router, SemanticMatch, SemanticMatches
     from .service import RegistryNode
-    from .store import RegionStore
+    from .store import Quarantine, RegionStore
+    from .trust import EgressDenied, EgressPolicy, Signer, load_secret
 
 __all__ = [
     "RegistryNode",
@@ -93,31 +93,14 @@ __all__ = [
     "StoreUnavailable",
 ]
 
-# Which module of this package defines each exported name (the imports above, for checkers).
-_MODULES: dict[str, tuple[str, ...]] = {
+__getattr__, __dir__ = lazy_exports(__name__, globals(), {
     "service": ("RegistryNode",),
     "config": ("NodeConfig",),
-    "egress": ("EgressPolicy", "EgressDenied"),
-    "quarantine": ("Quarantine",),
-    "store": ("RegionStore",),
-    "router": ("Router", "Decision", "RemoteCatalog", "PeerView", "Matcher", "SemanticMatch", "SemanticMatches"),
-    "security": ("Signer", "load_secret"),
-    "models": ("Registration", "AgentRecord", "Capability", "Probe", "Load", "Heartbeat", "Status", "ChangeEvent",
-               "RouteRequest", "RouteTicket", "Scope", "TokenRole"),
-    "errors": ("NodeError", "BadRequest", "ValidationFailed", "PayloadTooLarge", "Unauthorized", "Forbidden",
-               "NotFound", "UnknownAgent", "NoAgentAvailable", "Conflict", "RateLimited", "StoreUnavailable"),
-}
-_MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
-
-
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+    "trust": ("EgressPolicy", "EgressDenied", "Signer", "load_secret"),
+    "store": ("Quarantine", "RegionStore"),
+    "routing": ("Router", "Decision", "RemoteCatalog", "PeerView", "Matcher", "SemanticMatch", "SemanticMatches"),
+    "core.models": ("Registration", "AgentRecord", "Capability", "Probe", "Load", "Heartbeat", "Status", "ChangeEvent",
+                    "RouteRequest", "RouteTicket", "Scope", "TokenRole"),
+    "core": ("NodeError", "BadRequest", "ValidationFailed", "PayloadTooLarge", "Unauthorized", "Forbidden",
+             "NotFound", "UnknownAgent", "NoAgentAvailable", "Conflict", "RateLimited", "StoreUnavailable"),
+})

@@ -27,8 +27,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from .config import NodeConfig
-from .errors import first_problem
-from .redact import mask_credentials
+from .core import first_problem
+from .trust import mask_credentials
 
 __all__ = ["ENV_PREFIX", "EnvConfigError", "EnvSetting", "PER_NODE_SETTINGS", "env_settings", "env_table",
            "merge_settings", "settings_from_env", "variable_of", "without_per_node_settings"]

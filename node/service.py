@@ -16,15 +16,8 @@ from pathlib import Path
 from aiohttp import web
 from pydantic import ValidationError
 
-from . import forwarded
-from .a2a import CardRegistration, card_field, card_to_registration
-from .cache import CacheState, RegionCache
-from .clock import now_ms
 from .config import NodeConfig
-from .credentials import RegionKeys
-from .decisions import DecisionLog
-from .egress import EgressDenied
-from .errors import (
+from .core import (
     Forbidden,
     NodeError,
     NotFound,
@@ -33,12 +26,10 @@ from .errors import (
     UnknownAgent,
     ValidationFailed,
     first_problem,
+    now_ms,
 )
-from .health import Prober
-from .leader import Leadership, new_node_id
-from .loopwatch import LoopWatch
-from .metrics import NodeMetrics
-from .models import (
+from .core.a2a import CardRegistration, card_field, card_to_registration
+from .core.models import (
     AgentRecord,
     CardListing,
     ChangeEvent,
@@ -61,15 +52,13 @@ from .models import (
     TokenRole,
     compat,
 )
-from .outcomes import BreakerState, OutcomeTracker
-from .revocation import Revocation, RevocationList
-from .router import Decision, Router
-from .search import Searcher
-from .security import Signer, authorize_agent, may_see
-from .store import RegionStore, stored_version
-from .store_results import HeartbeatResult
-from .sweeper import Sweeper
-from .watch import WatchHub
+from .delivery import BreakerState, OutcomeTracker
+from .duties import Leadership, Prober, Sweeper, new_node_id
+from .ops import LoopWatch, NodeMetrics
+from .routing import Decision, DecisionLog, Router, Searcher, forwarded
+from .store import HeartbeatResult, RegionStore, stored_version
+from .trust import EgressDenied, RegionKeys, Revocation, RevocationList, Signer, authorize_agent, may_see
+from .view import CacheState, RegionCache, WatchHub
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from node.config import NodeConfig
+from node.core.tasks import awaiting
 from node.service import RegistryNode
-from node.tasks import awaiting
 from topology.embedded import EmbeddedRedis
 
 from .helpers import RunningNode, start_node

@@ -20,8 +20,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from federation import Federation
 from federation.events import FederationMessage
-from node.api import bound_port, serve
-from node.models import TokenRole
+from node.core.models import TokenRole
+from node.http import bound_port, serve
 from node.service import RegistryNode
 from topology import Topology
 from topology.composition import attach_discovery, attach_federation

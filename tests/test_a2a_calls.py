@@ -24,8 +24,8 @@ from google.protobuf.json_format import MessageToDict
 from starlette.applications import Starlette
 
 from node.client import CallFailed, ReachClient, UnsupportedBinding
-from node.clock import now_ms
-from node.models import Outcome, TokenRole
+from node.core import now_ms
+from node.core.models import Outcome, TokenRole
 
 from .conftest import NodeFactory
 from .helpers import RunningNode, free_port, wait_for

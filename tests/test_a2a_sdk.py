@@ -26,8 +26,8 @@ from a2a.utils.signing import create_agent_card_signer, create_signature_verifie
 from google.protobuf.json_format import MessageToDict, MessageToJson, ParseDict
 from google.protobuf.struct_pb2 import Struct
 
-from node.a2a import REGISTRY_EXTENSION_URI
-from node.models import TokenRole
+from node.core.a2a import REGISTRY_EXTENSION_URI
+from node.core.models import TokenRole
 
 from .conftest import NodeFactory
 from .helpers import RunningNode

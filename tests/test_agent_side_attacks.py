@@ -23,10 +23,10 @@ from federation import FederationConfig, PeerConfig
 from federation.keys import PeerKeys
 from node.client import CallVerifier, CredentialRejected
 from node.client.host import AgentHost
-from node.clock import now_ms
-from node.credentials import JWKS_PATH, SigningKey
-from node.envelope import Envelope
-from node.models import MAX_KEY_SET_BYTES, MAX_REGION_KEYS, Capability, TokenClaims, TokenRole
+from node.core import Envelope, now_ms
+from node.core.models import MAX_KEY_SET_BYTES, MAX_REGION_KEYS, Capability, TokenClaims, TokenRole
+from node.trust import JWKS_PATH
+from node.trust.credentials import SigningKey
 
 from .helpers import RunningNode, registration, serve_routes, wait_for
 

@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaProducer
 from federation import AntiEntropy, FederationConfig, PeerCatalog, PeerConfig, ReplicaStore
 from federation.antientropy import SNAPSHOT_PATH
 from federation.errors import SnapshotUnavailable
-from node.models import TokenRole
+from node.core.models import TokenRole
 from topology import EmbeddedKafka
 
 from .conftest import TEST_SECRET

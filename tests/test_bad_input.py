@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from node.models import TokenRole
+from node.core.models import TokenRole
 
 from .helpers import RunningNode, registration
 

@@ -11,11 +11,12 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from node.batch import Coalescer
-from node.errors import StoreUnavailable, UnknownAgent
-from node.models import AgentRecord, Capability, Status, TokenRole
-from node.script_line import ScriptLine
-from node.store import RegionStore, now_ms
+from node.core import StoreUnavailable, UnknownAgent
+from node.core.models import AgentRecord, Capability, Status, TokenRole
+from node.store import RegionStore
+from node.store.batch import Coalescer
+from node.store.region import now_ms
+from node.store.script_line import ScriptLine
 
 from .helpers import RunningNode, registration, wait_for
 
@@ -160,7 +161,8 @@ def test_coalescer_refuses_an_empty_batch_size() -> None:
 
 @pytest.mark.unit
 def test_free_memory_goes_back_to_the_system_every_trim_step_records() -> None:
-    from node.loopwatch import FreezeOnGrowth, release_free_memory
+    from node.ops import FreezeOnGrowth
+    from node.ops.loopwatch import release_free_memory
 
     if not release_free_memory():
         pytest.skip("no glibc malloc_trim on this system")
@@ -180,7 +182,7 @@ def test_free_memory_goes_back_to_the_system_every_trim_step_records() -> None:
 def test_the_collector_is_frozen_again_once_records_grew_by_a_step() -> None:
     import gc
 
-    from node.loopwatch import FreezeOnGrowth
+    from node.ops import FreezeOnGrowth
 
     held = [0]
     freezer = FreezeOnGrowth(lambda: held[0], step=200)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from node.cache import RegionCache
-from node.models import AgentRecord, ChangeEvent, Load
-from node.store import RegionStore, now_ms
+from node.core.models import AgentRecord, ChangeEvent, Load
+from node.store import RegionStore
+from node.store.region import now_ms
+from node.view import RegionCache
 
 from .helpers import registration, wait_for
 

@@ -18,8 +18,8 @@ import pytest
 from node.client import MatchKind, NoAgentAvailable, ReachClient, SearchResponse
 from node.client.host import AgentHost
 from node.config import NodeConfig
-from node.envelope import Envelope
-from node.models import Capability, TokenRole
+from node.core import Envelope
+from node.core.models import Capability, TokenRole
 from topology import build_node
 
 from .conftest import TEST_SECRET

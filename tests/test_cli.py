@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from node.models import TokenRole
-from node.security import Signer
+from node.core.models import TokenRole
+from node.trust import Signer
 
 AGENT_REACH = str(Path(sys.executable).with_name("agent-reach"))
 SECRET = "cli-test-secret-0123456789"

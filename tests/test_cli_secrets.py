@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from node.redact import CredentialFilter, mask_credentials, mask_url
-from node.security import SecretError, load_secret
+from node.trust import CredentialFilter, SecretError, load_secret, mask_credentials, mask_url
 from topology.embedded import DataDirLock, redis_server_executable
 
 pytestmark = pytest.mark.timeout(120)

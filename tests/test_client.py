@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from node.api import bound_port, serve
 from node.client import (
     AgentConfigError,
     CallFailed,
@@ -22,8 +21,9 @@ from node.client import (
     RetryPolicy,
     load_agent_config,
 )
-from node.models import Load, TokenRole
-from node.outcomes import BreakerState
+from node.core.models import Load, TokenRole
+from node.delivery import BreakerState
+from node.http import bound_port, serve
 
 from .helpers import AgentServer, RunningNode, registration, wait_for
 

@@ -13,8 +13,8 @@ import pytest
 
 from node.client import ReachClient
 from node.client.host import AgentHost
-from node.envelope import Envelope
-from node.models import Capability
+from node.core import Envelope
+from node.core.models import Capability
 
 from .helpers import RunningNode, alive, descendants
 

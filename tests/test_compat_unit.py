@@ -12,10 +12,10 @@ from pydantic import ValidationError
 
 from federation.events import FederationMessage
 from node.client._http import wire_json
-from node.errors import ValidationFailed
-from node.http import parse_json
-from node.models import AgentRecord, ChangeEvent, ChangeKind, Heartbeat, Registration, RouteTicket, compat
-from node.stored_records import read_record
+from node.core import ValidationFailed
+from node.core.models import AgentRecord, ChangeEvent, ChangeKind, Heartbeat, Registration, RouteTicket, compat
+from node.http.plumbing import parse_json
+from node.store import read_record
 
 from .helpers import registration
 

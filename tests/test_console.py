@@ -10,8 +10,9 @@ import pytest
 from multidict import CIMultiDict
 from yarl import URL
 
-from node.console import UI_DIR, ConsoleFiles, console_link, is_console_path
-from node.models import Outcome, TokenRole
+from node.core.models import Outcome, TokenRole
+from node.http import console_link
+from node.http.console import UI_DIR, ConsoleFiles, is_console_path
 
 from .helpers import RunningNode, Watcher, registration, wait_for
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from node.config import NodeConfig
-from node.models import TokenRole
+from node.core.models import TokenRole
 from node.service import RegistryNode
 from topology.composition import attach_discovery
 

@@ -21,11 +21,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from node.client import CallFailed, CallVerifier, CredentialRejected, ReachClient
 from node.client.host import AgentHost
-from node.clock import now_ms
-from node.credentials import JWKS_PATH, RegionKeys, SigningKey, SigningKeyError
-from node.envelope import Envelope
-from node.models import Capability, TokenClaims, TokenRole
+from node.core import Envelope, now_ms
+from node.core.models import Capability, TokenClaims, TokenRole
 from node.store import RegionStore
+from node.trust import JWKS_PATH, RegionKeys, SigningKeyError
+from node.trust.credentials import SigningKey
 from topology import EmbeddedKafka
 
 from .conftest import TEST_SECRET

@@ -7,9 +7,9 @@ import pytest
 
 from node.client import parse_agent_config
 from node.config import DEFAULT_PORT, NodeConfig
-from node.models import RouteRequest, Scope
-from node.openapi import build_openapi
-from node.security import DEFAULT_TOKEN_TTL_S
+from node.core.models import RouteRequest, Scope
+from node.http.openapi import build_openapi
+from node.trust import DEFAULT_TOKEN_TTL_S
 from topology.cli.entrypoint import build_parser
 from topology.cli.nodeurl import local_node_url, node_url, node_url_of
 from topology.cli.tokens import admin_token_line, lifetime

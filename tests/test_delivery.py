@@ -16,14 +16,14 @@ import pytest
 from aiohttp import web
 from pydantic import ValidationError
 
-from node.api import bound_port
 from node.client import CallFailed, ReachClient
 from node.config import ProxySettings
-from node.envelope import Envelope
-from node.models import TokenRole
-from node.proxy import PROXY_KEY
+from node.core import Envelope
+from node.core.models import TokenRole
+from node.http import bound_port
+from node.http.proxy import PROXY_KEY
+from node.http.traces import TRACES_KEY
 from node.service import RegistryNode
-from node.traces import TRACES_KEY
 from topology import Topology
 
 from .conftest import TEST_SECRET
@@ -212,13 +212,15 @@ def test_the_sdk_imports_without_the_server() -> None:
     )
     loaded = set(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                                 timeout=60).stdout.split())
-    server = {"node.service", "node.store", "node.cache", "node.router", "node.leader", "node.sweeper",
-              "node.health", "node.api", "node.server", "node.proxy", "node.metrics", "node.config", "node.http",
-              "node.security", "node.egress", "node.watch", "node.traces", "node.once", "node.quarantine",
+    server_rooms = ("node.store", "node.view", "node.routing", "node.trust", "node.duties", "node.http", "node.ops")
+    server = {"node.service", "node.config", "node.envconfig",
               "redis", "prometheus_client", "aiohttp.web", "aiokafka", "federation", "semantic", "topology"}
     assert not loaded & server, sorted(loaded & server)
+    assert not {name for name in loaded if name.startswith(tuple(f"{room}." for room in server_rooms))}
+    assert not loaded & set(server_rooms), sorted(loaded & set(server_rooms))
     assert not {name for name in loaded if name.startswith(("redis.", "prometheus_client.", "federation."))}
-    assert {"node.client", "node.client.delivery", "node.models", "node.envelope", "node.errors"} <= loaded
+    assert {"node.client", "node.delivery.attempts", "node.core.models", "node.core.envelope",
+            "node.core.errors"} <= loaded
 
 
 def test_node_exports_are_lazy_and_complete() -> None:

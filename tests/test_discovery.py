@@ -339,7 +339,7 @@ async def test_search_says_which_spelling_it_ranked(catalog: RunningNode) -> Non
     assert body["corrected_query"] == "translate this contract into English", body
     assert ".translate." in body["hits"][0]["agent_id"], body["hits"]
     assert (await search(catalog, "translate this contract into English", k=3))["corrected_query"] is None
-    from node.openapi import build_openapi
+    from node.http.openapi import build_openapi
 
     schema = build_openapi(catalog.node.region)["components"]["schemas"]["SearchResponse"]
     assert "corrected_query" in schema["properties"] and "corrected_query" not in schema.get("required", [])

@@ -19,9 +19,10 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from pydantic import ValidationError
 
 from node.config import NodeConfig, ProxySettings
-from node.egress import EgressConnector, EgressDenied, EgressPolicy, egress_denial, egress_session
-from node.models import Registration
+from node.core.models import Registration
 from node.service import RegistryNode
+from node.trust import EgressDenied, EgressPolicy, egress_denial, egress_session
+from node.trust.egress import EgressConnector
 from topology import TopologyError, load_topology
 
 from .conftest import TEST_SECRET, NodeFactory

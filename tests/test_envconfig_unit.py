@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from node.config import NodeConfig, ProxySettings
-from node.egress import EgressPolicy
 from node.envconfig import EnvConfigError, env_settings, env_table, settings_from_env, without_per_node_settings
+from node.trust import EgressPolicy
 from topology.cli import node as node_command
 from topology.cli.entrypoint import build_parser
 from topology.spec import load_topology

@@ -1,7 +1,7 @@
 """The small helpers every layer shares, written once: pydantic's first problem (node.errors),
 read by the HTTP layer, the store's quarantine, the SDK's config errors and federation's
-decoders; and the one wall clock (node.clock) behind both ``node.store.now_ms`` and
-``node.envelope.epoch_ms``."""
+decoders; and the one wall clock (node.core.clock) behind both ``node.store.region.now_ms`` and
+``node.core.envelope.epoch_ms``."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ import time
 import pytest
 from pydantic import ValidationError
 
-import node.envelope
-import node.store
-from node.clock import now_ms
-from node.errors import first_problem, problems
-from node.models import Registration, RouteRequest
+import node.core.envelope
+import node.store.region
+from node.core import first_problem, now_ms, problems
+from node.core.models import Registration, RouteRequest
 
 pytestmark = pytest.mark.unit
 
@@ -51,6 +50,6 @@ def test_every_problem_in_order_and_at_most_the_limit() -> None:
 
 
 def test_the_store_and_the_envelope_read_the_one_clock() -> None:
-    assert node.store.now_ms is now_ms and node.envelope.epoch_ms is now_ms
+    assert node.store.region.now_ms is now_ms and node.core.envelope.epoch_ms is now_ms
     before = time.time_ns() // 1_000_000
     assert before <= now_ms() <= time.time_ns() // 1_000_000

@@ -9,8 +9,8 @@ import pytest
 
 from federation import DigestTracker, FederationMessage, InvalidMessage, RegionBeacon, entry_hash, region_digest
 from federation.digest import RegionState
-from node.cache import AgentIndex
-from node.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
+from node.core.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason
+from node.view import AgentIndex
 
 pytestmark = pytest.mark.unit
 

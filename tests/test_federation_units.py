@@ -25,8 +25,9 @@ from federation import (
     read_region_state,
     region_digest,
 )
-from node.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Snapshot
-from node.store import RegionStore, now_ms
+from node.core.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Snapshot
+from node.store import RegionStore
+from node.store.region import now_ms
 from topology import EmbeddedKafka, Topology, TopologyError, build_node, cli, load_topology
 
 from .conftest import TEST_SECRET

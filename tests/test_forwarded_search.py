@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from node.models import TokenRole
+from node.core.models import TokenRole
 from topology.embedded import EmbeddedKafka
 
 from .helpers import registration, wait_for
@@ -90,9 +90,9 @@ async def test_a_peer_that_hangs_is_not_asked_again_until_its_pause_ends() -> No
 
     from federation.config import FederationConfig
     from federation.forward import Forwarder
-    from node.errors import PeerUnreachable
-    from node.models import TokenClaims
-    from node.security import Signer
+    from node.core import PeerUnreachable
+    from node.core.models import TokenClaims
+    from node.trust import Signer
 
     connections: list[asyncio.StreamWriter] = []
     answering = False
@@ -148,8 +148,8 @@ async def test_a_peer_s_answer_that_arrives_in_pieces_is_read_whole() -> None:
 
     from federation.config import FederationConfig
     from federation.forward import Forwarder
-    from node.models import TokenClaims
-    from node.security import Signer
+    from node.core.models import TokenClaims
+    from node.trust import Signer
 
     from .helpers import registration
 

@@ -43,9 +43,8 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
 from node.config import NodeConfig, ProxySettings
-from node.egress import EgressPolicy
-from node.models import Probe, Registration, TokenRole, parse_version, version_constraint
-from node.openapi import (
+from node.core.models import Probe, Registration, TokenRole, parse_version, version_constraint
+from node.http.openapi import (
     CONSTRAINT_PATTERN,
     IPV6_PATTERN,
     VERSION_PATTERN,
@@ -53,6 +52,7 @@ from node.openapi import (
     stored_url_pattern,
     url_pattern,
 )
+from node.trust import EgressPolicy
 from topology import build_node
 
 from .conftest import TEST_SECRET

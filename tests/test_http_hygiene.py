@@ -12,7 +12,7 @@ import time
 import orjson
 import pytest
 
-from node.api import bound_port
+from node.http import bound_port
 
 from .conftest import NodeFactory
 from .helpers import RunningNode, registration, wait_for
@@ -228,7 +228,7 @@ async def test_malformed_requests_get_json_errors_and_one_log_line_per_kind(
     assert "Traceback" not in caplog.text
     assert not [record for record in caplog.records if record.exc_info or record.name.startswith("aiohttp")], \
         [(record.name, record.getMessage()) for record in caplog.records if record.exc_info]
-    server_lines = [record for record in caplog.records if record.name == "node.server"]
+    server_lines = [record for record in caplog.records if record.name == "node.http.server"]
     for kind in MALFORMED:
         lines = [record for record in server_lines if f"({kind}," in record.getMessage()]
         assert len(lines) == 1, (kind, [record.getMessage() for record in lines])
@@ -240,14 +240,14 @@ async def test_malformed_requests_get_json_errors_and_one_log_line_per_kind(
 
 async def test_the_throttled_log_reports_how_many_lines_it_left_out(
         node_factory: NodeFactory, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="node.server")
+    caplog.set_level(logging.WARNING, logger="node.http.server")
     node = await node_factory(http_error_log_interval_ms=300)
     raw = MALFORMED["bad_http"][0]
     await asyncio.gather(*(send_malformed(node, raw) for _ in range(20)))
 
     def lines() -> list[str]:
         return [record.getMessage() for record in caplog.records
-                if record.name == "node.server" and "(bad_http," in record.getMessage()]
+                if record.name == "node.http.server" and "(bad_http," in record.getMessage()]
 
     async def a_second_line() -> bool:
         await send_malformed(node, raw)

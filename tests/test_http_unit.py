@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from node.errors import BadRequest, ValidationFailed
-from node.http import first_problem, parse_json, validation_error
-from node.models import Heartbeat, RouteRequest
+from node.core import BadRequest, ValidationFailed
+from node.core.models import Heartbeat, RouteRequest
+from node.http.plumbing import first_problem, parse_json, validation_error
 
 pytestmark = pytest.mark.unit
 

@@ -20,8 +20,9 @@ NOT_HELD = frozenset({"tests"})
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 # Where a long function is hardest to read: the request path, the SDK, the document generator.
-SHORT_FUNCTIONS = ("api.py", "router.py", "watch_stream.py", "client/", "openapi/")
-MODEL_MODULES = ("models/", "errors.py", "clock.py", "envelope.py", "store_scripts.py")
+SHORT_FUNCTIONS = ("http/api.py", "routing/router.py", "http/watch_stream.py", "client/", "delivery/", "http/openapi/")
+MODEL_MODULES = ("core/models/", "core/a2a/", "core/errors.py", "core/clock.py", "core/envelope.py", "core/lazy.py",
+                 "store/scripts.py")
 IO_MODULES = frozenset({"aiohttp", "redis", "aiokafka", "asyncio", "socket", "prometheus_client", "subprocess"})
 
 
@@ -56,7 +57,7 @@ def test_no_module_of_any_package_is_over_500_lines() -> None:
 
 def test_no_function_on_the_request_path_or_in_the_generator_is_over_80_lines() -> None:
     checked = [path for path in _modules() if _selected(path, SHORT_FUNCTIONS)]
-    assert any(_name(path).startswith("openapi/") for path in checked)
+    assert any(_name(path).startswith("http/openapi/") for path in checked)
     too_long = {}
     for path in checked:
         for node in ast.walk(ast.parse(path.read_text())):

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 
 from federation.events import FederationMessage
 from node.client import ReachClient
-from node.models import TokenRole
+from node.core.models import TokenRole
 from topology import EmbeddedKafka
 
 from .conftest import TEST_SECRET, NodeFactory

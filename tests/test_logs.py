@@ -15,9 +15,10 @@ from pathlib import Path
 
 from yarl import URL
 
-from node.logs import ACCESS_LOGGER, FIELDS, JsonFormatter, TextFormatter
-from node.models import TokenRole
-from node.redact import CredentialFilter
+from node.core.models import TokenRole
+from node.ops import ACCESS_LOGGER, FIELDS
+from node.ops.logs import JsonFormatter, TextFormatter
+from node.trust import CredentialFilter
 
 from .helpers import registration, wait_for
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from node.config import NodeConfig
-from node.metrics import NodeMetrics
-from node.models import TokenRole
+from node.core.models import TokenRole
+from node.ops import NodeMetrics
 from node.service import RegistryNode
 from topology.composition import attach_discovery
 

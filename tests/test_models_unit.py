@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from node.envelope import Envelope
-from node.models import (
+from node.core import Envelope
+from node.core.models import (
     INT64_MAX,
     AgentRecord,
     ChangeEvent,
@@ -25,7 +25,7 @@ from node.models import (
     parse_version,
     version_constraint,
 )
-from node.security import may_see
+from node.trust import may_see
 
 pytestmark = pytest.mark.unit
 

@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from node.models import TokenRole
-from node.security import Signer
+from node.core.models import TokenRole
+from node.trust import Signer
 from topology.embedded import DataDirLock
 
 from .helpers import registration, wait_for

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from node.models import Outcome
-from node.outcomes import MAX_REPORTERS, BreakerState, OutcomeTracker
+from node.core.models import Outcome
+from node.delivery import BreakerState, OutcomeTracker
+from node.delivery.outcomes import MAX_REPORTERS
 
 pytestmark = pytest.mark.unit
 

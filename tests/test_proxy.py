@@ -10,12 +10,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from node.api import bound_port
 from node.client import ReachClient
 from node.config import NodeConfig, ProxySettings
-from node.envelope import Envelope, EnvelopeExpired, HopLimitExceeded, epoch_ms
-from node.models import TokenRole
-from node.proxy import PROXY_KEY
+from node.core import Envelope, EnvelopeExpired, HopLimitExceeded, epoch_ms
+from node.core.models import TokenRole
+from node.http import bound_port
+from node.http.proxy import PROXY_KEY
 from node.service import RegistryNode
 
 from .conftest import TEST_SECRET

@@ -1,4 +1,4 @@
-"""node.read_ahead: items in order, a source's error after the items before it, and a consumer
+"""node.store.read_ahead: items in order, a source's error after the items before it, and a consumer
 that leaves early stops the reading task."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import contextlib
 
 import pytest
 
-from node.read_ahead import read_ahead
+from node.store.read_ahead import read_ahead
 
 pytestmark = pytest.mark.unit
 

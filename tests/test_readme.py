@@ -21,7 +21,7 @@ import pytest
 
 from node.client import parse_agent_config
 from node.config import NodeConfig
-from node.models import TokenRole
+from node.core.models import TokenRole
 from topology import build_node
 
 from .conftest import TEST_SECRET

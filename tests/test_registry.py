@@ -8,8 +8,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from node.models import ChangeKind, DeleteReason, TokenRole
-from node.store import now_ms
+from node.core.models import ChangeKind, DeleteReason, TokenRole
+from node.store.region import now_ms
 
 from .helpers import RunningNode, Watcher, registration, wait_for
 
@@ -112,7 +112,7 @@ async def test_a_watch_replay_is_read_a_page_at_a_time_in_order(node: RunningNod
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # The whole replay (up to 10,000 events, one of them possibly a 250 KB record) was read into
     # memory before the first was sent; now a page at a time (here 3), none read twice or skipped.
-    import node.watch_stream as watch_stream
+    import node.http.watch_stream as watch_stream
 
     monkeypatch.setattr(watch_stream, "WATCH_REPLAY_PAGE", 3)
     store = node.node.store
@@ -231,7 +231,7 @@ async def test_openapi_health_and_metrics_are_public(node: RunningNode) -> None:
 
 
 async def test_federation_snapshot_serves_live_records_and_watermark(node: RunningNode) -> None:
-    from node.models import Snapshot
+    from node.core.models import Snapshot
 
     await node.register(registration("lang.translate.snap1"))
     last = await node.register(registration("lang.translate.snap2"))
@@ -243,8 +243,8 @@ async def test_federation_snapshot_serves_live_records_and_watermark(node: Runni
 
 
 async def test_openapi_lists_every_route_the_node_serves(node: RunningNode) -> None:
-    from node.api import build_app
-    from node.openapi import build_openapi
+    from node.http.api import build_app
+    from node.http.openapi import build_openapi
 
     spec = build_openapi(node.node.region)
     app = build_app(node.node)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from node.models import TokenRole
-from node.revocation import RevocationList
-from node.security import Signer, new_token_id, token_claims_unverified
+from node.core.models import TokenRole
+from node.trust import RevocationList, Signer, token_claims_unverified
+from node.trust.tokens import new_token_id
 
 from .conftest import TEST_SECRET, NodeFactory
 from .helpers import RunningNode, wait_for

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from node.models import AgentRecord, ChangeEvent, Snapshot, TokenRole
+from node.core.models import AgentRecord, ChangeEvent, Snapshot, TokenRole
 from node.service import RegistryNode
 from topology.embedded import EmbeddedKafka
 

@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 
-from node.cache import AgentIndex
 from node.config import NodeConfig
-from node.errors import NoAgentAvailable
-from node.models import (
+from node.core import NoAgentAvailable
+from node.core.models import (
     AgentRecord,
     Capability,
     Load,
@@ -31,10 +30,12 @@ from node.models import (
     TokenClaims,
     TokenRole,
 )
-from node.outcomes import BreakerState, OutcomeTracker
-from node.router import ALL_WEIGHT_FACTORS, Router, SemanticMatch, SemanticMatches, WeightFactor
-from node.security import Signer
+from node.delivery import BreakerState, OutcomeTracker
+from node.routing import Router, SemanticMatch, SemanticMatches
+from node.routing.router import ALL_WEIGHT_FACTORS, WeightFactor
 from node.service import RegistryNode
+from node.trust import Signer
+from node.view import AgentIndex
 from topology.spec import Topology
 
 pytestmark = pytest.mark.unit

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from node.clock import now_ms
-from node.models import Outcome, RouteRequest, TokenClaims, TokenRole
+from node.core import now_ms
+from node.core.models import Outcome, RouteRequest, TokenClaims, TokenRole
 
 from .helpers import RunningNode, registration, wait_for
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-import node.router as router_module
+import node.routing.router as router_module
 from bench.routing import (
     BLEND,
     SINGLES,

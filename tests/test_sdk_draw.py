@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from node.client import ReachClient
-from node.models import TokenRole
+from node.core.models import TokenRole
 
 from .helpers import AgentServer, RunningNode, registration
 

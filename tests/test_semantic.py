@@ -27,7 +27,7 @@ import redis
 import redis.asyncio
 
 from bench.semantic import EVAL_SUITE, LEXICAL_MODE, print_thresholds, relevance
-from node.loopwatch import freeze_long_lived
+from node.ops import freeze_long_lived
 from semantic import (
     DEFAULT_MODEL_ID,
     SUGGESTED_MIN_SCORE_HYBRID,

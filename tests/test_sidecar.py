@@ -12,8 +12,8 @@ import aiohttp
 from aiohttp import web
 
 from node.client import ReachClient, load_agent_config
-from node.models import TokenRole
-from node.security import Signer
+from node.core.models import TokenRole
+from node.trust import Signer
 from topology.cli.preflight import run_preflight
 
 from .helpers import AgentServer, RunningNode, free_port, registration, wait_for

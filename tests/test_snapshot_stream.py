@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
-import node.snapshot_stream as snapshot_stream
+import node.http.snapshot_stream as snapshot_stream
 from federation.snapshot_reader import _lines, read_snapshot
-from node.clock import now_ms
-from node.models import AgentRecord, TokenRole
+from node.core import now_ms
+from node.core.models import AgentRecord, TokenRole
 
 from .conftest import NodeFactory
 from .helpers import registration, wait_for

@@ -12,9 +12,10 @@ from typing import Any
 import orjson
 import pytest
 
-from node.compact import compact, is_compact, key_shared
-from node.models import AgentRecord, Status, compat
-from node.stored_records import WrittenRecords, read_record
+from node.core.models import AgentRecord, Status, compat
+from node.store import compact, is_compact, read_record
+from node.store.compact import key_shared
+from node.store.stored_records import WrittenRecords
 
 pytestmark = pytest.mark.unit
 
@@ -189,8 +190,8 @@ def test_the_change_stream_reads_back_what_this_process_wrote() -> None:
 
 
 def test_the_stored_shape_names_every_field_of_the_models() -> None:
-    from node.models import Capability, Load
-    from node.stored_records import _Stored, _StoredCapability, _StoredLoad
+    from node.core.models import Capability, Load
+    from node.store.stored_records import _Stored, _StoredCapability, _StoredLoad
 
     for mirror, model in ((_Stored, AgentRecord), (_StoredCapability, Capability), (_StoredLoad, Load)):
         assert list(mirror.__struct_fields__) == list(model.model_fields), model.__name__

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from federation import Federation
-from node.api import bound_port, serve
-from node.models import TokenRole
+from node.core.models import TokenRole
+from node.http import bound_port, serve
 from node.service import RegistryNode
 from topology import Topology
 from topology.composition import attach_discovery, attach_federation

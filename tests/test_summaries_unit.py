@@ -14,9 +14,9 @@ import pytest
 
 from federation import FederationConfig, FederationMessage, SummaryBuilder, summary_parts
 from federation.summary import SummaryReader, _Assembly
-from node.cache import AgentIndex
-from node.models import CapabilitySummary, Load, RegionSummary, RouteRequest, Status, SummaryView
-from node.spill import ForwardTo
+from node.core.models import CapabilitySummary, Load, RegionSummary, RouteRequest, Status, SummaryView
+from node.routing.spill import ForwardTo
+from node.view import AgentIndex
 
 from .test_router_unit import ADMIN, CAPABILITY, LEASE_MS, START_MS, Peer, index_of, make_router, record
 

@@ -12,10 +12,11 @@ import random
 
 import pytest
 
-from node.cache import CHANGE_LOG, AgentIndex
-from node.candidates import CandidateTables, Source, Table
-from node.models import AgentRecord, Capability, Load, Locality, RouteRequest, Status
-from node.outcomes import OutcomeTracker
+from node.core.models import AgentRecord, Capability, Load, Locality, RouteRequest, Status
+from node.delivery import OutcomeTracker
+from node.routing.candidates import CandidateTables, Source, Table
+from node.view import AgentIndex
+from node.view.cache import CHANGE_LOG
 
 pytestmark = pytest.mark.unit
 

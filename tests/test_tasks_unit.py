@@ -1,4 +1,4 @@
-"""node.tasks: owned background tasks stop for sure, even when a library swallows a cancel."""
+"""node.core.tasks: owned background tasks stop for sure, even when a library swallows a cancel."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from node.tasks import awaiting, cancel_and_wait, run_together
+from node.core import cancel_and_wait, run_together
+from node.core.tasks import awaiting
 
 pytestmark = pytest.mark.unit
 
@@ -54,7 +55,7 @@ async def test_the_first_loop_to_fail_stops_the_others_and_its_error_is_raised()
 
 async def test_a_task_that_will_not_stop_is_named_with_where_it_waits(caplog: pytest.LogCaptureFixture,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("node.tasks._STUCK_REPORT_S", 0.1)
+    monkeypatch.setattr("node.core.tasks._STUCK_REPORT_S", 0.1)
     swallowed: list[int] = []
     release = asyncio.Event()
 
@@ -68,7 +69,7 @@ async def test_a_task_that_will_not_stop_is_named_with_where_it_waits(caplog: py
     task = asyncio.create_task(deaf(), name="deaf-loop")
     await asyncio.sleep(0)
     stopping = asyncio.create_task(cancel_and_wait([task]))
-    with caplog.at_level(logging.WARNING, logger="node.tasks"):
+    with caplog.at_level(logging.WARNING, logger="node.core.tasks"):
         async with asyncio.timeout(10):
             while not any("deaf-loop" in record.getMessage() for record in caplog.records):
                 await asyncio.sleep(0.01)

@@ -14,8 +14,8 @@ import aiohttp
 
 from node.client._http import NodeApi
 from node.client._reports import Reporter
-from node.envelope import RouteEvent, RouteEventKind
-from node.models import Outcome, OutcomeReport, TokenRole
+from node.core import RouteEvent, RouteEventKind
+from node.core.models import Outcome, OutcomeReport, TokenRole
 
 from .conftest import NodeFactory
 from .helpers import RunningNode, registration, wait_for

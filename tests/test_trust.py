@@ -20,10 +20,11 @@ import aiohttp
 import pytest
 
 from node.config import NodeConfig
-from node.errors import Unauthorized
-from node.models import AgentRecord, TokenRole
-from node.security import Signer
-from node.store import RegionStore, now_ms
+from node.core import Unauthorized
+from node.core.models import AgentRecord, TokenRole
+from node.store import RegionStore
+from node.store.region import now_ms
+from node.trust import Signer
 from topology import EmbeddedKafka, build_node
 
 from .conftest import TEST_SECRET

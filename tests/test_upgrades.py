@@ -7,8 +7,9 @@ from typing import Any
 
 import orjson
 
-from node.models import AgentRecord
-from node.store import RegionStore, now_ms
+from node.core.models import AgentRecord
+from node.store import RegionStore
+from node.store.region import now_ms
 
 from .helpers import registration, wait_for
 from .metrics_lint import parse_samples

@@ -10,8 +10,8 @@ import sys
 import aiohttp
 import pytest
 
-from node.models import TokenRole
-from node.security import Signer
+from node.core.models import TokenRole
+from node.trust import Signer
 from topology.cli.workers import child_argv, workers_problem
 
 from .helpers import alive, descendants, free_port, registration, wait_for

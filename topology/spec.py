@@ -60,10 +60,10 @@ from federation.config import (
     PeerConfig,
 )
 from node.config import NodeConfig
-from node.egress import EgressPolicy
+from node.core import first_problem
+from node.core.models import REGION_PATTERN, TRANSPORT_PATTERN
 from node.envconfig import merge_settings
-from node.errors import first_problem
-from node.models import REGION_PATTERN, TRANSPORT_PATTERN
+from node.trust import EgressPolicy
 
 from .errors import TopologyError
 

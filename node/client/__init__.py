@@ -85,10 +85,21 @@ failover; the node's proxy imports it), :mod:`node.client.verifier` (:class:`Cal
 so is not imported here).
 """
 
-from ..a2a import CardRegistration
-from ..envelope import Envelope, EnvelopeExpired, EnvelopeType, HopLimitExceeded, Policy, Trace
-from ..errors import NoAgentAvailable, NodeError, Unauthorized, UnknownAgent, ValidationFailed
-from ..models import (
+from ..core import (
+    Envelope,
+    EnvelopeExpired,
+    EnvelopeType,
+    HopLimitExceeded,
+    NoAgentAvailable,
+    NodeError,
+    Policy,
+    Trace,
+    Unauthorized,
+    UnknownAgent,
+    ValidationFailed,
+)
+from ..core.a2a import CardRegistration
+from ..core.models import (
     CallClaims,
     Capability,
     Load,
@@ -101,9 +112,11 @@ from ..models import (
     Status,
     TokenRole,
 )
-from ..outcomes import BreakerState
+from ..delivery import BreakerState, RetryPolicy, UnsupportedBinding
 from ._calls import CallResult
 from ._config import (
+    TOKEN_ENV,
+    URL_ENV,
     AgentConfig,
     AgentConfigError,
     ClientSettings,
@@ -125,8 +138,6 @@ from ._errors import (
 from ._heartbeat import HeartbeatStats
 from ._http import SendResult
 from ._reach_client import ClientState, ReachClient
-from ._retry import RetryPolicy
-from .a2a_wire import UnsupportedBinding
 from .verifier import CallVerifier, CredentialRejected
 
 __all__ = [
@@ -151,6 +162,8 @@ __all__ = [
     "ClientSettings",
     "SidecarSettings",
     "NodeSection",
+    "TOKEN_ENV",
+    "URL_ENV",
     "RetryPolicy",
     "load_agent_config",
     "parse_agent_config",

@@ -8,12 +8,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..envelope import PASSTHROUGH, Envelope, EnvelopeExpired, HopLimitExceeded
-from ..errors import ValidationFailed, first_problem
-from ..models import Match, MatchKind, RouteRequest
+from ..core import PASSTHROUGH, Envelope, EnvelopeExpired, HopLimitExceeded, ValidationFailed, first_problem
+from ..core.models import Match, MatchKind, RouteRequest
+from ..delivery import Delivery, End, Tried
 from ._errors import Attempt, CallFailed, CallRejected, CallTimeout
 from ._http import as_envelope
-from .delivery import Delivery, End, Tried
 
 
 @dataclass(slots=True)

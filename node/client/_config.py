@@ -36,10 +36,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..envelope import DEFAULT_MAX_HOPS, MAX_HOPS_CEILING
-from ..errors import ValidationFailed, first_problem
-from ..models import Registration
-from ._retry import (
+from ..core import DEFAULT_MAX_HOPS, MAX_HOPS_CEILING, ValidationFailed, first_problem
+from ..core.models import Registration
+from ..delivery import (
     DEFAULT_JITTER_RATIO,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_RETRY_INITIAL_BACKOFF_MS,

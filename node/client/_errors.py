@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..envelope import EnvelopeExpired, HopLimitExceeded
-from ..errors import (
+from ..core import (
     BadRequest,
     Conflict,
+    EnvelopeExpired,
     Forbidden,
+    HopLimitExceeded,
     NoAgentAvailable,
     NodeError,
     NotFound,
@@ -24,7 +25,7 @@ from ..errors import (
     UnknownAgent,
     ValidationFailed,
 )
-from ..models import Outcome
+from ..core.models import Outcome
 
 
 class ClientError(NodeError):

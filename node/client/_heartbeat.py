@@ -22,10 +22,11 @@ from typing import Any
 
 import aiohttp
 
-from ..errors import NodeError, UnknownAgent
-from ..models import Heartbeat, Load, RegisterResponse, Status
+from ..core import NodeError, UnknownAgent
+from ..core.models import Heartbeat, Load, RegisterResponse, Status
+from ..delivery import RetryPolicy
 from ._http import NodeApi
-from ._retry import RetryPolicy, retryable_node_error
+from ._registration import retryable_node_error
 
 log = logging.getLogger("node.client")  # the SDK logs under one name, whichever module it is in
 

@@ -11,9 +11,9 @@ import aiohttp
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from ..a2a import CardRegistration
-from ..envelope import Envelope, SendAccepted, looks_like_envelope
-from ..models import CredentialRequest, Heartbeat, IssuedCredential, Load, RegisterResponse, Registration, compat
+from ..core import Envelope, SendAccepted, looks_like_envelope
+from ..core.a2a import CardRegistration
+from ..core.models import CredentialRequest, Heartbeat, IssuedCredential, Load, RegisterResponse, Registration, compat
 from ._errors import NodeUnreachable, node_error
 
 

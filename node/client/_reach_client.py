@@ -20,30 +20,12 @@ from urllib.parse import quote
 
 import aiohttp
 
-from ..a2a import CardRegistration
-from ..envelope import (
-    Envelope,
-    Policy,
-    RouteEvent,
-    RouteEventKind,
-    Trace,
-    epoch_ms,
-)
-from ..errors import NoAgentAvailable, NodeError, UnknownAgent
-from ..models import (
-    CredentialRequest,
-    OutcomeReport,
-    RegisterResponse,
-    Registration,
-    RouteRequest,
-    RouteTarget,
-    RouteTicket,
-    Scope,
-    SearchResponse,
-    Status,
-    compat,
-)
-from ..outcomes import BreakerState, OutcomeTracker
+from ..core import Envelope, NoAgentAvailable, NodeError, Policy, RouteEvent, RouteEventKind, Trace, UnknownAgent, epoch_ms
+from ..core.a2a import CardRegistration
+from ..core.models import (CredentialRequest, OutcomeReport, RegisterResponse, Registration, RouteRequest, RouteTarget,
+                           RouteTicket, Scope, SearchResponse, Status, compat)
+from ..delivery import (AttemptLimits, BreakerState, ClientBreakers, Failover, OutcomeTracker, Pacing, Sleep, Tried,
+                        deliver)
 from ._calls import CallResult, attempt_error, call_result, forwarded, route_request
 from ._config import (
     TOKEN_ENV,
@@ -57,10 +39,9 @@ from ._config import (
 from ._errors import ClientError
 from ._heartbeat import Heartbeater, HeartbeatStats, LoadCallback
 from ._http import NodeApi, SendResult
+from ._registration import register_with_backoff
 from ._reports import Reporter
-from ._retry import ClientBreakers, Sleep, register_with_backoff
 from ._tickets import TicketCache
-from .delivery import AttemptLimits, Failover, Pacing, Tried, deliver
 from .verifier import CallVerifier
 
 RESOLVE_PARAMS = {"weights": "true"}  # the targets' weights, which call() draws among (a node that predates them ignores it)

@@ -6,9 +6,8 @@ import asyncio
 import contextlib
 import logging
 
-from ..envelope import RouteEvent
-from ..errors import NodeError
-from ..models import OutcomeReport
+from ..core import NodeError, RouteEvent
+from ..core.models import OutcomeReport
 from ._http import NodeApi
 
 log = logging.getLogger("node.client")  # the SDK logs under one name, whichever module it is in

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..models import RouteRequest, RouteTicket
+from ..core.models import RouteRequest, RouteTicket
 
 TICKET_CACHE_SIZE = 1_024
 TICKET_EXPIRY_MARGIN = 0.9  # a ticket is reused for at most this share of its lifetime, so it never expires in flight

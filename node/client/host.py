@@ -32,9 +32,8 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from pydantic import ValidationError
 
-from ..envelope import Envelope
-from ..errors import NodeError
-from ..models import Load, Registration, compat
+from ..core import Envelope, NodeError
+from ..core.models import Load, Registration, compat
 from ._reach_client import ReachClient
 from .verifier import CallVerifier, CredentialRejected
 

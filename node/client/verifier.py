@@ -46,8 +46,8 @@ import jwt
 import orjson
 from pydantic import ValidationError
 
-from ..bounded import BodyTooLarge, read_bounded
-from ..models import KEY_ID_PATTERN, MAX_KEY_SET_BYTES, CallClaims, caller_may_call, key_region, usable_keys
+from ..core import BodyTooLarge, read_bounded
+from ..core.models import KEY_ID_PATTERN, MAX_KEY_SET_BYTES, CallClaims, caller_may_call, key_region, usable_keys
 from ._errors import ClientError
 
 __all__ = ["DEFAULT_KEYS_CACHE_TTL_S", "DEFAULT_LEEWAY_S", "DEFAULT_REFRESH_MIN_INTERVAL_S", "CallVerifier",

@@ -15,8 +15,8 @@ import sys
 
 import orjson
 
-from node.models.fields import NOT_IN_ONE_LINE
-from node.redact import mask_credentials
+from node.core.models import NOT_IN_ONE_LINE
+from node.trust import mask_credentials
 
 __all__ = ["error", "json_text", "notice", "say", "shown"]
 

@@ -9,8 +9,8 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
-from node.logs import LOG_FORMATS, formatter
-from node.redact import CredentialFilter
+from node.ops import LOG_FORMATS, formatter
+from node.trust import CredentialFilter
 
 from . import agents, lookup, preflight, register, sidecar, tokens, up, watch
 from . import node as node_command

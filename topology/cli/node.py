@@ -33,17 +33,14 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
-from node.api import bound_port, serve
 from node.config import DEFAULT_PORT, NodeConfig
-from node.credentials import SigningKeyError
-from node.egress import EgressPolicy
+from node.core import NodeError, first_problem
+from node.core.models import TokenRole
 from node.envconfig import merge_settings, settings_from_env, variable_of
-from node.errors import NodeError, first_problem
-from node.loopwatch import FreezeOnGrowth, collector_paused, freeze_long_lived, tune_gc
-from node.models import TokenRole
-from node.redact import mask_url
-from node.security import DEFAULT_TOKEN_TTL_S, SecretError, Signer, load_secret
+from node.http import bound_port, serve
+from node.ops import FreezeOnGrowth, collector_paused, freeze_long_lived, tune_gc
 from node.service import RegistryNode
+from node.trust import DEFAULT_TOKEN_TTL_S, EgressPolicy, SecretError, Signer, SigningKeyError, load_secret, mask_url
 
 from ..composition import SemanticDiscovery, build_node
 from ..embedded import (

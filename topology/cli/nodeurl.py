@@ -13,8 +13,7 @@ import argparse
 import os
 from functools import lru_cache
 
-from node.client import AgentConfig, NodeSection
-from node.client._config import URL_ENV
+from node.client import URL_ENV, AgentConfig, NodeSection
 
 from ..spec import load_topology
 

@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from node.client._config import TOKEN_ENV, URL_ENV
+from node.client import TOKEN_ENV, URL_ENV
 
 from . import console
 from .nodeurl import add_node_option, node_url

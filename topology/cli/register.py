@@ -20,7 +20,7 @@ import orjson
 from pydantic import ValidationError
 
 from node.client import CardRegistration, NodeError, NodeUnreachable, ReachClient
-from node.errors import first_problem
+from node.core import first_problem
 
 from .nodeurl import add_node_option, node_url
 from .runtime import run

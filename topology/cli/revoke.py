@@ -16,7 +16,7 @@ import argparse
 import sys
 from typing import Any
 
-from node.security import token_claims_unverified
+from node.trust import token_claims_unverified
 
 from ..spec import Topology, TopologyError, load_topology
 from .operator import (

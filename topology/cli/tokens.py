@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from node.models import AGENT_ID_RE, TokenRole
-from node.security import DEFAULT_TOKEN_TTL_S, SecretError, Signer, load_secret, token_claims_unverified
+from node.core.models import AGENT_ID_RE, TokenRole
+from node.trust import DEFAULT_TOKEN_TTL_S, SecretError, Signer, load_secret, token_claims_unverified
 
 from . import console, revoke
 from .options import add_secret_options

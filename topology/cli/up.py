@@ -19,9 +19,9 @@ import asyncio
 import logging
 from pathlib import Path
 
-from node.console import console_link
-from node.errors import NodeError
-from node.security import SecretError, load_secret
+from node.core import NodeError
+from node.http import console_link
+from node.trust import SecretError, load_secret
 
 from ..demo import Demo, DemoError, start_demo
 from ..embedded import default_up_data_dir

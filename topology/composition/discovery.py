@@ -33,22 +33,13 @@ import redis.asyncio
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from node.cache import AgentIndex
+from node.core import cancel_and_wait
+from node.core.models import AgentRecord, ChangeEvent, ChangeKind, Locality, Scope, SearchHit, SearchResponse, TokenRole
 from node.http import CALLER, json_response, parse_body
-from node.models import (
-    AgentRecord,
-    ChangeEvent,
-    ChangeKind,
-    Locality,
-    Scope,
-    SearchHit,
-    SearchResponse,
-    TokenRole,
-)
-from node.router import SemanticMatch, SemanticMatches
-from node.security import Signer, require_peer
+from node.routing import SemanticMatch, SemanticMatches
 from node.service import RegistryNode
-from node.tasks import cancel_and_wait
+from node.trust import Signer, require_peer
+from node.view import AgentIndex
 from semantic import (
     Document,
     Embedder,

@@ -46,10 +46,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
+from node.core.models import TokenRole
 from node.envconfig import without_per_node_settings
-from node.models import TokenRole
-from node.redact import mask_url
-from node.security import DEFAULT_TOKEN_TTL_S, SECRET_ENV, Signer
+from node.trust import DEFAULT_TOKEN_TTL_S, SECRET_ENV, Signer, mask_url
 
 from ..embedded import (
     DEFAULT_STOP_TIMEOUT_S,

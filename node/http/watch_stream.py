@@ -1,0 +1,188 @@
+"""``GET /v1/watch``: one watcher's server-sent event stream, fed by the node's
+:class:`~node.watch.WatchHub`.
+
+The stream opens with ``hello`` (the region and its version), replays the change stream after
+``since=`` when asked, then sends each change the watcher asked for (capability, pattern) and
+may see (the record's audience), with ``: keep-alive`` comments while idle. A watcher that falls
+behind gets ``overflow`` and the end of the stream; so does every watcher when the app shuts
+down (:func:`end_watches`). A stream whose token is revoked meanwhile (``node.revocation``) gets
+``revoked`` and ends at its next event or keep-alive; one whose token expires meanwhile gets
+``expired`` and ends at that instant. A watcher that stops reading is cut (its connection
+aborted) when a write waits longer than ``watch_write_timeout_ms``: a write waits while the
+socket's buffers are full, and before, such a stream — and its connection, its place in the
+caller's share and the events it was sent — was held for ever, past its token's expiry. A replay
+is read a page at a time as it is sent. The events are documented in ``node.openapi.watch_events``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import orjson
+from aiohttp import web
+
+from ..core import StoreUnavailable, ValidationFailed
+from ..core.models import INT64_MAX, ChangeEvent
+from ..trust import may_see
+from .plumbing import CALLER, NODE_KEY, query_pattern
+
+if TYPE_CHECKING:
+    from ..service import RegistryNode
+
+SSE_KEEPALIVE_S = 15.0
+_IDLE = object()  # no event within SSE_KEEPALIVE_S
+WATCH_REPLAY_MAX = 10_000
+# Change events read from Redis at a time during a replay: one event can hold a record of ~250 KB
+# (64 capabilities of long descriptions), and the whole replay read at once held up to 10,000.
+WATCH_REPLAY_PAGE = 200
+
+
+class _Stuck(Exception):
+    """The watcher took no write within the hub's ``write_timeout_ms``: it stopped reading."""
+
+
+async def watch(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/watch``: ``hello``, then ``event: change`` per ChangeEvent the caller may see;
+    ``since=N`` replays the stream after version N first (a Redis outage then is a 503)."""
+    node = request.app[NODE_KEY]
+    accept = _watch_filter(request)
+    since = _since(request)
+    subscription = node.watch.subscribe(accept, owner=request[CALLER].sub)
+    # The node's server says when the watcher's connection goes, so its stream (and its place in
+    # the caller's share) ends then, not at the next keep-alive.
+    when_lost = getattr(request.protocol, "when_lost", None)
+    forget = when_lost(lambda: subscription.end("gone")) if when_lost is not None else None
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})
+    write_timeout_s = node.watch.write_timeout_ms / 1000
+
+    async def send(data: bytes) -> None:
+        try:
+            await asyncio.wait_for(response.write(data), write_timeout_s)
+        except TimeoutError:
+            raise _Stuck() from None
+
+    try:
+        # The replay's first page is read before the stream opens, so a Redis outage is a clean 503,
+        # not a cut stream; the rest a page at a time as it is sent.
+        page = await _replay_page(node, since, 0) if since is not None else []
+        await response.prepare(request)
+        await send(_sse("hello", {"region": node.region, "version": node.cache.index.version}))
+        replayed_to = await _replay(node, page, accept, send)
+        live, last = replayed_to is not None, replayed_to or 0
+        expires_at_s = request[CALLER].exp
+        while live:
+            try:
+                # Woken at the token's expiry too: the stream ends with it, as a request would be refused.
+                timeout_s = min(SSE_KEEPALIVE_S, max(0.0, expires_at_s - time.time()))
+                event = await asyncio.wait_for(subscription.queue.get(), timeout=timeout_s)
+            except TimeoutError:
+                event = _IDLE
+            if _revoked(node, request):
+                await send(_sse("revoked", {"message": "the token was revoked"}))
+                break
+            if time.time() >= expires_at_s:
+                await send(_sse("expired", {"message": "the token has expired; issue a new one"}))
+                break
+            if event is _IDLE:
+                await send(b": keep-alive\n\n")
+                continue
+            if event is None:
+                if subscription.end_reason == "overflow":
+                    await send(_sse("overflow", {"message": "watcher fell behind; reconnect with since="}))
+                break
+            if event.region == node.region and event.version <= last:
+                continue  # already sent by the replay
+            await send(_sse("change", event.model_dump(mode="json"), event_id=event.version))
+    except ConnectionResetError:
+        pass  # the watcher went away
+    except _Stuck:  # it stopped reading: the node holds neither its connection nor its events
+        node.watch.cut += 1
+        if request.transport is not None:
+            request.transport.abort()
+        return response
+    finally:
+        subscription.close()
+        if forget is not None:
+            forget()
+    with contextlib.suppress(ConnectionResetError):
+        await response.write_eof()
+    return response
+
+
+async def _replay(node: RegistryNode, page: list[ChangeEvent], accept: Callable[[ChangeEvent], bool],
+                  send: Callable[[bytes], Awaitable[None]]) -> int | None:
+    """Send the replay from its first ``page`` on; the last version replayed (0: none), or None when
+    the store stopped answering after the first page (the stream then ends with ``overflow``)."""
+    last = replayed = 0
+    while page:
+        for event in page:
+            if accept(event):
+                await send(_sse("change", event.model_dump(mode="json"), event_id=event.version))
+            last = event.version
+        replayed += len(page)
+        if len(page) < WATCH_REPLAY_PAGE:
+            break
+        try:
+            page = await _replay_page(node, last, replayed)
+        except StoreUnavailable:
+            await send(_sse("overflow", {"message": "the region's store stopped answering during the replay; "
+                                                    "reconnect with since="}))
+            return None
+    return last
+
+
+async def _replay_page(node: RegistryNode, after: int, replayed: int) -> list[ChangeEvent]:
+    """The next page of a replay: events after version ``after``, none past ``WATCH_REPLAY_MAX`` in all."""
+    count = min(WATCH_REPLAY_PAGE, WATCH_REPLAY_MAX - replayed)
+    return await node.store.read_changes(after_version=after, count=count) if count > 0 else []
+
+
+def _revoked(node: object, request: web.Request) -> bool:
+    claims = request[CALLER]
+    return claims.jti is not None and node.revocations.revoked(claims.jti)  # type: ignore[attr-defined]
+
+
+def _since(request: web.Request) -> int | None:
+    try:
+        since = int(request.query["since"]) if "since" in request.query else None
+    except ValueError:
+        raise ValidationFailed("since must be a region version (an integer)", field="since") from None
+    if since is not None and not 0 <= since <= INT64_MAX:
+        raise ValidationFailed("since must be a region version (0 or more, within 64 bits)", field="since")
+    return since
+
+
+def _watch_filter(request: web.Request) -> Callable[[ChangeEvent], bool]:
+    """The events this watcher asked for (capability, pattern) and may see (their audience)."""
+    capability = request.query.get("capability")
+    regex = query_pattern(request)
+    caller = request[CALLER]
+
+    def accept(event: ChangeEvent) -> bool:
+        if regex is not None and not regex.match(event.agent_id):
+            return False
+        if not may_see(caller, event.agent_id, event.audience):
+            return False
+        if capability and event.record is not None:
+            return any(c.name == capability for c in event.record.capabilities)
+        return True
+
+    return accept
+
+
+def _sse(event: str, data: object, *, event_id: int | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
+
+
+async def end_watches(app: web.Application) -> None:
+    """``on_shutdown``: end every watcher's stream (reason ``closing``) before the server closes."""
+    app[NODE_KEY].watch.end_all()
+
+
+__all__ = ["SSE_KEEPALIVE_S", "WATCH_REPLAY_MAX", "WATCH_REPLAY_PAGE", "end_watches", "watch"]

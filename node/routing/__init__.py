@@ -1,0 +1,40 @@
+"""Who gets a call: candidates, weights and breakers, spill to peers, the semantic fallback, remote
+catalogs, forwarded lookups, the decision log and the search port.
+"""
+
+from .candidates import DEFAULT_CAPACITY, STATUS_FACTORS, capability_of, tagged
+from .decisions import DecisionLog
+from .remote import described_for
+from .router import (
+    DEFAULT_OVERPROVISIONING_FACTOR,
+    DEFAULT_TICKET_TTL_MS,
+    Decision,
+    Matcher,
+    PeerView,
+    RemoteCatalog,
+    Router,
+    SemanticMatch,
+    SemanticMatches,
+)
+from .search import DEFAULT_SEARCH_K, MAX_SEARCH_K, Searcher
+
+__all__ = [
+    "DEFAULT_CAPACITY",
+    "DEFAULT_OVERPROVISIONING_FACTOR",
+    "DEFAULT_SEARCH_K",
+    "DEFAULT_TICKET_TTL_MS",
+    "Decision",
+    "DecisionLog",
+    "MAX_SEARCH_K",
+    "Matcher",
+    "PeerView",
+    "RemoteCatalog",
+    "Router",
+    "STATUS_FACTORS",
+    "Searcher",
+    "SemanticMatch",
+    "SemanticMatches",
+    "capability_of",
+    "described_for",
+    "tagged",
+]

@@ -1,0 +1,480 @@
+"""The region's truth in Redis: records, leases, the region version and the change stream.
+
+Layout (every key carries the hash tag ``{region}`` so each Lua script stays single-slot and
+the layout works on Redis Cluster)::
+
+    {prefix}:{region}:agents    HASH   agent_id -> record JSON (its "version" spliced in first)
+    {prefix}:{region}:leases    ZSET   agent_id -> lease expiry, ms since the epoch
+    {prefix}:{region}:version   STRING region version, bumped by every change
+    {prefix}:{region}:changes   STREAM one entry per change, id "<version>-0", capped
+    {prefix}:{region}:leader    STRING node id of the replica holding the singleton duties
+    {prefix}:{region}:loads     HASH   agent_id -> the load it reported last (JSON), since its record
+                                       was written; published on the channel of the same name
+
+Load is soft state and stays home: a report stores it and publishes it (``node.loads`` follows
+the channel on every replica) without a version or a stream entry, so it never travels to peers.
+
+Every mutation is ONE Lua script (``node.store_scripts``): bump the version, write the record,
+move the lease and append the change entry, so a change is in Redis and in the stream or
+nowhere (transactional outbox). A heartbeat that changes nothing but the lease only moves the
+lease. Concurrent registrations and updates (heartbeats, probe verdicts) are coalesced into one
+script call per batch (``node.batch``: group commit, no waiting at low load); each keeps its own
+answer and its own error. Only Redis 6.2 commands.
+
+Lease expiry in the records is not rewritten by heartbeats: the ``leases`` sorted set is the
+truth, and readers merge it into the records they load.
+
+A stored record or change entry that does not parse never stops a reader: it goes to the
+store's :class:`~node.quarantine.Quarantine` and reads as absent (a change entry for an agent
+whose record does not parse reads as that agent's deletion, reason ``quarantined``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.client import NEVER_DECODE
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..core import Conflict, UnknownAgent, now_ms
+from ..core.models import AgentRecord, ChangeEvent, DeleteReason, Load
+from .batch import Coalescer
+from .loads import parse_load
+from .quarantine import RECORD, Quarantine
+from .read_ahead import read_ahead
+from .redis_errors import RedisErrors
+from .results import HeartbeatResult, SnapshotData, StoredVersions
+from .script_line import ScriptLine
+from .scripts import ACQUIRE, DELETE, REGISTER, RELEASE, UPDATE
+from .stored_bytes import parse_change, problem_of, read_region, text_of
+from .stored_records import WrittenRecords, read_record, stored_version
+from .wire import pack_with_hiredis
+
+__all__ = ["DEFAULT_CHANGE_STREAM_MAXLEN", "DEFAULT_KEY_PREFIX", "RedisErrors", "RegionStore", "now_ms",
+           "stored_version"]
+
+DEFAULT_KEY_PREFIX = "ar"
+DEFAULT_CHANGE_STREAM_MAXLEN = 100_000
+_CAS_ATTEMPTS = 8
+_LEASE_BATCH = 1_000
+_SNAPSHOT_CHUNK = 2_000
+_PARSE_SLICE = 100  # records parsed between two turns of the event loop in a load
+DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_POOL_TIMEOUT_S = 5.0
+
+RecordChunk = tuple[list[str], list[str], list["float | None"]]  # agent ids, raw records, lease expiries
+
+
+class RegionStore:
+    """Async access to one region's records in Redis.
+
+    Raises :class:`StoreUnavailable` when Redis cannot be reached; never leaves a half-written
+    change behind (every mutation is one script).
+    """
+
+    def __init__(self, redis: aioredis.Redis, *, region: str, key_prefix: str = DEFAULT_KEY_PREFIX,
+                 change_stream_maxlen: int = DEFAULT_CHANGE_STREAM_MAXLEN,
+                 quarantine: Quarantine | None = None) -> None:
+        self.redis = redis
+        self.region = region
+        self.quarantine = quarantine if quarantine is not None else Quarantine()  # an empty one is falsy
+        base = f"{key_prefix}:{{{region}}}"
+        self.key_agents = f"{base}:agents"
+        self.key_leases = f"{base}:leases"
+        self.key_version = f"{base}:version"
+        self.key_changes = f"{base}:changes"
+        self.key_leader = f"{base}:leader"
+        self.key_loads = self.load_channel = f"{base}:loads"
+        self.key_base = base
+        self.change_stream_maxlen = change_stream_maxlen
+        self._mutation_keys = [self.key_agents, self.key_leases, self.key_version, self.key_changes, self.key_loads]
+        self._register = ScriptLine(redis, REGISTER)  # each coalescer's own connection, batch after batch
+        self._update = ScriptLine(redis, UPDATE)
+        self._registers: Coalescer[list[object], tuple[int, bool]] = Coalescer(
+            self._flush_registers, name=f"store-registers-{region}")
+        self._updates: Coalescer[list[object], tuple[int, str]] = Coalescer(
+            self._flush_updates, name=f"store-updates-{region}")
+        # What /metrics shows of them: scripts sent and writes carried, by kind (their ratio: the mean batch).
+        self.write_batches: dict[str, Coalescer[list[object], object]] = {
+            "register": self._registers, "update": self._updates}  # type: ignore[dict-item]
+        self._written = WrittenRecords()  # read back from the stream without validating again
+        self._delete = redis.register_script(DELETE)
+        self._acquire = redis.register_script(ACQUIRE)
+        self._release = redis.register_script(RELEASE)
+
+    @classmethod
+    def from_url(cls, url: str, *, region: str, **options: object) -> RegionStore:
+        """A store on a new connection pool; ``aclose()`` closes it."""
+        # A restarted Redis leaves pooled connections dead; retry once on a fresh one instead of
+        # failing the request. Every script is safe to run again (upserts, CAS, idempotent deletes).
+        # A bounded pool that waits for a free connection under bursts instead of failing with
+        # "Too many connections".
+        # The retry policy goes to the pool's connections: a client given a pool ignores its own.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, decode_responses=True, health_check_interval=30, max_connections=DEFAULT_MAX_CONNECTIONS,
+            timeout=DEFAULT_POOL_TIMEOUT_S, retry=Retry(ExponentialBackoff(cap=0.5, base=0.01), retries=2),
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        )
+        pack_with_hiredis(pool)
+        client = aioredis.Redis(connection_pool=pool)
+        return cls(client, region=region, **options)  # type: ignore[arg-type]
+
+    async def aclose(self) -> None:
+        await self._register.aclose()
+        await self._update.aclose()
+        await self.redis.aclose()
+
+    async def ping(self) -> None:
+        async with self._translate():
+            await self.redis.ping()
+
+    # -- mutations ---------------------------------------------------------------------------
+
+    async def register(self, record: AgentRecord, *, at_ms: int) -> tuple[AgentRecord, bool]:
+        """Upsert a record (its lease from ``record.lease_expires_at_ms``); returns it versioned,
+        and whether no record of that agent was stored (decided inside the script, so of
+        concurrent first registrations exactly one is new)."""
+        body = record.model_dump_json(exclude={"version"})
+        self._written.remember(record.agent_id, body, record)
+        version, created = await self._registers.submit([record.agent_id, body, record.lease_expires_at_ms, at_ms])
+        return record.model_copy(update={"version": version}), created
+
+    async def update(self, agent_id: str, mutate: Callable[[AgentRecord], AgentRecord | None], *,
+                     at_ms: int, known: AgentRecord | None = None, renew_lease: bool = False,
+                     load: Load | None = None) -> HeartbeatResult:
+        """Change one record with optimistic concurrency.
+
+        ``mutate`` gets the current record and returns the changed one, or ``None`` when
+        nothing but the lease changes (then no version is bumped and nothing is appended).
+        ``known`` is the caller's best guess of the current record (saves a read); a
+        concurrent change is detected by version and ``mutate`` is applied again to the
+        fresh record. With ``renew_lease`` (a heartbeat) the lease must not have passed and
+        is moved to ``at_ms + lease_ttl_ms``. A ``load`` is stored apart from the record (no
+        version, no stream entry; see the module docstring). Raises :class:`UnknownAgent` when the agent is
+        not stored (or its lease has passed), :class:`Conflict` after repeated races.
+        """
+        current = known
+        load_json = "" if load is None else load.model_dump_json()
+        for _ in range(_CAS_ATTEMPTS):
+            if current is None:
+                current = await self.get(agent_id)
+                if current is None:
+                    raise UnknownAgent(f"agent {agent_id} is not registered in region {self.region}: register again",
+                                       field="agent_id")
+            lease_expires_at_ms = at_ms + current.lease_ttl_ms if renew_lease else None
+            lease = current.lease_expires_at_ms if lease_expires_at_ms is None else lease_expires_at_ms
+            changed = mutate(current)
+            if changed is None:
+                expected, body = "", ""
+            else:
+                changed = changed.model_copy(update={"updated_at_ms": at_ms, "lease_expires_at_ms": lease})
+                expected, body = str(current.version), changed.model_dump_json(exclude={"version"})
+                self._written.remember(agent_id, body, changed)
+            outcome, value = await self._updates.submit(
+                [agent_id, expected, body, "" if lease_expires_at_ms is None else lease_expires_at_ms, at_ms,
+                 "1" if renew_lease else "0", load_json])
+            if outcome == 0:
+                raise self._no_lease(agent_id)
+            if outcome == 1:
+                return HeartbeatResult(int(value), lease, changed=False, stored=current)
+            if outcome == 2 and changed is not None:
+                version = int(value)
+                return HeartbeatResult(version, lease, changed=True, stored=changed.model_copy(update={"version": version}))
+            current = self._parse_record(agent_id, value, lease_expires_at_ms=current.lease_expires_at_ms)
+            if current is None:
+                raise UnknownAgent(f"the stored record of {agent_id} in region {self.region} does not parse "
+                                   "(quarantined): register again", field="agent_id")
+        raise Conflict(f"agent {agent_id} kept changing under concurrent updates; retry")
+
+    async def report_load(self, agent_id: str, load: Load, *, at_ms: int) -> None:
+        """Store the load an agent reports (its lease must not have passed; the lease is not
+        moved); raises :class:`UnknownAgent` otherwise."""
+        outcome, _ = await self._updates.submit([agent_id, "", "", "", at_ms, "1", load.model_dump_json()])
+        if outcome == 0:
+            raise self._no_lease(agent_id)
+
+    async def loads(self, agent_ids: list[str]) -> list[Load | None]:
+        """The loads reported since their records were written, one per agent (None: none)."""
+        async with self._translate():
+            raws = await self.redis.hmget(self.key_loads, agent_ids) if agent_ids else []
+        return [None if raw is None else parse_load(raw) for raw in raws]
+
+    async def all_loads(self) -> dict[str, Load]:
+        """Every load reported since its record was written, read in HSCAN chunks."""
+        loads: dict[str, Load] = {}
+        async with self._translate():
+            async for agent_id, raw in self.redis.hscan_iter(self.key_loads, count=_SNAPSHOT_CHUNK):
+                load = parse_load(raw)
+                if load is not None:
+                    loads[agent_id] = load
+        return loads
+
+    async def _flush_registers(self, items: list[list[object]]) -> list[tuple[int, bool] | BaseException]:
+        """One REGISTER call for a batch of ``[agent_id, body, lease expiry, at]``."""
+        return [(int(version), bool(created)) for version, created in await self._run_batch(self._register, items)]
+
+    async def _flush_updates(self, items: list[list[object]]) -> list[tuple[int, str] | BaseException]:
+        """One UPDATE call for a batch of ``[agent_id, expected, body, lease, at, require lease, load]``."""
+        return [(int(outcome), value) for outcome, value in await self._run_batch(self._update, items)]
+
+    async def _run_batch(self, script: ScriptLine, items: list[list[object]]) -> list[tuple[object, object]]:
+        """Run a batch script over ``items``; its flat reply as one pair per item."""
+        async with self._translate():
+            reply = await script(self._mutation_keys,
+                                 [self.change_stream_maxlen, self.load_channel, *(v for item in items for v in item)])
+        return list(zip(reply[::2], reply[1::2]))
+
+    async def deregister(self, agent_id: str, *, at_ms: int,
+                         reason: DeleteReason = DeleteReason.DEREGISTERED) -> int | None:
+        """Remove a record and append a tombstone; returns its version, or None if unknown."""
+        removed = await self._remove([agent_id], at_ms=at_ms, reason=reason, only_if_expired=False)
+        return removed.get(agent_id)
+
+    async def expire(self, agent_ids: Iterable[str], *, at_ms: int) -> dict[str, int]:
+        """Remove the given agents whose lease has passed at ``at_ms`` (re-checked atomically)."""
+        return await self._remove(list(agent_ids), at_ms=at_ms, reason=DeleteReason.EXPIRED, only_if_expired=True)
+
+    async def _remove(self, agent_ids: list[str], *, at_ms: int, reason: DeleteReason,
+                      only_if_expired: bool) -> dict[str, int]:
+        if not agent_ids:
+            return {}
+        async with self._translate():
+            reply = await self._delete(
+                keys=self._mutation_keys,
+                args=[at_ms, self.change_stream_maxlen, reason.value, "1" if only_if_expired else "0", *agent_ids],
+            )
+        return {reply[i]: int(reply[i + 1]) for i in range(0, len(reply), 2)}
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def get(self, agent_id: str) -> AgentRecord | None:
+        async with self._translate():
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hget(self.key_agents, agent_id)
+                pipe.zscore(self.key_leases, agent_id)
+                pipe.hget(self.key_loads, agent_id)
+                raw, lease, raw_load = await pipe.execute()
+        if raw is None:
+            return None
+        load = None if raw_load is None else parse_load(raw_load)
+        return self._parse_record(agent_id, raw, lease_expires_at_ms=int(lease or 0), load=load)
+
+    async def _read_region(self) -> tuple[int, dict[str, str], dict[str, int]]:
+        """The region version, every stored record (raw) and every lease, at one instant (one script,
+        ``node.stored_bytes.read_region``)."""
+        async with self._translate():
+            version, records, leases = await read_region(self.redis, (self.key_version, self.key_agents,
+                                                                       self.key_leases))
+        return version, self._texts(records), leases
+
+    def _texts(self, stored: dict[bytes, bytes]) -> dict[str, str]:
+        """Stored records read as bytes, as text; one that is not UTF-8 is quarantined and left out
+        (decoding the whole reply raised: one such value failed every digest and snapshot)."""
+        texts = {}
+        for raw_id, raw in stored.items():
+            agent_id = text_of(raw_id)
+            try:
+                texts[agent_id] = raw.decode()
+            except UnicodeDecodeError:
+                self._parse_record(agent_id, raw, lease_expires_at_ms=None)  # quarantines it
+        return texts
+
+    async def snapshot(self, *, chunk: int = _SNAPSHOT_CHUNK) -> SnapshotData:
+        """All records, read in chunks (HSCAN, with their leases), and a version V such that
+        applying the change stream after V to them gives the region exactly.
+
+        V is read first; a record the scan returns may be newer than V (written during the
+        scan), never older than its last change up to V, and a record removed during the scan
+        is in the stream after V. A reader that replays the stream after V skipping entries older
+        than the records it holds (``AgentIndex.apply``) is therefore exact, while only one
+        chunk of raw JSON is in memory at a time (a 100,000-agent region is 70 MB of it).
+        """
+        version = await self.version()
+        records: list[AgentRecord] = []
+        async for parsed in self.parsed_chunks(chunk=chunk):
+            records.extend(parsed)
+        return SnapshotData(version=version, records=records)
+
+    async def parsed_chunks(self, *, chunk: int = _SNAPSHOT_CHUNK) -> AsyncIterator[list[AgentRecord]]:
+        """Every stored record with its lease and reported load, parsed, one HSCAN chunk at a
+        time; read the version before the first (see :meth:`snapshot`). A record that does not
+        parse — or is not UTF-8 — is quarantined and skipped."""
+        async with contextlib.aclosing(read_ahead(self._stored_chunks(chunk))) as chunks:
+            async for ids, raw_records, leases, loads in chunks:
+                records = []
+                for at, (agent_id, raw, lease, load) in enumerate(zip(ids, raw_records, leases, loads), 1):
+                    record = self._parse_record(agent_id, raw, lease_expires_at_ms=int(lease or 0), load=load)
+                    if record is not None:
+                        records.append(record)
+                    if at % _PARSE_SLICE == 0:
+                        await asyncio.sleep(0)  # the next chunk's round trips go on meanwhile
+                yield records
+
+    async def _stored_chunks(self, chunk: int) -> AsyncIterator[tuple[list[str], list[bytes], list, list]]:
+        """The stored records as bytes in HSCAN chunks, with their leases and loads. Bytes: a
+        value that is not UTF-8 fails its own parse, not the whole read (decoding the reply did)."""
+        cursor = 0
+        while True:
+            async with self._translate():
+                cursor, stored = await self.redis.execute_command("HSCAN", self.key_agents, cursor, "COUNT", chunk,
+                                                                  **{NEVER_DECODE: True})
+                ids = [text_of(agent_id) for agent_id in stored]
+                leases: list = []
+                loads: list = []
+                if ids:
+                    async with self.redis.pipeline(transaction=False) as pipe:  # one round trip
+                        pipe.zmscore(self.key_leases, list(stored))
+                        pipe.hmget(self.key_loads, ids)
+                        leases, loads = await pipe.execute()
+            yield ids, list(stored.values()), leases, [None if raw is None else parse_load(raw) for raw in loads]
+            if cursor == 0:
+                return
+
+    async def chunks(self, *, chunk: int = _SNAPSHOT_CHUNK) -> AsyncIterator[RecordChunk]:
+        """Every stored record in HSCAN chunks: ``(agent ids, raw records, lease expiries)`` (a
+        lease None: none). Read the version before the first chunk (see :meth:`snapshot`)."""
+        cursor = 0
+        while True:
+            async with self._translate():
+                cursor, stored = await self.redis.execute_command("HSCAN", self.key_agents, cursor, "COUNT", chunk,
+                                                                  **{NEVER_DECODE: True})
+                raw_records = self._texts(stored)
+                ids = list(raw_records)
+                leases = await self.redis.zmscore(self.key_leases, ids) if ids else []
+            yield ids, list(raw_records.values()), leases
+            if cursor == 0:
+                return
+
+    async def snapshot_versions(self) -> StoredVersions:
+        """Every agent's version and lease and the region version they are consistent with (one
+        MULTI/EXEC): a digest's worth of :meth:`snapshot`.
+
+        Versions are read off the stored JSON (``stored_version``) instead of validating every
+        record, about a third of the cost. Agents the quarantine holds are left out (they are
+        served to no peer); a record these scripts did not write is parsed, and quarantined and
+        left out if it does not parse.
+        """
+        version, raw_records, lease_of = await self._read_region()
+        agents: dict[str, tuple[int, int]] = {}
+        for agent_id, raw in raw_records.items():
+            if self.quarantine.holds_agent(agent_id):
+                continue
+            record_version = stored_version(raw)
+            if record_version is None:
+                record = self._parse_record(agent_id, raw, lease_expires_at_ms=None)
+                if record is None:
+                    continue
+                record_version = record.version
+            agents[agent_id] = (record_version, lease_of.get(agent_id, 0))
+        return StoredVersions(version=version, agents=agents)
+
+    async def version(self) -> int:
+        async with self._translate():
+            return int(await self.redis.get(self.key_version) or 0)
+
+    async def leases(self, agent_ids: list[str]) -> dict[str, int]:
+        """Lease expiry (ms) of the given agents (those still stored)."""
+        async with self._translate():
+            found: dict[str, int] = {}
+            for start in range(0, len(agent_ids), _LEASE_BATCH):
+                batch = agent_ids[start:start + _LEASE_BATCH]
+                scores = await self.redis.zmscore(self.key_leases, batch)
+                found.update((agent_id, int(score)) for agent_id, score in zip(batch, scores) if score is not None)
+            return found
+
+    async def expired_ids(self, *, now_ms: int, limit: int) -> list[str]:
+        async with self._translate():
+            return await self.redis.zrangebyscore(self.key_leases, "-inf", now_ms, start=0, num=limit)
+
+    async def passed_lease_count(self, *, now_ms: int) -> int:
+        """How many stored agents' leases have passed at ``now_ms`` (expiries the sweeper has yet to write)."""
+        async with self._translate():
+            return int(await self.redis.zcount(self.key_leases, "-inf", now_ms))
+
+    async def count(self) -> int:
+        async with self._translate():
+            return int(await self.redis.zcard(self.key_leases))
+
+    async def read_changes(self, *, after_version: int, block_ms: int | None = None,
+                           count: int = 1_000) -> list[ChangeEvent]:
+        """Change entries after ``after_version`` (blocking up to ``block_ms`` for the first)."""
+        async with self._translate():
+            # Bytes, as the load reads the hash: a value that is not UTF-8 fails its own entry
+            # (node.stored_bytes), not the whole read.
+            if block_ms is None:
+                entries = await self.redis.execute_command("XRANGE", self.key_changes, f"({after_version}-0", "+",
+                                                           "COUNT", count, **{NEVER_DECODE: True})
+            else:
+                reply = await self.redis.execute_command("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS",
+                                                         self.key_changes, f"{after_version}-0",
+                                                         **{NEVER_DECODE: True})
+                entries = reply[0][1] if reply else []
+        changes = []
+        for entry_id, fields in entries:
+            change = self.parse_change(entry_id, fields)
+            if change is not None:
+                changes.append(change)
+        return changes
+
+    async def first_change_version(self) -> int | None:
+        """Version of the oldest entry still in the (capped) stream."""
+        async with self._translate():
+            entries = await self.redis.xrange(self.key_changes, count=1)
+        return int(entries[0][0].split("-", 1)[0]) if entries else None
+
+    def parse_change(self, entry_id: str | bytes, fields: Mapping[str | bytes, str | bytes]) -> ChangeEvent | None:
+        """One change-stream entry as a :class:`ChangeEvent`, or quarantined (``node.stored_bytes``)."""
+        return parse_change(entry_id, fields, region=self.region, stream_key=self.key_changes, written=self._written,
+                            quarantine=self.quarantine, record_key=self.record_key)
+
+    def record_key(self, agent_id: str) -> str:
+        """Where an agent's record lives, as the quarantine names it."""
+        return f"{self.key_agents}/{agent_id}"
+
+    # -- leadership --------------------------------------------------------------------------
+
+    async def acquire_leadership(self, node_id: str, *, ttl_ms: int) -> bool:
+        async with self._translate():
+            return bool(await self._acquire(keys=[self.key_leader], args=[node_id, ttl_ms]))
+
+    async def release_leadership(self, node_id: str) -> None:
+        async with self._translate():
+            await self._release(keys=[self.key_leader], args=[node_id])
+
+    async def leader(self) -> str | None:
+        async with self._translate():
+            return await self.redis.get(self.key_leader)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _parse_record(self, agent_id: str, raw: str | bytes, *, lease_expires_at_ms: int | None,
+                      load: Load | None = None) -> AgentRecord | None:
+        """A stored record, or None (quarantined) when it does not parse."""
+        try:
+            record = read_record(raw, lease_expires_at_ms=lease_expires_at_ms, load=load)
+            if record.agent_id != agent_id:
+                raise ValueError(f"the record names agent {record.agent_id!r}")
+        except ValueError as exc:  # pydantic's ValidationError included
+            # Only a foreign writer or a schema change can get here: skip it, say which key.
+            self.quarantine.add(RECORD, self.record_key(agent_id), problem_of(exc), agent_id=agent_id)
+            return None
+        if self.quarantine:  # something is held: this key's value may have been one of them
+            self.quarantine.resolve(self.record_key(agent_id))
+        return record
+
+    def vet_record_json(self, agent_id: str, raw: str) -> bool:
+        """Whether a stored record parses (quarantining it if not), for callers serving raw JSON."""
+        return self._parse_record(agent_id, raw, lease_expires_at_ms=None) is not None
+
+    def _no_lease(self, agent_id: str) -> UnknownAgent:
+        return UnknownAgent(f"agent {agent_id} has no lease in region {self.region}: register again", field="agent_id")
+
+    def _translate(self) -> RedisErrors:
+        return RedisErrors(self.region)
+
