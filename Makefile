@@ -28,7 +28,7 @@ up: install
 test: install browser promtool
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
-# The console's browser test (tests/test_console_browser.py) drives Debian's headless Chromium
+# The console's browser test (tests/http/test_console_browser.py) drives Debian's headless Chromium
 # and its driver; installed here when missing (as root). Where they cannot be, the test is skipped.
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
@@ -39,12 +39,12 @@ browser:
 test-unit: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m unit
 
-# promtool (Debian's prometheus package) lints /metrics in tests/test_metrics.py; without it (not
+# promtool (Debian's prometheus package) lints /metrics in tests/ops/test_metrics.py; without it (not
 # root, no apt) the test lints with the same rules in Python only.
 promtool:
 	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } || \
-		echo "promtool not installed: tests/test_metrics.py lints /metrics in Python only"
+		echo "promtool not installed: tests/ops/test_metrics.py lints /metrics in Python only"
 
 bench: bench-resolve bench-federation bench-semantic bench-routing bench-peers bench-scale bench-federation-scale
 

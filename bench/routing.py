@@ -1,7 +1,7 @@
 """Does the routing blend earn its place? Each weight factor alone vs all of them, same traffic.
 
 A deterministic discrete-event simulation (seeded RNGs, a simulated clock, no sleeps, no
-network) drives the real :class:`node.router.Router` over a real :class:`AgentIndex` and a real
+network) drives the real :class:`node.routing.router.Router` over a real :class:`AgentIndex` and a real
 :class:`OutcomeTracker`. Only the Redis-backed ``RegionCache`` is replaced, by a stand-in that
 exposes what the router reads (``index``, ``preserving``, ``routable_now_ms()``), and the
 router is given the simulated clock (``Router(clock=...)``).

@@ -1,5 +1,5 @@
 """The discrete-event simulation of the routing benchmark (:mod:`bench.routing`): the real
-:class:`node.router.Router` over a real :class:`AgentIndex` and :class:`OutcomeTracker`, with a
+:class:`node.routing.router.Router` over a real :class:`AgentIndex` and :class:`OutcomeTracker`, with a
 stand-in for the Redis-backed ``RegionCache``, simulated agents and SDK callers."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Two parts, on an embedded redis-server over 127.0.0.1:
 2. **In this process**: a 10,000-agent pool of one capability whose agents change one at a time
    (a load report), each change followed by a routing lookup: the table patched for the one agent
    against the table built afresh, per change; then ``--million`` records (1,000,000 by default) written straight into the
-   region's Redis, then a :class:`node.cache.RegionCache` started over them, as a node does at
+   region's Redis, then a :class:`node.view.cache.RegionCache` started over them, as a node does at
    start-up: load time and RSS per record.
 
 Run from the repository root: ``make bench-scale`` or ``.venv/bin/python -m bench.scale``

@@ -63,7 +63,7 @@ async def read_region_state(store: RegionStore) -> RegionState:
     (``RegionStore.snapshot_versions``: quarantined records are in no digest, as no peer is
     served them).
 
-    Raises :class:`~node.errors.StoreUnavailable` when Redis cannot be reached.
+    Raises :class:`~node.core.errors.StoreUnavailable` when Redis cannot be reached.
     """
     stored = await store.snapshot_versions()
     return RegionState(version=stored.version, agents=stored.agents)

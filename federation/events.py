@@ -12,7 +12,7 @@ third-party consumers):
   the latest), value = a :class:`FederationMessage` carrying a ``beacon``. A beacon for watermark
   ``W`` is sent only once every change up to ``W`` was acknowledged on the change topic.
 * ``{prefix}.summaries.{region}``: the region's per-capability summaries
-  (:class:`node.models.RegionSummary`), key = ``{region}/{part}``, value = a
+  (:class:`node.core.models.RegionSummary`), key = ``{region}/{part}``, value = a
   :class:`FederationMessage` carrying a ``summary``; one generation may be split into parts, each
   well under a Kafka message's 1 MB, and a reader applies a generation once all its parts arrived.
 

@@ -9,7 +9,7 @@ and signs the route ticket and credential for the real caller, exactly as if the
 it. Resolves go with ``scope=local``, so the peer never forwards them again.
 
 Every call has one deadline (``forward_timeout_ms``) across the peer's node URLs, tried in order;
-when it passes, or no node answers, :class:`node.errors.PeerUnreachable` says which region and
+when it passes, or no node answers, :class:`node.core.errors.PeerUnreachable` says which region and
 why, and the caller falls back to what it has. A peer that did not answer is then not asked for
 ``forward_backoff_ms``: a region that hangs rather than refuses would otherwise cost the whole
 deadline on every lookup that lands on it until its summary goes stale; meanwhile those lookups

@@ -1,7 +1,7 @@
 """The remote catalog: peer regions' agents as this region knows them, nearest region first.
 
 This is what the router reads (``node.remote.RemoteCatalog``): one :class:`PeerReplica` per
-peer with an :class:`~node.cache.AgentIndex` of its agents and a freshness verdict. A peer is
+peer with an :class:`~node.view.cache.AgentIndex` of its agents and a freshness verdict. A peer is
 ``stale`` once nothing (no beacon, no change) has been heard from it for ``stale_after_ms`` —
 its node stopped, its publisher cannot reach Kafka, or this region's consumer cannot. Stale
 peers stay routable, but only when no fresher level can serve (see ``node.router``).
@@ -16,7 +16,7 @@ leader, which runs the Kafka consumer, also applies what it commits at once, ahe
 In memory the replica keeps the same rules as the Redis scripts: a change applies only when
 its version is above the floor and above the agent's version or tombstone, so duplicates,
 replays and late arrivals never move a record backwards or resurrect a deleted agent. Every
-applied change is given to subscribers as a :class:`~node.models.ChangeEvent` of the peer's
+applied change is given to subscribers as a :class:`~node.core.models.ChangeEvent` of the peer's
 region (the node's watch hub, the semantic index) — synchronously, so listeners must be quick.
 """
 

@@ -238,7 +238,7 @@ class ReconcileResult:
 class ReplicaStore:
     """Async access to the peers' replica in the consuming region's Redis.
 
-    Raises :class:`node.errors.StoreUnavailable` when Redis cannot be reached.
+    Raises :class:`node.core.errors.StoreUnavailable` when Redis cannot be reached.
     """
 
     def __init__(self, redis: aioredis.Redis, *, region: str, key_prefix: str, feed_maxlen: int,

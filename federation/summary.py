@@ -1,7 +1,7 @@
 """Region summaries: load stays home, peers learn each capability's health and capacity instead.
 
 The leader's :class:`SummaryPublisher` (a leader duty) sends, every ``summary_interval_ms``, a
-:class:`~node.models.RegionSummary` of its own region to ``{prefix}.summaries.{region}``: per
+:class:`~node.core.models.RegionSummary` of its own region to ``{prefix}.summaries.{region}``: per
 capability the agents offering it, the routable ones (leased, live, ready, a routing status),
 their summed weight × status factor, summed inflight + queued and summed capacity, and the
 versions they offer. It is computed from the leader's cache (``node.cache``), whose records

@@ -346,7 +346,7 @@ class RegistryNode:
         return response
 
     async def register_card(self, request: CardRegistration, caller: TokenClaims) -> tuple[RegisterResponse, bool]:
-        """Register an agent from its A2A card (see :mod:`node.a2a`)."""
+        """Register an agent from its A2A card (see :mod:`node.core.a2a`)."""
         try:
             registration, listing, sources = card_to_registration(request)
         except ValidationError as exc:  # the registration the card describes breaks a limit
@@ -366,7 +366,7 @@ class RegistryNode:
 
     async def decide(self, request: RouteRequest, caller: TokenClaims) -> Decision:
         """Like :meth:`resolve`, as the router's :class:`Decision` (``to_json()`` is cheap); the
-        decision, or why there is none, goes to the decision log (:mod:`node.decisions`)."""
+        decision, or why there is none, goes to the decision log (:mod:`node.routing.decisions`)."""
         try:
             decision = await self.router.decide(request, caller)
         except NodeError as exc:

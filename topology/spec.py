@@ -90,7 +90,7 @@ class _Model(BaseModel):
 class RegionPolicy(_Model):
     """What a region allows: its environment label, the transports agents may register, what its node may contact.
 
-    ``egress`` (:class:`node.egress.EgressPolicy`): ``{ allow = ["loopback", "private", "10.1.0.0/16"],
+    ``egress`` (:class:`node.trust.egress.EgressPolicy`): ``{ allow = ["loopback", "private", "10.1.0.0/16"],
     deny = ["10.9.0.0/16"] }``; unset = the ``[node] egress`` setting, else public addresses only.
     """
 

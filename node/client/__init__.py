@@ -16,8 +16,8 @@
 
 The SDK runs without the server: importing it loads no Redis client, no Prometheus, no
 ``aiohttp.web`` and none of the node's server modules — only the shared models
-(:mod:`node.models`, :mod:`node.envelope`, :mod:`node.errors`, :mod:`node.a2a`) and the breaker
-logic of :mod:`node.outcomes`. The names an agent needs are exported here.
+(:mod:`node.core.models`, :mod:`node.core.envelope`, :mod:`node.core.errors`, :mod:`node.core.a2a`) and the breaker
+logic of :mod:`node.delivery.outcomes`. The names an agent needs are exported here.
 
 What it guarantees:
 
@@ -43,19 +43,19 @@ What it guarantees:
   keeps the semantic fallback out; the node never routes a caller to itself.
 * ``search()`` answers a plain-language query with typed hits (:class:`SearchResponse`).
 * ``call()`` delivers an :class:`Envelope` to the target with the attempt and failover the
-  node's proxy mode uses too (:mod:`node.client.delivery` writes the rules down): separate
+  node's proxy mode uses too (:mod:`node.delivery.attempts` writes the rules down): separate
   connect, read and overall timeouts; only ``idempotent=True`` calls are retried, after the
   wait of :class:`RetryPolicy`, on an alternate or a fresh decision — an agent or address
   already tried only when nobody else is left (a sole instance restarted within the deadline is
   reached); a breaker per target skips agents that keep failing; every attempt carries the
   target's route credential (``Authorization: Bearer``); redirects are
   never followed; answers beyond ``max_response_bytes`` fail the attempt. An agent registered
-  from its A2A card is called in its binding (:mod:`node.client.a2a_wire`: JSON-RPC
+  from its A2A card is called in its binding (:mod:`node.delivery.a2a_wire`: JSON-RPC
   ``SendMessage``/``message/send`` or HTTP+JSON ``message:send``); a JSON-RPC error is a failed
   call, and a binding the SDK does not speak is refused with :class:`UnsupportedBinding`. Every attempt's
   outcome goes to ``/v1/reports`` in the background, batched.
 
-Errors (the node's tree, :mod:`node.errors`, plus)::
+Errors (the node's tree, :mod:`node.core.errors`, plus)::
 
     NodeError
     └── ClientError               base of what only the SDK raises
@@ -79,7 +79,7 @@ The parts live in private modules: ``_reach_client`` (the facade), ``_calls`` (t
 request, the envelope as sent, :class:`CallResult`), ``_config`` (the agent TOML file and
 :class:`ClientSettings`), ``_errors`` (the tree above), ``_http`` (the node's API),
 ``_heartbeat``, ``_reports`` (batched outcome reports), ``_retry`` (backoff, the client's
-breakers), ``_tickets`` (the ticket cache); public: :mod:`node.client.delivery` (one attempt, one
+breakers), ``_tickets`` (the ticket cache); public: :mod:`node.delivery.attempts` (one attempt, one
 failover; the node's proxy imports it), :mod:`node.client.verifier` (:class:`CallVerifier`) and
 :mod:`node.client.host` (:class:`~node.client.host.AgentHost`, which loads ``aiohttp.web`` and
 so is not imported here).

@@ -1,7 +1,7 @@
 """What the SDK raises: its own error classes, and :func:`node_error` for the node's error answers.
 
 The hierarchy is drawn in :mod:`node.client`'s docstring, the page SDK users read; a node error
-with a known code or status becomes its :mod:`node.errors` class, any other a :class:`NodeRejected`.
+with a known code or status becomes its :mod:`node.core.errors` class, any other a :class:`NodeRejected`.
 """
 
 from __future__ import annotations

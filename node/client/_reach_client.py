@@ -2,7 +2,7 @@
 
 What it guarantees is on :mod:`node.client`'s page; the parts it composes live beside it:
 ``_http`` (the node's API), ``_heartbeat``, ``_reports``, ``_tickets``, ``_retry`` and
-:mod:`node.client.delivery` (the attempt and the failover the proxy shares).
+:mod:`node.delivery.attempts` (the attempt and the failover the proxy shares).
 """
 
 from __future__ import annotations
@@ -344,7 +344,7 @@ class ReachClient:
                    idempotent: bool = False, trace_id: str | None = None, extensions: Mapping[str, Any] | None = None,
                    envelope: Envelope | None = None, semantic: bool | None = None, timeout_ms: int | None = None,
                    connect_timeout_ms: int | None = None, read_timeout_ms: int | None = None) -> CallResult:
-        """Resolve and call an agent directly; :mod:`node.client.delivery` has the retry rules.
+        """Resolve and call an agent directly; :mod:`node.delivery.attempts` has the retry rules.
 
         ``capability`` routes the call (an agent offering it by name; else, unless
         ``semantic=False``, the semantic fallback reads it as plain language); ``payload`` is the

@@ -4,7 +4,7 @@ What every agent on the reach layer serves — the contract the README's agent e
 by hand, and this host keeps for a handler ``async def handle(envelope) -> result``:
 
 * ``POST /invoke`` (the path of the registered ``endpoints.primary``): the body is an
-  :class:`~node.envelope.Envelope`. First the caller's route credential is verified
+  :class:`~node.core.envelope.Envelope`. First the caller's route credential is verified
   (``Authorization: Bearer``, :class:`~node.client.CallVerifier`): 401 without one or with an
   expired or forged one, 403 for a credential meant for another agent or a caller outside the
   registration's ``allowed_callers``. Then an envelope past ``expire_at_ms`` gets 410, an envelope

@@ -3,7 +3,7 @@
 Every call the reach layer delivers — the SDK's direct calls and the node's proxy mode — carries
 ``Authorization: Bearer <route credential>``: a JWT the caller's region signed (EdDSA, Ed25519)
 naming the caller (``sub``), the one agent it is for (``aud``), the capability and the ticket,
-valid until the ticket expires (:class:`~node.models.CallClaims`). An agent checks it with its
+valid until the ticket expires (:class:`~node.core.models.CallClaims`). An agent checks it with its
 own node's public keys, never with the cluster secret::
 
     async with CallVerifier(node_url, agent_id="demo.summarize.en_01") as verifier:

@@ -44,9 +44,11 @@ from .errors import (
     first_problem,
     problems,
 )
+from .lazy import lazy_exports
 from .tasks import cancel_and_wait, run_together
 
 __all__ = [
+    "lazy_exports",
     "BadRequest",
     "BodyTooLarge",
     "Conflict",

@@ -1,4 +1,4 @@
-"""Calling an A2A agent in its own protocol: what :func:`~node.client.delivery.attempt` sends to
+"""Calling an A2A agent in its own protocol: what :func:`~node.delivery.attempts.attempt` sends to
 a target whose ticket names an A2A binding (``RouteTarget.binding``), and how it reads the answer.
 
 * **JSONRPC**: one JSON-RPC 2.0 request to the interface URL — ``SendMessage`` with the header

@@ -1,7 +1,7 @@
 """Delivering an envelope: ONE attempt at one target, and ONE failover across targets.
 
 The SDK's direct calls (``ReachClient.call``) and the node's proxy mode (``POST /v1/send``,
-:mod:`node.proxy`) both deliver through :func:`deliver`. They differ only in what they pass in:
+:mod:`node.http.proxy`) both deliver through :func:`deliver`. They differ only in what they pass in:
 
 ================  ===========================================  ==========================================
                   SDK (``ReachClient.call``)                   proxy (``node.proxy``)
@@ -52,9 +52,9 @@ The decisions, written once:
   before an attempt. Each attempt's total timeout is what remains of the deadline, with the
   connect and read timeouts of :class:`AttemptLimits` inside it.
 * **What is sent.** A target whose ticket names an A2A binding gets an A2A request in it
-  (:mod:`node.client.a2a_wire`: JSON-RPC ``SendMessage``/``message/send``, or HTTP+JSON
+  (:mod:`node.delivery.a2a_wire`: JSON-RPC ``SendMessage``/``message/send``, or HTTP+JSON
   ``message:send``), and a JSON-RPC error in a 2xx answer is a ``failure``; a binding the SDK
-  does not speak (GRPC) raises :class:`~node.client.a2a_wire.UnsupportedBinding` before sending.
+  does not speak (GRPC) raises :class:`~node.delivery.a2a_wire.UnsupportedBinding` before sending.
   Envelope transports get the envelope with ``target_agent`` set to the agent
   tried; ``passthrough`` targets get the raw payload. Headers: ``Authorization: Bearer <route
   credential>`` (the target's, from the ticket; an alternate's is issued when it is picked, by

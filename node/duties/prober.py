@@ -10,7 +10,7 @@ not flap routing. An agent registered with a readiness probe starts not-ready an
 after its first success (alive ≠ ready). Every flip is a versioned status change in the store,
 so all replicas and peer regions see it.
 
-Probes go out under the region's egress policy (:mod:`node.egress`): a probe URL the policy
+Probes go out under the region's egress policy (:mod:`node.trust.egress`): a probe URL the policy
 denies is never connected — the probe fails with ``egress_denied`` and the reason — so probe
 URLs cannot turn the leader into an open-port scanner of its own network. Redirects are not
 followed (a 3xx is a failed probe) and response bodies are never read.

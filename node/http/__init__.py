@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..core.lazy import lazy_exports
+from ..core import lazy_exports
 
 if TYPE_CHECKING:
     from .api import bound_port, serve

@@ -11,7 +11,7 @@
   an agent the caller may not see is a 404, as everywhere.
 * ``GET /v1/agents/{agent_id}/agent-card.json`` — the same card, always with a token.
 
-The middleware (:mod:`node.api`) leaves the agent card's well-known route unauthenticated when
+The middleware (:mod:`node.http.api`) leaves the agent card's well-known route unauthenticated when
 the request has no ``Authorization`` header; these handlers decide.
 """
 

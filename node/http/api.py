@@ -1,12 +1,12 @@
 """The node's HTTP API (v1), a thin aiohttp layer over :class:`RegistryNode`.
 
-One middleware (:mod:`node.guard`) turns every error into ``{"error", "message", "field"}`` with
+One middleware (:mod:`node.http.guard`) turns every error into ``{"error", "message", "field"}`` with
 the right status (never a 500 for bad input), authenticates the bearer token, and counts requests. Bodies are
 parsed straight into pydantic models, so a malformed body is a 400 and a wrong field a 422
 naming it.
 
 Handlers are module-level functions that read the node from the app (``request.app[NODE_KEY]``);
-:data:`ROUTES` lists them all (the ``/v1/watch`` stream is :mod:`node.watch_stream`'s), and
+:data:`ROUTES` lists them all (the ``/v1/watch`` stream is :mod:`node.http.watch_stream`'s), and
 :func:`build_app` assembles the app from the middleware, the routes, the node's extensions and
 proxy mode.
 """
@@ -398,7 +398,7 @@ async def serve(node: RegistryNode, *, host: str | None = None, port: int | None
     """Start the HTTP server of a started node; returns the runner (``await runner.cleanup()``).
 
     The server enforces the node's connection limits (``header_read_timeout_ms``,
-    ``keepalive_timeout_ms``, ``max_connections``; see :mod:`node.server`).
+    ``keepalive_timeout_ms``, ``max_connections``; see :mod:`node.http.server`).
     """
     config = node.config
     limits = ServerLimits(header_read_timeout_ms=config.header_read_timeout_ms,

@@ -1,4 +1,4 @@
-"""The web console at ``/ui``: static files shipped in the package (``node/ui/``), no build step.
+"""The web console at ``/ui``: static files shipped in the package (``node/http/ui/``), no build step.
 
 The console is plain HTML, CSS and JavaScript that talks to this node's v1 API with the bearer
 token the operator gives it (kept in the tab's ``sessionStorage``), so it shows exactly what that
@@ -8,7 +8,7 @@ fragment (``/ui/#token=…``: never sent to a server); the page reads it once in
 
 What is served, and how:
 
-* only the files in ``node/ui/`` read when the app is built (:class:`ConsoleFiles`): a request
+* only the files in ``node/http/ui/`` read when the app is built (:class:`ConsoleFiles`): a request
   names a file of that table or gets a 404, so no path reaches the file system (no traversal);
 * ``Content-Security-Policy`` without inline scripts or styles (``'self'`` only; no other origin,
   no framing), ``X-Content-Type-Options: nosniff``, ``Referrer-Policy: no-referrer``;

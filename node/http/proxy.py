@@ -1,15 +1,15 @@
 """Proxy mode: the node routes and delivers an envelope itself, for traffic that must be audited.
 
-``POST /v1/send`` (body: an :class:`~node.envelope.Envelope`; query ``delivery=sync|callback``,
+``POST /v1/send`` (body: an :class:`~node.core.envelope.Envelope`; query ``delivery=sync|callback``,
 optional ``version`` and ``scope``):
 
 1. **Refusals first.** ``hop_count`` at or beyond the maximum (default 5) is refused with 422
    ``hop_limit_exceeded`` — an A→B→A loop dies after five hops instead of storming; an envelope
    past ``expire_at_ms`` is refused with 410 ``envelope_expired`` (no ghost messages).
-2. **Once per id** (:mod:`node.once`). A repeated envelope id — concurrent or later, on this
+2. **Once per id** (:mod:`node.store.once`). A repeated envelope id — concurrent or later, on this
    replica or another — is answered from the stored answer with ``X-Reach-Duplicate: true`` and
    is not delivered again. A send that fails releases its claim, so the caller may retry.
-3. **Route and deliver** with the SDK's attempt and failover (:mod:`node.client.delivery`, where
+3. **Route and deliver** with the SDK's attempt and failover (:mod:`node.delivery.attempts`, where
    the rules are written down): the router picks the target (``target_agent`` as agent_id or
    pattern, else ``operation`` as the capability; ``extensions.conversation_id`` for affinity);
    the node POSTs the envelope with ``hop_count + 1``, ``source_agent`` set from the caller's
@@ -21,7 +21,7 @@ optional ``version`` and ``scope``):
    ``reach.delivery_failed`` event) to the caller's *registered* ``callback_endpoint`` — never
    to an address found in the payload.
 5. **Route events.** Every decision, delivery attempt, outcome, duplicate, refusal and callback
-   goes to the node's trace log (:mod:`node.traces`). ``GET /v1/policy`` tells a client the
+   goes to the node's trace log (:mod:`node.http.traces`). ``GET /v1/policy`` tells a client the
    region's rules before it registers.
 
 Limits are ``NodeConfig.proxy`` (:class:`~node.config.ProxySettings`); the sends are counted in

@@ -1,4 +1,4 @@
-"""What a proxied delivery's answer becomes for its caller (:mod:`node.proxy`): the result
+"""What a proxied delivery's answer becomes for its caller (:mod:`node.http.proxy`): the result
 envelope a callback carries, and how ``DeliveryFailed.details.attempts`` describes a failed attempt.
 
 The target's answer is hostile input like any other: whatever it is, the caller gets a result.

@@ -1,5 +1,5 @@
 """``GET /v1/watch``: one watcher's server-sent event stream, fed by the node's
-:class:`~node.watch.WatchHub`.
+:class:`~node.view.watch.WatchHub`.
 
 The stream opens with ``hello`` (the region and its version), replays the change stream after
 ``since=`` when asked, then sends each change the watcher asked for (capability, pattern) and

@@ -7,7 +7,7 @@ The registry also carries the process collector (CPU, memory, file descriptors, 
 Python platform collector and the garbage collector's counts. Attachments (federation) add their
 own collectors to :attr:`NodeMetrics.registry`.
 
-Names follow Prometheus' conventions, checked by ``tests/test_metrics.py`` with ``promtool check
+Names follow Prometheus' conventions, checked by ``tests/ops/test_metrics.py`` with ``promtool check
 metrics`` (or the same rules in Python where promtool is missing): counters end in ``_total``,
 durations are ``_seconds``, every family has help text.
 """

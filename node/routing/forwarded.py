@@ -2,7 +2,7 @@
 
 A region keeps full records only for its first ``replicate_depth`` peers; for the others it holds
 summaries (``node.spill``). Get by id and global search ask those peers' nodes through the
-attached :class:`~node.remote.PeerForwarder` — all of them at once, each within its deadline — and
+attached :class:`~node.routing.remote.PeerForwarder` — all of them at once, each within its deadline — and
 answer from what came back: a peer that did not answer is named in the answer (a 404's message
 and ``details.unanswered``, a search's ``unanswered``), never a hang or a traceback.
 """

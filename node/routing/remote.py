@@ -40,7 +40,7 @@ class PeerView(Protocol):
 
 class PeerForwarder(Protocol):
     """Asks a peer region's node, as the caller, within a deadline (attached by the federation
-    package as ``Router.forwarder``). Every method raises :class:`node.errors.PeerUnreachable`
+    package as ``Router.forwarder``). Every method raises :class:`node.core.errors.PeerUnreachable`
     when no node of the region answered in time."""
 
     async def agent(self, region: str, agent_id: str, caller: TokenClaims) -> AgentRecord | None:
@@ -49,7 +49,7 @@ class PeerForwarder(Protocol):
 
     async def resolve(self, region: str, request: RouteRequest, caller: TokenClaims) -> dict[str, object]:
         """The route ticket that region's node issues for ``request`` with ``scope=local`` (so it
-        cannot be forwarded again); raises :class:`node.errors.NoAgentAvailable` with its answer."""
+        cannot be forwarded again); raises :class:`node.core.errors.NoAgentAvailable` with its answer."""
         ...
 
     async def search(self, region: str, query: str, *, k: int, routable_only: bool,

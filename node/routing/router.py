@@ -15,10 +15,10 @@ candidate. Routing reads only memory; the semantic fallback (a :class:`Matcher`)
 A call never goes to the calling agent itself, whatever the match (the caller's token subject is
 its agent id); the semantic fallback skips agents registered with ``semantic_fallback: false`` and
 is off for a request with ``semantic: false``. The ticket's target carries a route credential
-(:mod:`node.credentials`) when the router has an issuer.
+(:mod:`node.trust.credentials`) when the router has an issuer.
 
-The candidates and their weights are :mod:`node.candidates`; the semantic fallback's ranking is
-:mod:`node.fallback`. This module picks the level, the agent and the alternates, and signs.
+The candidates and their weights are :mod:`node.routing.candidates`; the semantic fallback's ranking is
+:mod:`node.routing.fallback`. This module picks the level, the agent and the alternates, and signs.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from .spill import ForwardedDecision, ForwardTo, forwarded_levels, level_shares
 
 
 class CredentialIssuer(Protocol):
-    """Signs route credentials (:class:`node.credentials.RegionKeys` is one)."""
+    """Signs route credentials (:class:`node.trust.credentials.RegionKeys` is one)."""
 
     def issue(self, *, caller: TokenClaims, agent_id: str, capability: str | None, ticket_id: str, index: int,
               expires_at_ms: int, now_ms_: int) -> str: ...

@@ -1,6 +1,6 @@
 """``async with RedisErrors(region):`` around every call to a region's Redis.
 
-redis-py's errors become :class:`~node.errors.StoreUnavailable` (503) here, in one place, for every
+redis-py's errors become :class:`~node.core.errors.StoreUnavailable` (503) here, in one place, for every
 module that talks to a region's Redis (the store, the load feed, the federation replica).
 """
 

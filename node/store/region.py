@@ -25,7 +25,7 @@ Lease expiry in the records is not rewritten by heartbeats: the ``leases`` sorte
 truth, and readers merge it into the records they load.
 
 A stored record or change entry that does not parse never stops a reader: it goes to the
-store's :class:`~node.quarantine.Quarantine` and reads as absent (a change entry for an agent
+store's :class:`~node.store.quarantine.Quarantine` and reads as absent (a change entry for an agent
 whose record does not parse reads as that agent's deletion, reason ``quarantined``).
 """
 

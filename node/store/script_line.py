@@ -1,6 +1,6 @@
 """One Lua script, run batch after batch over a connection of its own.
 
-A :class:`~node.batch.Coalescer` has one batch in flight at a time, so its flush needs no
+A :class:`~node.store.batch.Coalescer` has one batch in flight at a time, so its flush needs no
 connection pool: :class:`ScriptLine` keeps one connection out of the client's pool for as long as
 it lives and sends each batch as one ``EVALSHA`` (packed by hiredis on the store's pool,
 ``node.redis_wire``). redis-py opens the connection (address, TLS, AUTH, SELECT: whatever the URL
@@ -17,7 +17,7 @@ connections carry it: reconnect and back off on a connection error or timeout), 
 ``socket_timeout`` for a reply, a script Redis does not know (a restarted or replaced server)
 loaded and sent again, and an error reply raised as redis-py's exception (its parser's mapping).
 A call cancelled before its reply leaves the reply to be read and dropped, so the next call gets
-its own (``tests/test_batching.py``); a connection closed under a call fails it with redis-py's
+its own (``tests/store/test_batching.py``); a connection closed under a call fails it with redis-py's
 ``ConnectionError`` and the retry reconnects.
 """
 

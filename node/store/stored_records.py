@@ -91,7 +91,7 @@ class _StoredLoad(Struct, frozen=True, forbid_unknown_fields=True, gc=False):
 
 
 class _Stored(Struct, forbid_unknown_fields=True, gc=False):
-    """An :class:`~node.models.AgentRecord` as stored, by JSON type, lengths and bounds, its
+    """An :class:`~node.core.models.AgentRecord` as stored, by JSON type, lengths and bounds, its
     fields in the model's order (tests check it names every field); the patterns are checked
     after decoding (:func:`_compact_record`); what it leaves to the Python validators — URL
     forms, caller-pattern syntax — is listed in the module doc."""

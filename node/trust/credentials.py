@@ -9,7 +9,7 @@ EdDSA over Ed25519 (PyJWT with ``cryptography``)::
             cap  the capability routed by (when there is one) tid  the ticket id
             jti  "<ticket id>.<n>" (n: the target's place)    iat, exp  seconds; exp = the ticket's expiry
 
-(:class:`node.models.CallClaims`). The called agent verifies it with the public keys its region
+(:class:`node.core.models.CallClaims`). The called agent verifies it with the public keys its region
 serves at ``/.well-known/jwks.json`` (:class:`node.client.CallVerifier` does it); an alternate's
 credential is issued when the caller fails over to it (``POST /v1/credentials``), so a resolve
 signs once.

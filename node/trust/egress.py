@@ -293,7 +293,7 @@ class EgressPolicy(BaseModel):
 
         Checks every endpoint (any scheme: callers dial those, but the host rules apply), the
         ``callback_endpoint`` and the probe URLs (http/https only: the node dials them). The
-        result is a 422 ``egress_denied`` :class:`~node.errors.NodeError`; raise it as it is.
+        result is a 422 ``egress_denied`` :class:`~node.core.errors.NodeError`; raise it as it is.
         """
         candidates: list[tuple[str, str, tuple[str, ...] | None]] = [
             (f"endpoints.{name}", url, None) for name, url in registration.endpoints.items()]

@@ -1,6 +1,6 @@
 """The region's deny list of revoked bearer tokens, shared by its nodes through Redis.
 
-Every token the cluster issues carries an id (``jti``, :class:`node.models.TokenClaims`).
+Every token the cluster issues carries an id (``jti``, :class:`node.core.models.TokenClaims`).
 Revoking one (``POST /v1/admin/tokens/revoke``, ``agent-reach token revoke``) puts its id on the
 region's deny list until the token would have expired anyway::
 

@@ -2,7 +2,7 @@
 
 A token is ``ar1.<base64url(claims JSON)>.<base64url(mac)>``; claims say who (``sub``), in
 which role (admin, agent, caller), until when (``exp``, seconds) and which token it is (``jti``,
-what revoking it names: :mod:`node.revocation`). An agent token allows
+what revoking it names: :mod:`node.trust.revocation`). An agent token allows
 register/heartbeat/deregister of that agent_id only; any valid token may resolve, and the
 router sees the caller's identity. The secret is read from ``AGENT_REACH_SECRET``, or from the
 file named by ``AGENT_REACH_SECRET_FILE``; with neither, a local secret file is created once
@@ -224,7 +224,7 @@ def may_see(caller: TokenClaims, agent_id: str, allowed_callers: list[str]) -> b
 
     ``allowed_callers`` empty: anyone. Otherwise admins and peer nodes, the agent itself, and
     callers whose subject matches one of the patterns (``"admin"`` names the admin role); the
-    called agent applies the same rule to a route credential (:func:`node.models.caller_may_call`).
+    called agent applies the same rule to a route credential (:func:`node.core.models.caller_may_call`).
     """
     return caller_may_call(caller.sub, caller.role, agent_id, allowed_callers)
 

@@ -2,7 +2,7 @@
 
 ``AgentIndex`` is the plain data structure (records by id and by capability name), also used by
 the federation replica for peer regions. ``RegionCache`` keeps one index current with the
-region's Redis (a :class:`~node.follower.StreamFollower`): it loads a snapshot, then
+region's Redis (a :class:`~node.view.follower.StreamFollower`): it loads a snapshot, then
 ``XREAD BLOCK``s the change stream from the snapshot's version; a version gap (the capped
 stream was trimmed past us, an entry did not parse, or Redis was wiped) reloads the snapshot.
 Loads reported by heartbeats or load reports come over the region's load channel

@@ -110,7 +110,7 @@ class OAuthFlow(_Card):
 
 
 class OAuthFlows(_Card):
-    """v0.3 may give several flows; in 1.0 they are a one-of (:mod:`node.a2a.convert` keeps the last)."""
+    """v0.3 may give several flows; in 1.0 they are a one-of (:mod:`node.core.a2a.convert` keeps the last)."""
 
     authorizationCode: OAuthFlow | None = None
     clientCredentials: OAuthFlow | None = None

@@ -25,7 +25,7 @@ _V03_ONLY = ("url", "preferredTransport", "protocolVersion", "additionalInterfac
 
 
 def as_v1(card: dict[str, Any]) -> dict[str, Any]:
-    """``card`` (validated by :class:`node.a2a.card.AgentCard`) as a v1.0 card; a copy."""
+    """``card`` (validated by :class:`node.core.a2a.card.AgentCard`) as a v1.0 card; a copy."""
     card = copy.deepcopy(card)
     if card.get("supportedInterfaces"):
         return card

@@ -1,7 +1,7 @@
 """Agent Cards the registry serves: an agent's, and its own.
 
 An agent registered from its card gets that card back as it was given — a v0.3 card converted
-to v1.0 the way the A2A SDK reads it (:mod:`node.a2a.convert`) — with one thing added: the
+to v1.0 the way the A2A SDK reads it (:mod:`node.core.a2a.convert`) — with one thing added: the
 registry's extension (:data:`REGISTRY_EXTENSION_URI`) appended to ``capabilities.extensions``,
 whose ``params`` say what only the registry knows (region, status, readiness, lease, how to be
 routed). Nothing of the agent's is changed. A signed card is served exactly as registered, the

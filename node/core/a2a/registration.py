@@ -1,6 +1,6 @@
 """Registering an agent from its A2A Agent Card (``POST /v1/agent-cards``).
 
-The card is kept as it was given (:class:`~node.models.CardListing`, the record's ``a2a``) and
+The card is kept as it was given (:class:`~node.core.models.CardListing`, the record's ``a2a``) and
 read for what the registry routes by: each skill becomes a capability (its id lower-cased as
 the name — the card keeps the id as written — with its description, or its name when it has
 none, its tags and examples), the first interface the ``primary`` endpoint and the others named

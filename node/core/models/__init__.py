@@ -11,7 +11,7 @@ URLs without whitespace. HTTP bodies are parsed in strict mode (``"5000"`` is no
 ``true`` is not a weight: see ``node.http.parse_body``). No module of this package does I/O (``compat``
 logs the first drop of each field).
 
-One concept per module, every name importable from here (``from node.models import X``)::
+One concept per module, every name importable from here (``from node.core.models import X``)::
 
     fields     identifier patterns, bounded text and numbers, URLs, free-form JSON, Strict
     versions   capability versions and version constraints
@@ -35,6 +35,7 @@ from .cards import (
     CardListing,
     a2a_interface,
 )
+from . import compat
 from .changes import ChangeEvent, ChangeKind, DeleteReason
 from .fields import (
     AGENT_ID_PATTERN,
@@ -135,5 +136,5 @@ __all__ = [
     "RegionSummary", "RevocationRequest", "RouteRequest", "RouteTarget", "RouteTicket", "SINGLE_LINE_PATTERN", "Scope", "SearchHit",
     "SearchResponse", "ShortText", "Snapshot", "Status", "Strict", "SummaryView", "TOKEN_ID_PATTERN", "TRACE_ID_PATTERN", "TRANSPORT_PATTERN", "TokenClaims", "TokenRole",
     "ENDPOINT_NAME_PATTERN", "NOT_IN_ONE_LINE", "check_url", "MAX_TOKEN_EXPIRY_S",
-    "VersionConstraint", "caller_may_call", "check_json_value", "compile_pattern", "key_region", "parse_version", "usable_keys", "version_constraint",
+    "VersionConstraint", "caller_may_call", "compat", "check_json_value", "compile_pattern", "key_region", "parse_version", "usable_keys", "version_constraint",
 ]

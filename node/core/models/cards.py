@@ -1,5 +1,5 @@
 """An agent registered from its A2A Agent Card: the card as it was given, and what the registry
-read of it (:class:`CardListing`, an :class:`~node.models.AgentRecord`'s ``a2a``). This module does no I/O.
+read of it (:class:`CardListing`, an :class:`~node.core.models.AgentRecord`'s ``a2a``). This module does no I/O.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class CallClaims(Strict):
     A route credential is a JWT (EdDSA, Ed25519) signed by the key of the region that issued the
     ticket (``iss``); the JWT header's ``kid`` names the key, ``<region>.<thumbprint>``. The
     called agent checks it with the region's public keys (``/.well-known/jwks.json``), never
-    with the cluster secret: see :mod:`node.credentials` and ``node.client.CallVerifier``.
+    with the cluster secret: see :mod:`node.trust.credentials` and ``node.client.CallVerifier``.
     """
 
     iss: Region = Field(description="The region whose node issued the ticket and signed this credential.")

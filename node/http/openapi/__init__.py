@@ -1,7 +1,7 @@
 """The OpenAPI 3.2 document of the v1 API, generated from the boundary models.
 
 The document states what the node enforces, so that a request valid by it is accepted and
-every answer conforms to it (``tests/test_fuzz.py`` runs schemathesis against a live node to
+every answer conforms to it (``tests/http/test_fuzz.py`` runs schemathesis against a live node to
 hold it to that):
 
 * **Bodies** are the pydantic models' JSON schemas (validation mode), refined here with what
@@ -13,8 +13,8 @@ hold it to that):
   the same name and major version are a 422; an envelope past ``expire_at_ms`` is a 410.
 * **Parameters** carry their patterns, ranges and enums (``agent_id`` is ``namespace.group.name``).
 * **Responses** are listed per operation: exactly the statuses it can answer, each error with
-  :class:`~node.models.ErrorBody`; ``/v1/watch`` documents each server-sent event (``hello``,
-  ``change`` with a :class:`~node.models.ChangeEvent`, ``overflow``) with ``itemSchema``.
+  :class:`~node.core.models.ErrorBody`; ``/v1/watch`` documents each server-sent event (``hello``,
+  ``change`` with a :class:`~node.core.models.ChangeEvent`, ``overflow``) with ``itemSchema``.
 * **Routes** are the ones the node serves: ``build_openapi(region, served=…)`` drops what an
   attachment did not add (``/v1/federation/status`` without federation, the vectors route
   without discovery).

@@ -1,7 +1,7 @@
 """What the models' validators check, as JSON Schema: the grammars of versions, version
 constraints, IPv6 literals and URLs, and the schema fragments the refinements are built from.
 
-Each pattern states what the node accepts (``tests/test_fuzz.py`` holds them to the code
+Each pattern states what the node accepts (``tests/http/test_fuzz.py`` holds them to the code
 they mirror: ``node.models``, ``node.egress``).
 """
 

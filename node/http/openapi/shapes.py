@@ -1,6 +1,6 @@
 """Shapes of the answers the handlers write as dictionaries, for the document to describe.
 
-The fuzz test (``tests/test_fuzz.py``) fails when a handler and its shape here drift apart.
+The fuzz test (``tests/http/test_fuzz.py``) fails when a handler and its shape here drift apart.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The server-sent events of ``GET /v1/watch`` as the document describes them (``WatchEvent``,
 the stream's ``itemSchema``): ``hello`` first, then one ``change`` (a
-:class:`~node.models.ChangeEvent`) per event, ``overflow`` when a watcher fell behind,
+:class:`~node.core.models.ChangeEvent`) per event, ``overflow`` when a watcher fell behind,
 ``revoked`` when the watcher's token was revoked, ``expired`` when it expired (each ends the stream). The
 stream itself is written by ``node.watch_stream``.
 """

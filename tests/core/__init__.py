@@ -1,0 +1,1 @@
+"""The core room: models, envelope, errors, tasks."""

@@ -1,0 +1,1 @@
+"""The delivery room: attempts, failover, breakers."""

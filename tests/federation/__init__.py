@@ -1,0 +1,1 @@
+"""Federation (the federation package)."""

@@ -1,0 +1,1 @@
+"""The node's HTTP face."""

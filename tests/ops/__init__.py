@@ -1,0 +1,1 @@
+"""Operations: logs, metrics, settings from the environment."""

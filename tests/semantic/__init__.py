@@ -1,0 +1,1 @@
+"""Semantic discovery (the semantic package)."""

@@ -1,0 +1,1 @@
+"""The store room: the region's Redis."""

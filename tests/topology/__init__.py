@@ -1,0 +1,1 @@
+"""Topology, the CLI and the processes it runs (the topology package)."""

@@ -1,0 +1,92 @@
+"""``agent-reach node --workers N``: N processes on one port sharing the region's Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+
+from node.core.models import TokenRole
+from node.trust import Signer
+from topology.cli.workers import child_argv, workers_problem
+
+from ..helpers import alive, descendants, free_port, registration, wait_for
+
+SECRET = "workers-test-secret-0123456789abcdef"
+
+
+async def _node_ids(url: str, attempts: int) -> set[str]:
+    """node_id of whoever answers /healthz on a fresh connection, ``attempts`` times."""
+    seen = set()
+    for _ in range(attempts):
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            async with session.get(f"{url}/healthz") as response:
+                seen.add((await response.json())["node_id"])
+    return seen
+
+
+async def test_two_workers_share_a_port_and_a_region(redis_url: str, region: str) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
+    parent = subprocess.Popen([sys.executable, "-m", "topology.cli", "--log-level", "WARNING", "node", "--region",
+                               region, "--redis", redis_url, "--port", str(port), "--no-semantic", "--egress-allow",
+                               "loopback", "--workers", "2", "--drain-grace-ms", "0"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        async def both_answer() -> bool:
+            try:
+                return len(await _node_ids(url, 20)) == 2
+            except aiohttp.ClientError:
+                return False
+
+        await wait_for(both_answer, timeout_s=60, message="both workers to answer on the one port")
+        admin = Signer(SECRET.encode()).issue("admin", TokenRole.ADMIN, ttl_s=600)
+        headers = {"Authorization": f"Bearer {admin}"}
+        async with aiohttp.ClientSession(headers=headers) as session:
+            async with session.post(f"{url}/v1/agents", json=registration("wrk.grp.a1")) as response:
+                assert response.status == 201, await response.text()
+
+        async def every_worker_routes() -> bool:  # each worker's cache tails the region's stream
+            for _ in range(10):
+                async with aiohttp.ClientSession(headers=headers,
+                                                 connector=aiohttp.TCPConnector(force_close=True)) as session:
+                    async with session.post(f"{url}/v1/resolve", json={"capability": "translate.text"}) as response:
+                        if response.status != 200:
+                            return False
+            return True
+
+        await wait_for(every_worker_routes, message="the agent to be routable through both workers")
+
+        # A worker that dies is replaced; the port keeps answering meanwhile.
+        workers = sorted(descendants(parent.pid))
+        assert len(workers) >= 2
+        victim = workers[0]
+        os.kill(victim, signal.SIGKILL)
+        await wait_for(lambda: not alive(victim), message="the killed worker to go")
+        await wait_for(both_answer, timeout_s=60, message="a replacement worker to answer")
+    finally:
+        parent.send_signal(signal.SIGTERM)
+        try:
+            parent.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            parent.kill()
+            parent.wait()
+    errors = parent.stderr.read().decode() if parent.stderr else ""
+    assert parent.returncode == 0, errors
+    assert "starting another" in errors
+
+
+@pytest.mark.unit
+def test_workers_need_a_shared_redis_and_a_fixed_port() -> None:
+    assert workers_problem(workers=1, redis_url=None, port=0) is None
+    assert "Redis by URL" in workers_problem(workers=2, redis_url=None, port=7101)
+    assert "fixed port" in workers_problem(workers=2, redis_url="redis://127.0.0.1:1", port=0)
+    assert "at least 1" in workers_problem(workers=0, redis_url=None, port=1)
+    assert child_argv(["--log-level", "INFO", "node", "--workers", "3", "--region", "r"]) == [
+        "--log-level", "INFO", "node", "--region", "r", "--workers", "1", "--reuse-port"]
+    assert child_argv(["node", "--workers=3"]) == ["node", "--workers", "1", "--reuse-port"]

@@ -1,0 +1,1 @@
+"""The trust room: tokens, credentials, revocation, egress, tenants."""

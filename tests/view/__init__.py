@@ -1,0 +1,1 @@
+"""The view room: memory kept current."""
