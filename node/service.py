@@ -104,7 +104,7 @@ class RegistryNode:
                              overprovisioning_factor=config.overprovisioning_factor,
                              semantic_threshold=config.semantic_threshold,
                              semantic_lexical_threshold=config.lexical_threshold, credentials=self.keys)
-        self.leadership = Leadership(self.store, node_id=self.node_id, ttl_ms=config.leader_ttl_ms)
+        self.leadership = Leadership.of(self.store, node_id=self.node_id, ttl_ms=config.leader_ttl_ms)
         self.sweeper = Sweeper(self.store, interval_ms=config.sweep_interval_ms,
                                max_expire_fraction=config.max_expire_fraction,
                                protect_min_agents=config.protect_min_agents,

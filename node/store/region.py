@@ -7,18 +7,20 @@ the layout works on Redis Cluster)::
     {prefix}:{region}:leases    ZSET   agent_id -> lease expiry, ms since the epoch
     {prefix}:{region}:version   STRING region version, bumped by every change
     {prefix}:{region}:changes   STREAM one entry per change, id "<version>-0", capped
-    {prefix}:{region}:leader    STRING node id of the replica holding the singleton duties
     {prefix}:{region}:loads     HASH   agent_id -> the load it reported last (JSON), since its record
                                        was written; published on the channel of the same name
 
-Load is soft state and stays home: a report stores it and publishes it (``node.loads`` follows
+Other rooms keep their own keys under the same hash tag (``RegionStore.key_base``), on this store's
+connections: the leader lease (``node.duties.leader``), the revoked tokens (``node.trust``) ….
+
+Load is soft state and stays home: a report stores it and publishes it (``node.store.loads`` follows
 the channel on every replica) without a version or a stream entry, so it never travels to peers.
 
-Every mutation is ONE Lua script (``node.store_scripts``): bump the version, write the record,
+Every mutation is ONE Lua script (``node.store.scripts``): bump the version, write the record,
 move the lease and append the change entry, so a change is in Redis and in the stream or
 nowhere (transactional outbox). A heartbeat that changes nothing but the lease only moves the
 lease. Concurrent registrations and updates (heartbeats, probe verdicts) are coalesced into one
-script call per batch (``node.batch``: group commit, no waiting at low load); each keeps its own
+script call per batch (``node.store.batch``: group commit, no waiting at low load); each keeps its own
 answer and its own error. Only Redis 6.2 commands.
 
 Lease expiry in the records is not rewritten by heartbeats: the ``leases`` sorted set is the
@@ -51,7 +53,7 @@ from .read_ahead import read_ahead
 from .redis_errors import RedisErrors
 from .results import HeartbeatResult, SnapshotData, StoredVersions
 from .script_line import ScriptLine
-from .scripts import ACQUIRE, DELETE, REGISTER, RELEASE, UPDATE
+from .scripts import DELETE, REGISTER, UPDATE
 from .stored_bytes import parse_change, problem_of, read_region, text_of
 from .stored_records import WrittenRecords, read_record, stored_version
 from .wire import pack_with_hiredis
@@ -89,7 +91,6 @@ class RegionStore:
         self.key_leases = f"{base}:leases"
         self.key_version = f"{base}:version"
         self.key_changes = f"{base}:changes"
-        self.key_leader = f"{base}:leader"
         self.key_loads = self.load_channel = f"{base}:loads"
         self.key_base = base
         self.change_stream_maxlen = change_stream_maxlen
@@ -105,8 +106,6 @@ class RegionStore:
             "register": self._registers, "update": self._updates}  # type: ignore[dict-item]
         self._written = WrittenRecords()  # read back from the stream without validating again
         self._delete = redis.register_script(DELETE)
-        self._acquire = redis.register_script(ACQUIRE)
-        self._release = redis.register_script(RELEASE)
 
     @classmethod
     def from_url(cls, url: str, *, region: str, **options: object) -> RegionStore:
@@ -436,20 +435,6 @@ class RegionStore:
     def record_key(self, agent_id: str) -> str:
         """Where an agent's record lives, as the quarantine names it."""
         return f"{self.key_agents}/{agent_id}"
-
-    # -- leadership --------------------------------------------------------------------------
-
-    async def acquire_leadership(self, node_id: str, *, ttl_ms: int) -> bool:
-        async with self._translate():
-            return bool(await self._acquire(keys=[self.key_leader], args=[node_id, ttl_ms]))
-
-    async def release_leadership(self, node_id: str) -> None:
-        async with self._translate():
-            await self._release(keys=[self.key_leader], args=[node_id])
-
-    async def leader(self) -> str | None:
-        async with self._translate():
-            return await self.redis.get(self.key_leader)
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -111,25 +111,4 @@ end
 return out
 """
 
-# KEYS: leader. ARGV: node id, ttl ms. Returns 1 when this node holds (or now took) the lease.
-ACQUIRE = """
-local cur = redis.call('GET', KEYS[1])
-if cur == false then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-if cur == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"""
-
-# KEYS: leader. ARGV: node id. Gives the lease up only if this node holds it; returns 1 if it did.
-RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-
-__all__ = ["ACQUIRE", "DELETE", "REGISTER", "RELEASE", "UPDATE"]
+__all__ = ["DELETE", "REGISTER", "UPDATE"]
