@@ -55,7 +55,7 @@ from .core.models import (
 from .delivery import BreakerState, OutcomeTracker
 from .duties import Leadership, Prober, Sweeper, new_node_id
 from .ops import LoopWatch, NodeMetrics
-from .routing import Decision, DecisionLog, Router, Searcher, forwarded
+from .routing import Decision, DecisionLog, Router, Searcher, SummaryOnlyLookups
 from .store import HeartbeatResult, RegionStore, stored_version
 from .trust import EgressDenied, RegionKeys, Revocation, RevocationList, Signer, authorize_agent, may_see
 from .view import CacheState, RegionCache, WatchHub
@@ -117,6 +117,7 @@ class RegistryNode:
         self.metrics = NodeMetrics(config.region)
         self.revocations = RevocationList.of(self.store, poll_interval_ms=config.revocation_poll_interval_ms)
         self.decisions = DecisionLog(config.decision_log, region=config.region)
+        self.summary_only = SummaryOnlyLookups(self.router, visible=self.visible)
         self.loop_watch = LoopWatch(self.metrics.registry)
         self.extensions: list[Extension] = []
         self.searcher: Searcher | None = None
@@ -292,8 +293,13 @@ class RegistryNode:
         return record
 
     async def lookup(self, agent_id: str, caller: TokenClaims) -> AgentRecord:
-        """:meth:`get`, then the nodes of summary-only peers (``node.forwarded``)."""
-        return await forwarded.lookup(self, agent_id, caller)
+        """:meth:`get`, then the nodes of summary-only peers (:class:`~node.routing.SummaryOnlyLookups`)."""
+        try:
+            return self.get(agent_id, caller)
+        except NotFound:
+            if not self.summary_only.regions():
+                raise
+        return await self.summary_only.agent(agent_id, caller)
 
     @staticmethod
     def visible(record: AgentRecord, caller: TokenClaims) -> bool:
@@ -338,8 +344,8 @@ class RegistryNode:
         started = time.perf_counter()
         here = self.searcher.search(query, k=k, scope=scope, routable_only=routable_only,
                                     visible=lambda record: self.visible(record, caller))
-        if scope is Scope.GLOBAL:  # and the summary-only peers, asked by their nodes (node.forwarded)
-            response = await forwarded.search(self, here, query, k=k, routable_only=routable_only, caller=caller)
+        if scope is Scope.GLOBAL:  # and the summary-only peers, asked by their nodes
+            response = await self.summary_only.search(here, query, k=k, routable_only=routable_only, caller=caller)
         else:
             response = await here
         self.metrics.observe(self.metrics.search_seconds, time.perf_counter() - started, response.mode)

@@ -4,6 +4,7 @@ catalogs, forwarded lookups, the decision log and the search port.
 
 from .candidates import DEFAULT_CAPACITY, STATUS_FACTORS, capability_of, tagged
 from .decisions import DecisionLog
+from .forwarded import SummaryOnlyLookups
 from .remote import described_for
 from .router import (
     DEFAULT_OVERPROVISIONING_FACTOR,
@@ -34,6 +35,7 @@ __all__ = [
     "Searcher",
     "SemanticMatch",
     "SemanticMatches",
+    "SummaryOnlyLookups",
     "capability_of",
     "described_for",
     "tagged",

@@ -1,6 +1,6 @@
 """Global search reaches summary-only regions: region a keeps only summaries of c, so a search
 from a asks c's node (as the caller) and merges its hits; with c down it answers from what is
-left and names c (``node.forwarded.search``)."""
+left and names c (``node.routing.SummaryOnlyLookups.search``)."""
 
 from __future__ import annotations
 
