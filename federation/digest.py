@@ -3,7 +3,7 @@
 The digest is the XOR of a 64-bit hash of every ``(agent_id, version)`` the region holds:
 independent of order and updated one record at a time, so both sides keep it incrementally —
 the replica as it applies changes, the publisher as it sends them (:class:`DigestTracker`).
-Reading a whole region to compute it (``RegionStore.snapshot_versions``) is for start-up and a
+Reading a whole region to compute it (``RegionSnapshots.snapshot_versions``) is for start-up and a
 periodic check only: the store reads the versions off the stored JSON instead of validating
 every record (``snapshot()`` costs about 40 ms per thousand agents; this about a third of
 that, and the tracker nothing).
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from node.core.models import AgentRecord, ChangeEvent, ChangeKind
-from node.store import RegionStore
+from node.store import RegionSnapshots, RegionStore
 
 DIGEST_HEX_CHARS = 16
 
@@ -60,12 +60,12 @@ class RegionState:
 
 async def read_region_state(store: RegionStore) -> RegionState:
     """Version, agent versions and leases of the region, read consistently
-    (``RegionStore.snapshot_versions``: quarantined records are in no digest, as no peer is
+    (``RegionSnapshots.snapshot_versions``: quarantined records are in no digest, as no peer is
     served them).
 
     Raises :class:`~node.core.errors.StoreUnavailable` when Redis cannot be reached.
     """
-    stored = await store.snapshot_versions()
+    stored = await RegionSnapshots(store).snapshot_versions()
     return RegionState(version=stored.version, agents=stored.agents)
 
 

@@ -9,7 +9,7 @@ what any JSON parser reads whole — laid out one record per line::
     ]}
 
 so a peer (``federation.antientropy``) parses it a record at a time as it arrives, and neither
-side holds the whole document: the node reads the records in HSCAN chunks (``RegionStore.chunks``)
+side holds the whole document: the node reads the records in HSCAN chunks (``RegionSnapshots.chunks``)
 and writes each chunk's records as stored (spliced, not encoded again), vetting those the cache
 does not hold at the same version. The watermark is the region version read before the first
 chunk; a record written during the scan may be newer than it, which the reconcile allows (it keeps
@@ -26,6 +26,7 @@ import orjson
 from aiohttp import web
 
 from ..core import StoreUnavailable, now_ms
+from ..store import RegionSnapshots
 
 if TYPE_CHECKING:
     from ..service import RegistryNode
@@ -41,8 +42,9 @@ CHUNK = 2_000  # records per HSCAN chunk (the store's count hint)
 
 async def stream_snapshot(request: web.Request, node: RegistryNode) -> web.StreamResponse:
     now = now_ms()
-    watermark = await node.store.version()
-    chunks = node.store.chunks(chunk=CHUNK)
+    snapshots = RegionSnapshots(node.store)
+    watermark = await snapshots.version()
+    chunks = snapshots.chunks(chunk=CHUNK)
     first = await anext(chunks)  # a Redis that fails here is still a clean 503
     response = web.StreamResponse(headers={"Content-Type": "application/json", "Cache-Control": "no-store"})
     response.enable_chunked_encoding()

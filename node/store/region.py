@@ -33,9 +33,8 @@ whose record does not parse reads as that agent's deletion, reason ``quarantined
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -48,33 +47,49 @@ from ..core import Conflict, UnknownAgent, now_ms
 from ..core.models import AgentRecord, ChangeEvent, DeleteReason, Load
 from .batch import Coalescer
 from .loads import parse_load
-from .quarantine import RECORD, Quarantine
-from .read_ahead import read_ahead
+from .quarantine import Quarantine
 from .redis_errors import RedisErrors
-from .results import HeartbeatResult, SnapshotData, StoredVersions
 from .script_line import ScriptLine
 from .scripts import DELETE, REGISTER, UPDATE
-from .stored_bytes import parse_change, problem_of, read_region, text_of
-from .stored_records import WrittenRecords, read_record, stored_version
+from .stored_bytes import parse_change, parse_record
+from .stored_records import WrittenRecords, stored_version
 from .wire import pack_with_hiredis
 
-__all__ = ["DEFAULT_CHANGE_STREAM_MAXLEN", "DEFAULT_KEY_PREFIX", "RedisErrors", "RegionStore", "now_ms",
-           "stored_version"]
+__all__ = ["DEFAULT_CHANGE_STREAM_MAXLEN", "DEFAULT_KEY_PREFIX", "HeartbeatResult", "RedisErrors", "RegionStore",
+           "now_ms", "stored_version"]
 
 DEFAULT_KEY_PREFIX = "ar"
 DEFAULT_CHANGE_STREAM_MAXLEN = 100_000
 _CAS_ATTEMPTS = 8
 _LEASE_BATCH = 1_000
-_SNAPSHOT_CHUNK = 2_000
-_PARSE_SLICE = 100  # records parsed between two turns of the event loop in a load
+_LOAD_SCAN_CHUNK = 2_000
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_POOL_TIMEOUT_S = 5.0
 
-RecordChunk = tuple[list[str], list[str], list["float | None"]]  # agent ids, raw records, lease expiries
+
+@dataclass(slots=True)
+class HeartbeatResult:
+    """What :meth:`RegionStore.update` stored: the version and lease, and whether the record changed.
+
+    A lease-only heartbeat builds no record (``record`` makes one when asked): the hot path
+    answers from ``version`` and ``lease_expires_at_ms``.
+    """
+
+    version: int
+    lease_expires_at_ms: int
+    changed: bool
+    stored: AgentRecord  # the changed record as stored; unchanged: the record before this update
+
+    @property
+    def record(self) -> AgentRecord:
+        if self.changed:
+            return self.stored
+        return self.stored.model_copy(update={"version": self.version, "lease_expires_at_ms": self.lease_expires_at_ms})
 
 
 class RegionStore:
-    """Async access to one region's records in Redis.
+    """Async access to one region's records in Redis: its writes, and reads of a record, a lease
+    or a change at a time (a whole region is read by :class:`~node.store.snapshots.RegionSnapshots`).
 
     Raises :class:`StoreUnavailable` when Redis cannot be reached; never leaves a half-written
     change behind (every mutation is one script).
@@ -208,7 +223,7 @@ class RegionStore:
         """Every load reported since its record was written, read in HSCAN chunks."""
         loads: dict[str, Load] = {}
         async with self._translate():
-            async for agent_id, raw in self.redis.hscan_iter(self.key_loads, count=_SNAPSHOT_CHUNK):
+            async for agent_id, raw in self.redis.hscan_iter(self.key_loads, count=_LOAD_SCAN_CHUNK):
                 load = parse_load(raw)
                 if load is not None:
                     loads[agent_id] = load
@@ -263,115 +278,6 @@ class RegionStore:
             return None
         load = None if raw_load is None else parse_load(raw_load)
         return self._parse_record(agent_id, raw, lease_expires_at_ms=int(lease or 0), load=load)
-
-    async def _read_region(self) -> tuple[int, dict[str, str], dict[str, int]]:
-        """The region version, every stored record (raw) and every lease, at one instant (one script,
-        ``node.stored_bytes.read_region``)."""
-        async with self._translate():
-            version, records, leases = await read_region(self.redis, (self.key_version, self.key_agents,
-                                                                       self.key_leases))
-        return version, self._texts(records), leases
-
-    def _texts(self, stored: dict[bytes, bytes]) -> dict[str, str]:
-        """Stored records read as bytes, as text; one that is not UTF-8 is quarantined and left out
-        (decoding the whole reply raised: one such value failed every digest and snapshot)."""
-        texts = {}
-        for raw_id, raw in stored.items():
-            agent_id = text_of(raw_id)
-            try:
-                texts[agent_id] = raw.decode()
-            except UnicodeDecodeError:
-                self._parse_record(agent_id, raw, lease_expires_at_ms=None)  # quarantines it
-        return texts
-
-    async def snapshot(self, *, chunk: int = _SNAPSHOT_CHUNK) -> SnapshotData:
-        """All records, read in chunks (HSCAN, with their leases), and a version V such that
-        applying the change stream after V to them gives the region exactly.
-
-        V is read first; a record the scan returns may be newer than V (written during the
-        scan), never older than its last change up to V, and a record removed during the scan
-        is in the stream after V. A reader that replays the stream after V skipping entries older
-        than the records it holds (``AgentIndex.apply``) is therefore exact, while only one
-        chunk of raw JSON is in memory at a time (a 100,000-agent region is 70 MB of it).
-        """
-        version = await self.version()
-        records: list[AgentRecord] = []
-        async for parsed in self.parsed_chunks(chunk=chunk):
-            records.extend(parsed)
-        return SnapshotData(version=version, records=records)
-
-    async def parsed_chunks(self, *, chunk: int = _SNAPSHOT_CHUNK) -> AsyncIterator[list[AgentRecord]]:
-        """Every stored record with its lease and reported load, parsed, one HSCAN chunk at a
-        time; read the version before the first (see :meth:`snapshot`). A record that does not
-        parse — or is not UTF-8 — is quarantined and skipped."""
-        async with contextlib.aclosing(read_ahead(self._stored_chunks(chunk))) as chunks:
-            async for ids, raw_records, leases, loads in chunks:
-                records = []
-                for at, (agent_id, raw, lease, load) in enumerate(zip(ids, raw_records, leases, loads), 1):
-                    record = self._parse_record(agent_id, raw, lease_expires_at_ms=int(lease or 0), load=load)
-                    if record is not None:
-                        records.append(record)
-                    if at % _PARSE_SLICE == 0:
-                        await asyncio.sleep(0)  # the next chunk's round trips go on meanwhile
-                yield records
-
-    async def _stored_chunks(self, chunk: int) -> AsyncIterator[tuple[list[str], list[bytes], list, list]]:
-        """The stored records as bytes in HSCAN chunks, with their leases and loads. Bytes: a
-        value that is not UTF-8 fails its own parse, not the whole read (decoding the reply did)."""
-        cursor = 0
-        while True:
-            async with self._translate():
-                cursor, stored = await self.redis.execute_command("HSCAN", self.key_agents, cursor, "COUNT", chunk,
-                                                                  **{NEVER_DECODE: True})
-                ids = [text_of(agent_id) for agent_id in stored]
-                leases: list = []
-                loads: list = []
-                if ids:
-                    async with self.redis.pipeline(transaction=False) as pipe:  # one round trip
-                        pipe.zmscore(self.key_leases, list(stored))
-                        pipe.hmget(self.key_loads, ids)
-                        leases, loads = await pipe.execute()
-            yield ids, list(stored.values()), leases, [None if raw is None else parse_load(raw) for raw in loads]
-            if cursor == 0:
-                return
-
-    async def chunks(self, *, chunk: int = _SNAPSHOT_CHUNK) -> AsyncIterator[RecordChunk]:
-        """Every stored record in HSCAN chunks: ``(agent ids, raw records, lease expiries)`` (a
-        lease None: none). Read the version before the first chunk (see :meth:`snapshot`)."""
-        cursor = 0
-        while True:
-            async with self._translate():
-                cursor, stored = await self.redis.execute_command("HSCAN", self.key_agents, cursor, "COUNT", chunk,
-                                                                  **{NEVER_DECODE: True})
-                raw_records = self._texts(stored)
-                ids = list(raw_records)
-                leases = await self.redis.zmscore(self.key_leases, ids) if ids else []
-            yield ids, list(raw_records.values()), leases
-            if cursor == 0:
-                return
-
-    async def snapshot_versions(self) -> StoredVersions:
-        """Every agent's version and lease and the region version they are consistent with (one
-        MULTI/EXEC): a digest's worth of :meth:`snapshot`.
-
-        Versions are read off the stored JSON (``stored_version``) instead of validating every
-        record, about a third of the cost. Agents the quarantine holds are left out (they are
-        served to no peer); a record these scripts did not write is parsed, and quarantined and
-        left out if it does not parse.
-        """
-        version, raw_records, lease_of = await self._read_region()
-        agents: dict[str, tuple[int, int]] = {}
-        for agent_id, raw in raw_records.items():
-            if self.quarantine.holds_agent(agent_id):
-                continue
-            record_version = stored_version(raw)
-            if record_version is None:
-                record = self._parse_record(agent_id, raw, lease_expires_at_ms=None)
-                if record is None:
-                    continue
-                record_version = record.version
-            agents[agent_id] = (record_version, lease_of.get(agent_id, 0))
-        return StoredVersions(version=version, agents=agents)
 
     async def version(self) -> int:
         async with self._translate():
@@ -441,17 +347,8 @@ class RegionStore:
     def _parse_record(self, agent_id: str, raw: str | bytes, *, lease_expires_at_ms: int | None,
                       load: Load | None = None) -> AgentRecord | None:
         """A stored record, or None (quarantined) when it does not parse."""
-        try:
-            record = read_record(raw, lease_expires_at_ms=lease_expires_at_ms, load=load)
-            if record.agent_id != agent_id:
-                raise ValueError(f"the record names agent {record.agent_id!r}")
-        except ValueError as exc:  # pydantic's ValidationError included
-            # Only a foreign writer or a schema change can get here: skip it, say which key.
-            self.quarantine.add(RECORD, self.record_key(agent_id), problem_of(exc), agent_id=agent_id)
-            return None
-        if self.quarantine:  # something is held: this key's value may have been one of them
-            self.quarantine.resolve(self.record_key(agent_id))
-        return record
+        return parse_record(agent_id, raw, lease_expires_at_ms=lease_expires_at_ms, load=load,
+                            quarantine=self.quarantine, record_key=self.record_key)
 
     def vet_record_json(self, agent_id: str, raw: str) -> bool:
         """Whether a stored record parses (quarantining it if not), for callers serving raw JSON."""

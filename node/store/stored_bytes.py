@@ -6,7 +6,7 @@ such a change entry, and such a record failed every digest and the snapshot serv
 store reads those replies as bytes (``NEVER_DECODE``; a MULTI/EXEC reply is always decoded, so the
 region's consistent read is one script here, :func:`read_region`) and a value that does not
 decode is quarantined like any other that does not parse: :func:`parse_change` for a change
-entry, ``RegionStore`` for a record.
+entry, :func:`parse_record` for a record.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from redis.client import NEVER_DECODE
 from redis.exceptions import NoScriptError
 
 from ..core import first_problem, now_ms
-from ..core.models import AGENT_ID_RE, ChangeEvent, ChangeKind, DeleteReason
-from .quarantine import Quarantine
-from .stored_records import WrittenRecords
+from ..core.models import AGENT_ID_RE, AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Load
+from .quarantine import RECORD, Quarantine
+from .stored_records import WrittenRecords, read_record
 
-__all__ = ["parse_change", "problem_of", "read_region", "text_of"]
+__all__ = ["parse_change", "parse_record", "problem_of", "read_region", "text_of"]
 
 Raw = str | bytes
 
@@ -90,6 +90,23 @@ def parse_change(entry_id: Raw, raw_fields: Mapping[Raw, Raw], *, region: str, s
     if record is not None:
         quarantine.resolve(record_key(agent_id))
     return change
+
+
+def parse_record(agent_id: str, raw: Raw, *, lease_expires_at_ms: int | None, load: Load | None,
+                 quarantine: Quarantine, record_key: Callable[[str], str]) -> AgentRecord | None:
+    """A stored record, or None (quarantined under ``record_key(agent_id)``) when it does not parse
+    or names another agent."""
+    try:
+        record = read_record(raw, lease_expires_at_ms=lease_expires_at_ms, load=load)
+        if record.agent_id != agent_id:
+            raise ValueError(f"the record names agent {record.agent_id!r}")
+    except ValueError as exc:  # pydantic's ValidationError included
+        # Only a foreign writer or a schema change can get here: skip it, say which key.
+        quarantine.add(RECORD, record_key(agent_id), problem_of(exc), agent_id=agent_id)
+        return None
+    if quarantine:  # something is held: this key's value may have been one of them
+        quarantine.resolve(record_key(agent_id))
+    return record
 
 
 def problem_of(exc: Exception) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..core import StoreUnavailable, now_ms
 from ..core.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Load
-from ..store import LoadFeed, RegionStore, build, compact, holding, is_compact, share_load
+from ..store import LoadFeed, RegionSnapshots, RegionStore, build, compact, holding, is_compact, share_load
 from .follower import FollowerState, StreamFollower
 
 log = logging.getLogger(__name__)
@@ -233,6 +233,7 @@ class RegionCache(StreamFollower[ChangeEvent]):
                  preserve_min_agents: int = DEFAULT_PRESERVE_MIN_AGENTS) -> None:
         super().__init__(region=store.region, task_name=f"cache-tail-{store.region}")
         self.store = store
+        self.snapshots = RegionSnapshots(store)  # the region load reads the whole region
         self.index = AgentIndex(store.region)
         self.lease_sync_interval_ms = lease_sync_interval_ms
         self.tail_block_ms = tail_block_ms
@@ -265,9 +266,9 @@ class RegionCache(StreamFollower[ChangeEvent]):
 
     async def _load(self) -> tuple[int, Iterator[ChangeEvent]]:
         started = now_ms()
-        version = await self.store.version()  # first: see RegionStore.snapshot
+        version = await self.snapshots.version()  # first: see RegionSnapshots.snapshot
         loaded = AgentIndex(self.store.region)
-        async for records in self.store.parsed_chunks():
+        async for records in self.snapshots.parsed_chunks():
             loaded.add_all(records)
         # The snapshot read every lease: none that ended before it started is unknown to us.
         self.lease_synced_at_ms = started

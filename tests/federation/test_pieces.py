@@ -26,7 +26,7 @@ from federation import (
     region_digest,
 )
 from node.core.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Snapshot
-from node.store import RegionStore
+from node.store import RegionSnapshots, RegionStore
 from node.store.region import now_ms
 from topology import EmbeddedKafka, Topology, TopologyError, build_node, cli, load_topology
 
@@ -317,7 +317,7 @@ async def test_tracked_digest_equals_a_full_read_and_notices_a_gap(redis_url: st
         await store.register(record("dig.grp.new", 0, region), at_ms=now_ms())
         for event in await store.read_changes(after_version=0):
             tracker.advance(event)  # the ones up to ``start`` are already counted
-        snapshot = await store.snapshot()
+        snapshot = await RegionSnapshots(store).snapshot()
         assert tracker.version == snapshot.version == start + 3
         assert tracker.digest == region_digest(snapshot.records)[0]
         assert (await read_region_state(store)).live_digest(at_ms=now_ms()) == region_digest(snapshot.records)
@@ -394,7 +394,7 @@ async def test_publisher_holds_the_backlog_while_kafka_is_down_and_sends_it_in_o
             changes = [m.change.version for m in messages if m.change is not None]
             assert set(range(6, version + 1)) <= set(changes), "a change made while Kafka was down was lost"
             assert changes == sorted(changes), "the backlog went out of order"
-            snapshot = await store.snapshot()
+            snapshot = await RegionSnapshots(store).snapshot()
             digest, count = region_digest(snapshot.records)
 
             async def beacon_at_version() -> bool:

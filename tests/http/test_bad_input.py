@@ -7,6 +7,7 @@ import json
 import pytest
 
 from node.core.models import TokenRole
+from node.store import RegionSnapshots
 
 from ..helpers import RunningNode, registration
 
@@ -14,7 +15,7 @@ GOOD = registration("lang.translate.keep")
 
 
 async def _stored(node: RunningNode) -> list[tuple[str, int]]:
-    snapshot = await node.node.store.snapshot()
+    snapshot = await RegionSnapshots(node.node.store).snapshot()
     return sorted((record.agent_id, record.version) for record in snapshot.records)
 
 

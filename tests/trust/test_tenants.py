@@ -22,7 +22,7 @@ import pytest
 from node.config import NodeConfig
 from node.core import Unauthorized
 from node.core.models import AgentRecord, TokenRole
-from node.store import RegionStore
+from node.store import RegionSnapshots, RegionStore
 from node.store.region import now_ms
 from node.trust import Signer
 from topology import EmbeddedKafka, build_node
@@ -410,7 +410,7 @@ async def test_a_stored_record_that_is_not_utf8_leaves_the_snapshot_and_the_dige
     await node.register(registration("utf.grp.kept", capability="utf.cap"))
     await store.redis.hset(store.key_agents, "utf.grp.garbled", b'{"version":9,"agent_id":"\xff"}')
     await store.redis.zadd(store.key_leases, {"utf.grp.garbled": now_ms() + 600_000})
-    versions = await store.snapshot_versions()
+    versions = await RegionSnapshots(store).snapshot_versions()
     assert set(versions.agents) == {"utf.grp.kept"}
     async with node.session.get("/v1/federation/snapshot", headers=node.headers()) as response:
         assert response.status == 200
