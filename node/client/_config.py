@@ -34,29 +34,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from ..core import DEFAULT_MAX_HOPS, MAX_HOPS_CEILING, ValidationFailed, first_problem
+from ..core import Settings, ValidationFailed, first_problem
 from ..core.models import Registration
-from ..delivery import (
-    DEFAULT_JITTER_RATIO,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_RETRY_INITIAL_BACKOFF_MS,
-    DEFAULT_RETRY_MAX_BACKOFF_MS,
-    DEFAULT_RETRY_MULTIPLIER,
-    RetryPolicy,
-)
+from ..delivery import BreakerSettings, DeliverySettings
 
-DEFAULT_CONNECT_TIMEOUT_MS = 3_000
-DEFAULT_READ_TIMEOUT_MS = 10_000
-DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 DEFAULT_NODE_TIMEOUT_MS = 5_000
-# A guard against an answer that would fill the caller's memory, not a limit on real results
-# (the proxy, which holds answers in the node, caps at 4 MiB).
-DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
-DEFAULT_BREAKER_FAILURES = 5
-DEFAULT_BREAKER_WINDOW_MS = 30_000
-DEFAULT_BREAKER_COOLDOWN_MS = 10_000
+# One agent's client sees only its own calls: it opens a breaker on fewer failures than the node,
+# which counts the whole region's reports.
+DEFAULT_CLIENT_BREAKER_FAILURES = 5
 DEFAULT_REPORT_BATCH_SIZE = 100
 DEFAULT_REPORT_FLUSH_INTERVAL_MS = 1_000
 DEFAULT_REPORT_QUEUE_LIMIT = 10_000
@@ -78,31 +65,16 @@ class AgentConfigError(ValidationFailed):
     code = "invalid_agent_config"
 
 
-class _Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class ClientSettings(DeliverySettings, BreakerSettings):
+    """How the SDK talks to the node and to other agents (``[client]``).
 
+    Timeouts, retries, hops and the answer's cap are :class:`~node.delivery.DeliverySettings` (the
+    proxy's too, with other defaults), the breakers :class:`~node.delivery.BreakerSettings`.
+    """
 
-class ClientSettings(_Settings):
-    """How the SDK talks to the node and to other agents (``[client]``)."""
-
-    connect_timeout_ms: int = Field(default=DEFAULT_CONNECT_TIMEOUT_MS, ge=1, le=600_000)
-    read_timeout_ms: int = Field(default=DEFAULT_READ_TIMEOUT_MS, ge=1, le=3_600_000,
-                                 description="Longest silence while reading one response.")
-    request_timeout_ms: int = Field(default=DEFAULT_REQUEST_TIMEOUT_MS, ge=1, le=3_600_000,
-                                    description="Overall budget of one call(), all attempts and backoffs included.")
+    breaker_failures: int = BreakerSettings.with_default("breaker_failures", DEFAULT_CLIENT_BREAKER_FAILURES)
     node_timeout_ms: int = Field(default=DEFAULT_NODE_TIMEOUT_MS, ge=1, le=600_000,
                                  description="Total timeout of one request to the registry node.")
-    retry_initial_backoff_ms: int = Field(default=DEFAULT_RETRY_INITIAL_BACKOFF_MS, ge=0)
-    retry_max_backoff_ms: int = Field(default=DEFAULT_RETRY_MAX_BACKOFF_MS, ge=0)
-    retry_multiplier: float = Field(default=DEFAULT_RETRY_MULTIPLIER, ge=1.0, le=100.0)
-    jitter_ratio: float = Field(default=DEFAULT_JITTER_RATIO, ge=0.0, lt=1.0)
-    max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=20,
-                              description="Attempts per call() for idempotent operations (1 = no retry).")
-    max_hops: int = Field(default=DEFAULT_MAX_HOPS, ge=1, le=MAX_HOPS_CEILING,
-                          description="A direct call is a hop too: refuse to send an envelope that reached this.")
-    breaker_failures: int = Field(default=DEFAULT_BREAKER_FAILURES, ge=1)
-    breaker_window_ms: int = Field(default=DEFAULT_BREAKER_WINDOW_MS, ge=1)
-    breaker_cooldown_ms: int = Field(default=DEFAULT_BREAKER_COOLDOWN_MS, ge=1)
     register_max_wait_ms: int | None = Field(default=None, ge=0,
                                              description="Give up registering after this long; None = keep trying.")
     heartbeat_interval_ms: int | None = Field(default=None, ge=50,
@@ -122,9 +94,6 @@ class ClientSettings(_Settings):
     ticket_reuse_ms: int = Field(default=DEFAULT_TICKET_REUSE_MS, ge=0,
                                  description="Reuse a route ticket for at most this long (and at most 90 % of its "
                                              "life), drawing each call among its targets; 0: resolve every call.")
-    max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, ge=1,
-                                    description="A target's answer beyond this fails the attempt (and is retried "
-                                                "elsewhere if idempotent).")
 
     def with_options(self, options: Mapping[str, Any]) -> ClientSettings:
         """These settings with keyword ``options`` (field names) on top; raises AgentConfigError."""
@@ -137,19 +106,8 @@ class ClientSettings(_Settings):
             key = first.field or ""
             raise AgentConfigError(f"client option {key}: {first.message}", field=key) from exc
 
-    def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy(initial_backoff_s=self.retry_initial_backoff_ms / 1000, multiplier=self.retry_multiplier,
-                           max_backoff_s=self.retry_max_backoff_ms / 1000, jitter_ratio=self.jitter_ratio,
-                           max_attempts=self.max_attempts)
 
-    @model_validator(mode="after")
-    def _ordered(self) -> ClientSettings:
-        if self.retry_max_backoff_ms < self.retry_initial_backoff_ms:
-            raise ValueError("retry_max_backoff_ms must be at least retry_initial_backoff_ms")
-        return self
-
-
-class SidecarSettings(_Settings):
+class SidecarSettings(Settings):
     """How the sidecar stands beside the agent (``[sidecar]``; every key optional).
 
     With ``upstream`` (the agent's own base URL, e.g. ``http://127.0.0.1:8701``) the sidecar is
@@ -185,7 +143,7 @@ class SidecarSettings(_Settings):
         return value.rstrip("/")
 
 
-class NodeSection(_Settings):
+class NodeSection(Settings):
     """Which node, with which bearer token (``[node]``); at most one token source.
 
     ``url`` may be left out: the SDK then reads ``$AGENT_REACH_URL``, and the CLI commands
@@ -216,7 +174,7 @@ class NodeSection(_Settings):
         return self
 
 
-class AgentConfig(_Settings):
+class AgentConfig(Settings):
     """A whole agent TOML file. ``agent`` may be absent for a pure caller."""
 
     node: NodeSection = Field(default_factory=NodeSection)
@@ -301,5 +259,5 @@ def load_agent_config(path: str | os.PathLike[str]) -> AgentConfig:
     return parse_agent_config(data, source=str(file))
 
 
-__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "TOKEN_ENV", "URL_ENV", "AgentConfig", "AgentConfigError", "ClientSettings", "NodeSection",
+__all__ = ["TOKEN_ENV", "URL_ENV", "AgentConfig", "AgentConfigError", "ClientSettings", "NodeSection",
            "SidecarSettings", "load_agent_config", "parse_agent_config", "registration_of"]

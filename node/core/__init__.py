@@ -1,6 +1,7 @@
 """What every room shares and none owns: the error tree, the envelope, the clock, bounded reads of
-another party's bytes and owned background tasks. No I/O; the wire models are the sub-room
-:mod:`node.core.models`, the A2A card contract :mod:`node.core.a2a`.
+another party's bytes, owned background tasks and the base of every room's settings (``Settings``).
+No I/O; the wire models are the sub-room :mod:`node.core.models`, the A2A card contract
+:mod:`node.core.a2a`.
 """
 
 from .bounded import BodyTooLarge, at_most, read_bounded
@@ -45,6 +46,7 @@ from .errors import (
     problems,
 )
 from .lazy import lazy_exports
+from .settings import Settings
 from .tasks import cancel_and_wait, run_together
 
 __all__ = [
@@ -73,6 +75,7 @@ __all__ = [
     "RouteEvents",
     "SearchUnavailable",
     "SendAccepted",
+    "Settings",
     "StoreUnavailable",
     "TRACE_ID_PATTERN",
     "Trace",

@@ -1,6 +1,6 @@
 """Delivering one call to an agent: attempts with their timeouts, retry and backoff, failover,
-breakers and the A2A wire. Shared by the SDK's ``call()`` and the node's proxy, so both follow
-the same rules.
+breakers and the A2A wire, and their settings (``DeliverySettings``, ``BreakerSettings``). Shared
+by the SDK's ``call()`` and the node's proxy, so both follow the same rules.
 """
 
 from .a2a_wire import UnsupportedBinding
@@ -23,10 +23,12 @@ from .retry import (
     RetryPolicy,
     Sleep,
 )
+from .settings import BreakerSettings, DeliverySettings
 
 __all__ = [
     "AttemptError",
     "AttemptLimits",
+    "BreakerSettings",
     "BreakerState",
     "ClientBreakers",
     "DEFAULT_BREAKER_COOLDOWN_MS",
@@ -38,6 +40,7 @@ __all__ = [
     "DEFAULT_RETRY_MAX_BACKOFF_MS",
     "DEFAULT_RETRY_MULTIPLIER",
     "Delivery",
+    "DeliverySettings",
     "ERROR_RECHECK_MS",
     "End",
     "Failover",
