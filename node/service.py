@@ -2,7 +2,8 @@
 
 The HTTP layer (``node.api``) is a thin translation of these operations; the federation and
 semantic packages attach through ``router.remote``/``router.matcher``, ``leadership.add_duty``
-and ``extensions`` (callables that add routes to the aiohttp app before it starts).
+and ``extensions`` (callables that add routes to the aiohttp app before it starts). Its
+collaborators are built and wired by :func:`node.parts.build_parts` and passed in.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import enum
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -50,15 +50,13 @@ from .core.models import (
     SearchResponse,
     TokenClaims,
     TokenRole,
-    compat,
 )
-from .delivery import BreakerState, OutcomeTracker
-from .duties import Leadership, Prober, Sweeper, new_node_id
-from .ops import LoopWatch, NodeMetrics
-from .routing import Decision, DecisionLog, Router, Searcher, SummaryOnlyLookups
-from .store import HeartbeatResult, RegionStore, stored_version
-from .trust import EgressDenied, RegionKeys, Revocation, RevocationList, Signer, authorize_agent, may_see
-from .view import CacheState, RegionCache, WatchHub
+from .delivery import BreakerState
+from .parts import NodeParts, build_parts
+from .routing import Decision, Searcher, SummaryOnlyLookups
+from .store import HeartbeatResult, stored_version
+from .trust import EgressDenied, Revocation, authorize_agent, may_see
+from .view import CacheState
 
 log = logging.getLogger(__name__)
 
@@ -84,45 +82,38 @@ class RegistryNode:
     cannot be reached) and campaigns for the singleton duties; closing stops them all.
     """
 
-    def __init__(self, config: NodeConfig, *, secret: bytes) -> None:
+    def __init__(self, config: NodeConfig, *, secret: bytes | None = None, parts: NodeParts | None = None) -> None:
+        """``parts``: the node's collaborators, built from the same ``config`` by
+        :func:`node.parts.build_parts` (the composition root's way, ``topology.composition``).
+        Given ``secret`` instead, the node builds them itself with it (a convenience for tests)."""
+        if parts is None:
+            if secret is None:
+                raise TypeError("RegistryNode needs secret= (to build its parts from config) "
+                                "or parts= (node.parts.build_parts)")
+            parts = build_parts(config, secret=secret)
+        elif secret is not None:
+            raise TypeError("RegistryNode takes parts= or secret=, not both: the parts' signer holds the secret")
         self.config = config
         self.region = config.region
-        self.node_id = config.node_id or new_node_id()
-        self.signer = Signer(secret)
-        self.store = RegionStore.from_url(config.redis_url, region=config.region, key_prefix=config.key_prefix,
-                                          change_stream_maxlen=config.change_stream_maxlen)
-        self.cache = RegionCache(self.store, lease_sync_interval_ms=config.lease_sync_interval_ms,
-                                 preserve_fraction=config.preserve_fraction,
-                                 preserve_min_agents=config.protect_min_agents)
-        self.outcomes = OutcomeTracker(failure_threshold=config.breaker_failures, window_ms=config.breaker_window_ms,
-                                       cooldown_ms=config.breaker_cooldown_ms)
-        self.keys = RegionKeys.of(self.store, ticket_ttl_ms=config.ticket_ttl_ms,
-                                  key_file=Path(config.signing_key_file) if config.signing_key_file else None,
-                                  publish_interval_ms=config.key_publish_interval_ms,
-                                  max_age_ms=config.signing_key_max_age_ms)
-        self.router = Router(self.cache, self.signer, self.outcomes, ticket_ttl_ms=config.ticket_ttl_ms,
-                             overprovisioning_factor=config.overprovisioning_factor,
-                             semantic_threshold=config.semantic_threshold,
-                             semantic_lexical_threshold=config.lexical_threshold, credentials=self.keys)
-        self.leadership = Leadership.of(self.store, node_id=self.node_id, ttl_ms=config.leader_ttl_ms)
-        self.sweeper = Sweeper(self.store, interval_ms=config.sweep_interval_ms,
-                               max_expire_fraction=config.max_expire_fraction,
-                               protect_min_agents=config.protect_min_agents,
-                               protection_max_hold_ms=config.protection_max_hold_ms)
-        self.prober = Prober(self.store, self.cache, max_concurrent=config.max_concurrent_probes, egress=config.egress)
-        self.leadership.add_duty("sweeper", self.sweeper.run)
-        self.leadership.add_duty("prober", self.prober.run)
-        self.watch = WatchHub(streams_per_caller=config.watch_streams_per_caller, write_timeout_ms=config.watch_write_timeout_ms)
-        self.cache.subscribe(self.watch.publish)
-        self.metrics = NodeMetrics(config.region)
-        self.revocations = RevocationList.of(self.store, poll_interval_ms=config.revocation_poll_interval_ms)
-        self.decisions = DecisionLog(config.decision_log, region=config.region)
+        self.node_id = parts.node_id
+        self.signer = parts.signer
+        self.store = parts.store
+        self.cache = parts.cache
+        self.outcomes = parts.outcomes
+        self.keys = parts.keys
+        self.router = parts.router
+        self.leadership = parts.leadership
+        self.sweeper = parts.sweeper
+        self.prober = parts.prober
+        self.watch = parts.watch
+        self.metrics = parts.metrics
+        self.revocations = parts.revocations
+        self.decisions = parts.decisions
+        self.loop_watch = parts.loop_watch
         self.summary_only = SummaryOnlyLookups(self.router, visible=self.visible)
-        self.loop_watch = LoopWatch(self.metrics.registry)
         self.extensions: list[Extension] = []
         self.searcher: Searcher | None = None
         self.state = NodeState.NEW
-        self._register_gauges()
 
     async def __aenter__(self) -> RegistryNode:
         await self.start()
@@ -462,33 +453,6 @@ class RegistryNode:
         if known is not None and stored_version(raw) == known.version:
             return True
         return self.store.vet_record_json(agent_id, raw)
-
-    def _register_gauges(self) -> None:
-        gauge, counter = self.metrics.gauge, self.metrics.counter_from
-        gauge("agent_reach_agents", "Agents registered in this region (cache)", lambda: len(self.cache.index))
-        gauge("agent_reach_region_version", "Region version this node's cache is at", lambda: self.cache.index.version)
-        gauge("agent_reach_leader", "1 if this replica holds the singleton duties", lambda: int(self.leadership.is_leader))
-        counter("agent_reach_sweeper_held_back", "Sweeps held back by self-preservation",
-                lambda: self.sweeper.stats.held_back)
-        counter("agent_reach_leases_expired", "Leases expired by this node's sweeper (missed heartbeats)",
-                lambda: self.sweeper.stats.expired)
-        gauge("agent_reach_self_preservation", "1 while lazy lease expiry is suspended",
-              lambda: int(self.cache.preserving))
-        gauge("agent_reach_breakers_open", "Agents whose circuit breaker is open or half-open",
-              lambda: self.outcomes.open_count(now_ms=now_ms()))
-        counter("agent_reach_probe_flips", "Probe verdict changes", lambda: self.prober.flips)
-        counter("agent_reach_cache_reloads", "Snapshot reloads of the cache", lambda: self.cache.reloads)
-        gauge("agent_reach_quarantined", "Stored records and events that do not parse, skipped (open entries)",
-              lambda: len(self.store.quarantine))
-        counter("agent_reach_quarantined_values", "Stored values quarantined since start",
-                lambda: self.store.quarantine.total)
-        counter("agent_reach_unknown_fields_dropped", "Fields a newer version wrote that this one dropped when reading "
-                "(records, events, answers: node.models.compat; logged once per field)", compat.dropped_total)
-        for kind, coalescer in self.store.write_batches.items():  # register: registrations; update: the rest
-            counter(f"agent_reach_store_{kind}_scripts", f"{kind.upper()} scripts sent to Redis (coalesced writes)",
-                    lambda coalescer=coalescer: coalescer.batches)
-            counter(f"agent_reach_store_{kind}_writes", f"Writes those {kind.upper()} scripts carried "
-                    "(divided by the scripts: the mean batch)", lambda coalescer=coalescer: coalescer.items)
 
 
 __all__ = ["RegistryNode", "NodeState"]

@@ -89,8 +89,8 @@ def test_model_modules_import_no_io_module() -> None:
 # -- rooms (issue 23): the folder is the map -------------------------------------------------------
 
 ROOMS = ("core", "delivery", "client", "store", "view", "routing", "trust", "duties", "http", "ops")
-ROOT_MODULES = frozenset({"node.service", "node.config", "node.envconfig"})
-# What each room may import of the others: one way, bottom to top ("root" is service and config).
+ROOT_MODULES = frozenset({"node.service", "node.parts", "node.config", "node.envconfig"})
+# What each room may import of the others: one way, bottom to top ("root" is service, parts and config).
 MAY_IMPORT = {
     "core": set(),
     "delivery": {"core"},

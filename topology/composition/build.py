@@ -1,6 +1,8 @@
 """The composition root: builds a node and attaches what the deployment asks for.
 
-``node`` runs alone; with a topology that names other regions, :func:`build_node` attaches the
+The node's own parts come from :func:`node.parts.build_parts` (store, cache, router, duties,
+keys, metrics ... wired to one another) and are handed to :class:`RegistryNode`. ``node`` runs
+alone; with a topology that names other regions, :func:`build_node` attaches the
 federation (``federation.Federation``: replica of the peers, Kafka publisher and consumer,
 anti-entropy), and always semantic discovery (:mod:`topology.composition.discovery`:
 ``/v1/search`` and the router's semantic fallback), through the node's own hooks.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 from federation import Federation
 from node.config import NodeConfig
+from node.parts import build_parts
 from node.service import RegistryNode
 
 from ..spec import Topology
@@ -25,7 +28,7 @@ def build_node(config: NodeConfig, *, secret: bytes, topology: Topology | None =
     With a ``topology`` listing peer regions, federation is attached; ``bootstrap_servers``
     overrides the topology's Kafka (raises TopologyError if neither names one).
     """
-    node = RegistryNode(config, secret=secret)
+    node = RegistryNode(config, parts=build_parts(config, secret=secret))
     if topology is not None and len(topology.regions) > 1:
         attach_federation(node, topology, secret=secret, bootstrap_servers=bootstrap_servers)
     # After federation: discovery indexes the peers' agents through the remote catalog.
