@@ -1,4 +1,5 @@
-"""Test helpers: a running node over real HTTP, a real agent server, polling with a deadline."""
+"""Test helpers: a running node over real HTTP, a real agent server, polling with a deadline,
+and the router on its own over an in-memory index (no Redis, no HTTP)."""
 
 from __future__ import annotations
 
@@ -7,22 +8,30 @@ import contextlib
 import inspect
 import json
 import os
+import random
 import socket
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from federation import Federation
 from federation.events import FederationMessage
-from node.core.models import TokenRole
+from node.core import NoAgentAvailable
+from node.core.models import AgentRecord, Capability, RouteRequest, SummaryView, TokenClaims, TokenRole
+from node.delivery import OutcomeTracker
 from node.http import bound_port, serve
+from node.routing import Router
 from node.service import RegistryNode
+from node.trust import Signer
+from node.view import AgentIndex
 from topology import Topology
 from topology.composition import attach_discovery, attach_federation
 
@@ -92,6 +101,12 @@ async def start_node(node: RegistryNode) -> RunningNode:
     url = f"http://127.0.0.1:{bound_port(runner)}"
     return RunningNode(node=node, runner=runner, url=url,
                        admin_token=node.signer.issue("admin", TokenRole.ADMIN, ttl_s=3600))
+
+
+def route_many(node: RunningNode, count: int, **request) -> Counter[str]:
+    router = node.node.router
+    parsed = RouteRequest(**request)
+    return Counter(router.route(parsed, ADMIN).target.agent_id for _ in range(count))
 
 
 class AgentServer:
@@ -324,3 +339,92 @@ class Watcher:
                         current[name] = value.removeprefix(" ")
         finally:
             self.ended = True
+
+
+# -- the router on its own: an in-memory AgentIndex, a simulated clock, a seeded RNG ----------
+
+REGION = "home"
+CAPABILITY = "translate.text"
+START_MS = 1_000_000
+LEASE_MS = 30_000
+ADMIN = TokenClaims(sub="admin", role=TokenRole.ADMIN, exp=2**40, iat=0)
+INSIDER = TokenClaims(sub="finance.ledger.y", role=TokenRole.CALLER, exp=2**40, iat=0)
+
+
+class Clock:
+    """Milliseconds that move only when a test moves them."""
+
+    def __init__(self) -> None:
+        self.now = START_MS
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class MemoryRegion:
+    """What the router reads of a RegionCache: the index, the lease horizon, self-preservation."""
+
+    def __init__(self, clock: Clock, region: str = REGION) -> None:
+        self.index = AgentIndex(region)
+        self.preserving = False
+        self._clock = clock
+
+    def routable_now_ms(self) -> int:
+        return self._clock.now
+
+
+@dataclass
+class Peer:
+    region: str
+    index: AgentIndex
+    stale: bool = False
+    replicated: bool = True
+    summary: SummaryView | None = None
+
+
+class Catalog:
+    def __init__(self, *peers: Peer) -> None:
+        self._peers = list(peers)
+
+    def peers(self) -> list[Peer]:
+        return self._peers
+
+
+def record(agent_id: str, *, region: str = REGION, capability: str = CAPABILITY, version: str = "1",
+           **fields: Any) -> AgentRecord:
+    fields.setdefault("lease_expires_at_ms", START_MS + LEASE_MS)
+    return AgentRecord(agent_id=agent_id, region=region, capabilities=[Capability(name=capability, version=version)],
+                       endpoints={"primary": f"http://{agent_id}.test:8080"}, lease_ttl_ms=LEASE_MS, **fields)
+
+
+def make_router(*records: AgentRecord, peers: tuple[Peer, ...] = (), **options: Any
+                ) -> tuple[Router, MemoryRegion, Clock]:
+    clock = Clock()
+    region = MemoryRegion(clock)
+    for item in records:
+        region.index.put(item)
+    options.setdefault("rng", random.Random(7))
+    router = Router(region, Signer(b"unit-test-secret-0123456789abcdef"), options.pop("outcomes", OutcomeTracker()),
+                    clock=clock, **options)
+    if peers:
+        router.remote = Catalog(*peers)  # type: ignore[assignment]
+    return router, region, clock
+
+
+def index_of(region: str, *records: AgentRecord) -> AgentIndex:
+    index = AgentIndex(region)
+    for item in records:
+        index.put(item)
+    return index
+
+
+def picks(router: Router, count: int, caller: TokenClaims = ADMIN, **request: Any) -> Counter[str]:
+    parsed = RouteRequest(**request)
+    return Counter(router.decide_exact(parsed, caller).target.agent_id for _ in range(count))
+
+
+def stages(router: Router, caller: TokenClaims = ADMIN, **request: Any) -> dict[str, str]:
+    with pytest.raises(NoAgentAvailable) as raised:
+        router.decide_exact(RouteRequest(**request), caller)
+    assert raised.value.details is not None
+    return raised.value.details["stages"]  # type: ignore[return-value]

@@ -18,7 +18,7 @@ from node.core.models import CapabilitySummary, Load, RegionSummary, RouteReques
 from node.routing.spill import ForwardTo
 from node.view import AgentIndex
 
-from tests.routing.test_router import ADMIN, CAPABILITY, LEASE_MS, START_MS, Peer, index_of, make_router, record
+from ..helpers import ADMIN, CAPABILITY, LEASE_MS, START_MS, Peer, index_of, make_router, record
 
 pytestmark = pytest.mark.unit
 

@@ -3,8 +3,9 @@ the three things the router reads of its RegionCache, a simulated clock and a se
 
 Each test asserts what a caller relies on: shares that follow the effective weight, sticky
 conversations, traffic that spills to peers only for the share the local region cannot carry,
-breakers that eject at most half a pool and let one trial through after the cool-down, agents
-the caller may not see that do not exist for it, version constraints, and the semantic fallback.
+breakers that eject at most half a pool (the breaker itself: tests/delivery/test_breakers.py),
+agents the caller may not see that do not exist for it, version constraints, and the semantic
+fallback.
 """
 
 from __future__ import annotations
@@ -12,120 +13,36 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
 from node.config import NodeConfig
 from node.core import NoAgentAvailable
-from node.core.models import (
-    AgentRecord,
-    Capability,
-    Load,
-    Outcome,
-    RouteRequest,
-    Status,
-    SummaryView,
-    TokenClaims,
-    TokenRole,
-)
-from node.delivery import BreakerState, OutcomeTracker
-from node.routing import Router, SemanticMatch, SemanticMatches
+from node.core.models import Load, Outcome, RouteRequest, Status, TokenClaims, TokenRole
+from node.delivery import OutcomeTracker
+from node.routing import SemanticMatch, SemanticMatches
 from node.routing.router import ALL_WEIGHT_FACTORS, WeightFactor
 from node.service import RegistryNode
-from node.trust import Signer
-from node.view import AgentIndex
 from topology.spec import Topology
+
+from ..helpers import (
+    ADMIN,
+    CAPABILITY,
+    INSIDER,
+    LEASE_MS,
+    REGION,
+    START_MS,
+    Peer,
+    index_of,
+    make_router,
+    picks,
+    record,
+    stages,
+)
 
 pytestmark = pytest.mark.unit
 
-REGION = "home"
-CAPABILITY = "translate.text"
-START_MS = 1_000_000
-LEASE_MS = 30_000
-ADMIN = TokenClaims(sub="admin", role=TokenRole.ADMIN, exp=2**40, iat=0)
 OUTSIDER = TokenClaims(sub="ops.caller.x", role=TokenRole.CALLER, exp=2**40, iat=0)
-INSIDER = TokenClaims(sub="finance.ledger.y", role=TokenRole.CALLER, exp=2**40, iat=0)
-
-
-class Clock:
-    """Milliseconds that move only when a test moves them."""
-
-    def __init__(self) -> None:
-        self.now = START_MS
-
-    def __call__(self) -> int:
-        return self.now
-
-
-class MemoryRegion:
-    """What the router reads of a RegionCache: the index, the lease horizon, self-preservation."""
-
-    def __init__(self, clock: Clock, region: str = REGION) -> None:
-        self.index = AgentIndex(region)
-        self.preserving = False
-        self._clock = clock
-
-    def routable_now_ms(self) -> int:
-        return self._clock.now
-
-
-@dataclass
-class Peer:
-    region: str
-    index: AgentIndex
-    stale: bool = False
-    replicated: bool = True
-    summary: SummaryView | None = None
-
-
-class Catalog:
-    def __init__(self, *peers: Peer) -> None:
-        self._peers = list(peers)
-
-    def peers(self) -> list[Peer]:
-        return self._peers
-
-
-def record(agent_id: str, *, region: str = REGION, capability: str = CAPABILITY, version: str = "1",
-           **fields: Any) -> AgentRecord:
-    fields.setdefault("lease_expires_at_ms", START_MS + LEASE_MS)
-    return AgentRecord(agent_id=agent_id, region=region, capabilities=[Capability(name=capability, version=version)],
-                       endpoints={"primary": f"http://{agent_id}.test:8080"}, lease_ttl_ms=LEASE_MS, **fields)
-
-
-def make_router(*records: AgentRecord, peers: tuple[Peer, ...] = (), **options: Any
-                ) -> tuple[Router, MemoryRegion, Clock]:
-    clock = Clock()
-    region = MemoryRegion(clock)
-    for item in records:
-        region.index.put(item)
-    options.setdefault("rng", random.Random(7))
-    router = Router(region, Signer(b"unit-test-secret-0123456789abcdef"), options.pop("outcomes", OutcomeTracker()),
-                    clock=clock, **options)
-    if peers:
-        router.remote = Catalog(*peers)  # type: ignore[assignment]
-    return router, region, clock
-
-
-def index_of(region: str, *records: AgentRecord) -> AgentIndex:
-    index = AgentIndex(region)
-    for item in records:
-        index.put(item)
-    return index
-
-
-def picks(router: Router, count: int, caller: TokenClaims = ADMIN, **request: Any) -> Counter[str]:
-    parsed = RouteRequest(**request)
-    return Counter(router.decide_exact(parsed, caller).target.agent_id for _ in range(count))
-
-
-def stages(router: Router, caller: TokenClaims = ADMIN, **request: Any) -> dict[str, str]:
-    with pytest.raises(NoAgentAvailable) as raised:
-        router.decide_exact(RouteRequest(**request), caller)
-    assert raised.value.details is not None
-    return raised.value.details["stages"]  # type: ignore[return-value]
 
 
 # -- weighted choice -------------------------------------------------------------------------
@@ -255,41 +172,6 @@ def test_breakers_eject_at_most_half_a_pool_and_a_named_agent_gets_no_exemption(
     routed = set(picks(router, 400, capability=CAPABILITY))
     assert len(routed) == 2 and agents[3] in routed and agents[0] not in routed, routed
     assert stages(router, agent_id=agents[1]) == {"local": "1 matched, none routable (1 circuit_open)"}
-
-
-def test_an_open_breaker_admits_one_trial_after_the_cool_down_and_closes_on_success() -> None:
-    outcomes = OutcomeTracker(failure_threshold=2, cooldown_ms=500)
-    router, _, clock = make_router(record("lang.translate.good"), record("lang.translate.bad"), outcomes=outcomes)
-    for _ in range(2):
-        outcomes.record("lang.translate.bad", Outcome.FAILURE, now_ms=clock.now)
-    assert set(picks(router, 100, capability=CAPABILITY)) == {"lang.translate.good"}
-
-    clock.now += 500  # the router reads the cool-down on its own clock
-    trial = router.decide_exact(RouteRequest(agent_id="lang.translate.bad"), ADMIN)
-    assert trial.target.agent_id == "lang.translate.bad"
-    assert "circuit_open" in stages(router, agent_id="lang.translate.bad")["local"], "one trial per cool-down"
-    outcomes.record("lang.translate.bad", Outcome.SUCCESS, now_ms=clock.now)
-    assert set(picks(router, 200, capability=CAPABILITY)) == {"lang.translate.good", "lang.translate.bad"}
-
-
-def test_only_the_trial_ticket_decides_a_half_open_breaker() -> None:
-    # A caller that kept an older ticket must not close a broken agent's breaker for everyone
-    # with a made-up success, nor hold a mended one open with a made-up failure.
-    outcomes = OutcomeTracker(failure_threshold=2, cooldown_ms=500)
-    router, _, clock = make_router(record("lang.translate.good"), record("lang.translate.bad"), outcomes=outcomes)
-    old = router.decide_exact(RouteRequest(agent_id="lang.translate.bad"), INSIDER)
-    for reporter in ("a", "b"):  # two callers' word opens it
-        outcomes.record("lang.translate.bad", Outcome.FAILURE, now_ms=clock.now, reporter=reporter)
-    clock.now += 500
-    trial = router.decide_exact(RouteRequest(agent_id="lang.translate.bad"), INSIDER)
-    assert trial.target.agent_id == "lang.translate.bad" and trial.ticket_id != old.ticket_id
-    for outcome in (Outcome.SUCCESS, Outcome.FAILURE):
-        state = outcomes.record("lang.translate.bad", outcome, now_ms=clock.now, reporter=INSIDER.sub,
-                                ticket_id=old.ticket_id)
-        assert state is BreakerState.HALF_OPEN, outcome
-    assert outcomes.record("lang.translate.bad", Outcome.SUCCESS, now_ms=clock.now, reporter=INSIDER.sub,
-                           ticket_id=trial.ticket_id) is BreakerState.CLOSED
-    assert set(picks(router, 200, capability=CAPABILITY)) == {"lang.translate.good", "lang.translate.bad"}
 
 
 # -- visibility, exclusion, versions ---------------------------------------------------------

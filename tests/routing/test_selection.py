@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 from node.core import now_ms
-from node.core.models import Outcome, RouteRequest, TokenClaims, TokenRole
+from node.core.models import Outcome, TokenRole
 
-from ..helpers import RunningNode, registration, wait_for
-
-ADMIN = TokenClaims(sub="admin", role=TokenRole.ADMIN, exp=2**40, iat=0)
-
-
-def route_many(node: RunningNode, count: int, **request) -> Counter[str]:
-    router = node.node.router
-    parsed = RouteRequest(**request)
-    return Counter(router.route(parsed, ADMIN).target.agent_id for _ in range(count))
+from ..helpers import RunningNode, registration, route_many
 
 
 async def test_version_constraints_select_compatible_majors(node: RunningNode) -> None:
@@ -87,49 +77,6 @@ async def test_status_and_load_lower_the_share(node: RunningNode) -> None:
     assert abs(picked["lang.translate.busy"] / 2_000 - 0.2) < 0.04, picked
     await node.call("PUT", "/v1/agents/lang.translate.busy/heartbeat", json={"status": "draining"})
     assert set(route_many(node, 200, capability="translate.text")) == {"lang.translate.calm"}
-
-
-async def test_breaker_opens_on_failures_and_recovers(node_factory) -> None:
-    node = await node_factory(breaker_failures=5, breaker_window_ms=10_000, breaker_cooldown_ms=1_500)
-    await node.register(registration("lang.translate.good"))
-    await node.register(registration("lang.translate.bad"))
-    caller, other = node.token("ops.caller.c1", TokenRole.CALLER), node.token("ops.caller.c9", TokenRole.CALLER)
-
-    async def report_failures(token: str, count: int) -> None:
-        status, ticket = await node.resolve(capability="translate.text", token=token)
-        assert "lang.translate.bad" in [ticket["target"]["agent_id"], *(a["agent_id"] for a in ticket["alternates"])]
-        reports = [{"signature": ticket["signature"], "agent_id": "lang.translate.bad", "outcome": "failure"}] * count
-        status, body = await node.call("POST", "/v1/reports", json={"reports": reports}, token=token)
-        assert status == 200 and body["accepted"] == count
-
-    # One caller's five failures take the agent out of that caller's routing only (for a cool-down) ...
-    await report_failures(caller, 5)
-    assert node.node.outcomes.ejected_for("ops.caller.c1", now_ms=now_ms()) == {"lang.translate.bad"}
-    for _ in range(5):
-        status, ticket = await node.resolve(capability="translate.text", token=caller)
-        assert ticket["target"]["agent_id"] == "lang.translate.good" and not ticket["alternates"]
-    assert set(route_many(node, 200, capability="translate.text")) == {"lang.translate.good", "lang.translate.bad"}
-    # ... a second caller's word opens the breaker for everyone (each counts for half the threshold, rounded up).
-    await report_failures(other, 3)
-    assert set(route_many(node, 200, capability="translate.text")) == {"lang.translate.good"}
-    status, body = await node.resolve(agent_id="lang.translate.bad")
-    assert status == 404 and "circuit_open" in str(body["details"])
-
-    # Half-open after the cool-down: one trial ticket, then closed again on success.
-    trial = await wait_for(lambda: _ticket_for(node, "lang.translate.bad", caller), timeout_s=5,
-                           message="half-open trial")
-    status, again = await node.resolve(agent_id="lang.translate.bad", token=caller)
-    assert status == 404, "half-open admits one trial per cool-down"
-    status, _ = await node.call("POST", "/v1/reports", token=caller, json={
-        "signature": trial["signature"], "agent_id": "lang.translate.bad", "outcome": "success"})
-    assert status == 200
-    status, ticket = await node.resolve(agent_id="lang.translate.bad", token=caller)
-    assert status == 200
-
-
-async def _ticket_for(node: RunningNode, agent_id: str, token: str) -> dict | None:
-    status, body = await node.resolve(agent_id=agent_id, token=token)
-    return body if status == 200 else None
 
 
 async def test_reports_must_carry_a_genuine_ticket(node: RunningNode) -> None:
