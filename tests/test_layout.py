@@ -1,8 +1,10 @@
-"""The shape issue 9 asks for, held: one concept per module of a few hundred lines (none over 500)
-in every package of the project (node, semantic, federation, topology, bench: each top-level
-directory with an ``__init__.py``; tests/ is not held to it), no function over 80 lines where
-node's request path and generator live, and node's model modules free of I/O imports (STYLE.md 1
-and 2). Reads the source; imports nothing."""
+"""The layout CONTRIBUTING.md describes ("Where code goes"), held: one concept per module of a few
+hundred lines (none over 500) in every package of the project (node, semantic, federation,
+topology, bench: each top-level directory with an ``__init__.py``; tests/ is not held to it), no
+function over 80 lines where node's request path and generator live, node's model modules free of
+I/O imports, and node's rooms: few modules each, a face in ``__all__``, imports one way and through
+faces only, the SDK on core and delivery alone. Reads the source (and imports a face to read its
+``__all__``)."""
 
 from __future__ import annotations
 
@@ -83,7 +85,7 @@ def test_model_modules_import_no_io_module() -> None:
                 continue
             if roots & IO_MODULES:
                 offending[_name(path)] = sorted(roots & IO_MODULES)
-    assert not offending, f"a model module does no I/O (STYLE.md 2): {offending}"
+    assert not offending, f"a model module does no I/O (CONTRIBUTING.md, Where code goes): {offending}"
 
 
 # -- rooms (issue 23): the folder is the map -------------------------------------------------------
