@@ -2,13 +2,17 @@
 
 ::
 
-    from node.client import Load, ReachClient
+    from node.client import CallOptions, Load, ReachClient
 
     async with ReachClient("http://127.0.0.1:7101", token=TOKEN, registration=registration,
                            load=lambda: Load(inflight=server.inflight)) as reach:
         result = await reach.call("translate.text", {"text": "退款说明", "target_lang": "en"},
                                   idempotent=True)
         result.payload, result.agent_id, result.match.kind   # the answer, who gave it, how it was found
+
+        # how calls are routed and delivered, built (and checked) once, kept for many calls
+        nearby = CallOptions(scope="local", version=">=2", idempotent=True, timeout_ms=5_000)
+        result = await reach.call("translate.text", payload, options=nearby)
 
     # on the called agent's side: who calls (see CallVerifier; node.client.host.AgentHost does it all)
     async with CallVerifier("http://127.0.0.1:7101", agent_id="lang.translate.prod_01") as verifier:
@@ -41,6 +45,10 @@ What it guarantees:
   so a cached ticket spreads calls instead of pinning one agent for its lifetime; a call with a
   ``conversation_id`` keeps the ticket's target. ``semantic=False`` (or ``[client] semantic``)
   keeps the semantic fallback out; the node never routes a caller to itself.
+* **Call options** are one frozen object, :class:`CallOptions` — routing (version, labels,
+  scope, preferred region, semantic, conversation), delivery (idempotent, timeouts, attempts)
+  and the fields of the envelope ``call()`` builds — validated when built; ``call()``,
+  ``resolve()`` and ``send()`` take it as ``options=`` and its fields as keyword overrides.
 * ``search()`` answers a plain-language query with typed hits (:class:`SearchResponse`).
 * ``call()`` delivers an :class:`Envelope` to the target with the attempt and failover the
   node's proxy mode uses too (:mod:`node.delivery.attempts` writes the rules down): separate
@@ -75,8 +83,9 @@ the node's code, message, field and details. ``call()`` raises those last two it
 sending: a direct call is a hop, like a proxied one, so ``hop_count`` is incremented and an
 A→B→A loop stops at ``max_hops`` (5).
 
-The parts live in private modules: ``_reach_client`` (the facade), ``_calls`` (the route
-request, the envelope as sent, :class:`CallResult`), ``_config`` (the agent TOML file and
+The parts live in private modules: ``_reach_client`` (the facade), ``_options``
+(:class:`CallOptions`, the route request), ``_calls`` (the envelope as sent,
+:class:`CallResult`), ``_config`` (the agent TOML file and
 :class:`ClientSettings`), ``_errors`` (the tree above), ``_http`` (the node's API),
 ``_heartbeat``, ``_reports`` (batched outcome reports), ``_retry`` (backoff, the client's
 breakers), ``_tickets`` (the ticket cache); public: :mod:`node.delivery.attempts` (one attempt, one
@@ -137,6 +146,7 @@ from ._errors import (
 )
 from ._heartbeat import HeartbeatStats
 from ._http import SendResult
+from ._options import CallOptions
 from ._reach_client import ClientState, ReachClient
 from .verifier import CallVerifier, CredentialRejected
 
@@ -144,6 +154,7 @@ __all__ = [
     # the client
     "ReachClient",
     "ClientState",
+    "CallOptions",
     "CallResult",
     "Attempt",
     "SendResult",

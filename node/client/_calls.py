@@ -1,18 +1,18 @@
-"""The parts of ``ReachClient.call()`` around the delivery: the route request, the envelope as
-sent, and what it returns (:class:`CallResult`) or raises once the delivery ended."""
+"""The parts of ``ReachClient.call()`` around the delivery: the envelope as sent, what a prepared
+one routes by, and what a call returns (:class:`CallResult`) or raises once the delivery ended.
+What the call asks of its route and delivery is :class:`~node.client.CallOptions` (``_options``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
-from ..core import PASSTHROUGH, Envelope, EnvelopeExpired, HopLimitExceeded, ValidationFailed, first_problem
-from ..core.models import Match, MatchKind, RouteRequest
+from ..core import PASSTHROUGH, Envelope, EnvelopeExpired, HopLimitExceeded
+from ..core.models import Match, MatchKind
 from ..delivery import Delivery, End, Tried
 from ._errors import Attempt, CallFailed, CallRejected, CallTimeout
 from ._http import as_envelope
+from ._options import CallOptions
 
 
 @dataclass(slots=True)
@@ -47,16 +47,32 @@ class CallResult:
         return self.match.kind is MatchKind.SEMANTIC
 
 
-def route_request(**fields: Any) -> RouteRequest:
-    """A :class:`RouteRequest` of the fields given (None: left out); raises ValidationFailed naming the field."""
-    data = {name: value for name, value in fields.items() if value is not None}
-    if "labels" in data:
-        data["labels"] = dict(data["labels"])
-    try:
-        return RouteRequest.model_validate(data)
-    except ValidationError as exc:
-        first = first_problem(exc)
-        raise ValidationFailed(f"route request {first.field or ''}: {first.message}", field=first.field) from exc
+def new_envelope(options: CallOptions, *, source_agent: str | None, target_agent: str | None,
+                 capability: str | None, payload: Any, expire_at_ms: int, idempotent: bool) -> Envelope:
+    """The envelope ``call()`` builds: ``options``' operation (default: the capability), trace and extensions."""
+    return Envelope(source_agent=source_agent, target_agent=target_agent, operation=options.operation or capability,
+                    payload=payload, expire_at_ms=expire_at_ms, idempotent=idempotent,
+                    extensions=dict(options.extensions),
+                    **({"trace_id": options.trace_id} if options.trace_id else {}))
+
+
+def prepared_route(envelope: Envelope) -> tuple[str | None, str | None, str | None]:
+    """(capability, agent_id, pattern) of a prepared envelope, routed as the proxy routes it: by its
+    target (an id, or a pattern with ``*``), else by its operation."""
+    target = envelope.target_agent
+    if target and "*" in target:
+        return envelope.operation, None, target
+    if target:
+        return None, target, None
+    return envelope.operation, None, None
+
+
+def conversation_of(envelope: Envelope, options: CallOptions) -> str | None:
+    """The conversation a call keeps to: the options', else the one the envelope's extensions name."""
+    if options.conversation_id is not None:
+        return options.conversation_id
+    carried = envelope.extensions.get("conversation_id")
+    return carried if isinstance(carried, str) else None
 
 
 def forwarded(envelope: Envelope, *, max_hops: int) -> Envelope:
@@ -112,4 +128,5 @@ def attempt_error(tried: Tried) -> str | None:
     return None
 
 
-__all__ = ["CallResult", "attempt_error", "call_result", "forwarded", "route_request"]
+__all__ = ["CallResult", "attempt_error", "call_result", "conversation_of", "forwarded", "new_envelope",
+           "prepared_route"]

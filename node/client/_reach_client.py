@@ -24,9 +24,8 @@ from ..core import Envelope, NoAgentAvailable, NodeError, Policy, RouteEvent, Ro
 from ..core.a2a import CardRegistration
 from ..core.models import (CredentialRequest, OutcomeReport, RegisterResponse, Registration, RouteRequest, RouteTarget,
                            RouteTicket, Scope, SearchResponse, Status, compat)
-from ..delivery import (AttemptLimits, BreakerState, ClientBreakers, Failover, OutcomeTracker, Pacing, Sleep, Tried,
-                        deliver)
-from ._calls import CallResult, attempt_error, call_result, forwarded, route_request
+from ..delivery import BreakerState, ClientBreakers, Failover, OutcomeTracker, Pacing, Sleep, Tried, deliver
+from ._calls import CallResult, attempt_error, call_result, conversation_of, forwarded, new_envelope, prepared_route
 from ._config import (
     TOKEN_ENV,
     URL_ENV,
@@ -39,6 +38,7 @@ from ._config import (
 from ._errors import ClientError
 from ._heartbeat import Heartbeater, HeartbeatStats, LoadCallback
 from ._http import NodeApi, SendResult
+from ._options import RESOLVE_OPTIONS, CallOptions, options_for
 from ._registration import register_with_backoff
 from ._reports import Reporter
 from ._tickets import TicketCache
@@ -286,24 +286,25 @@ class ReachClient:
         return compat.read_python(Trace, await self._require_api().request("GET", f"/v1/traces/{quote(trace_id)}"))
 
     async def resolve(self, capability: str | None = None, *, agent_id: str | None = None,
-                      pattern: str | None = None, version: str | None = None, labels: Mapping[str, str] | None = None,
-                      conversation_id: str | None = None, scope: Scope | str | None = None,
-                      preferred_region: str | None = None, exclude: list[str] | None = None,
-                      trace_id: str | None = None, semantic: bool | None = None, tags: list[str] | None = None,
-                      fresh: bool = False) -> RouteTicket:
+                      pattern: str | None = None, tags: list[str] | None = None, exclude: list[str] | None = None,
+                      fresh: bool = False, options: CallOptions | None = None, **overrides: Any) -> RouteTicket:
         """A route ticket, from the cache while it is valid (``fresh`` or ``exclude`` skip the cache).
 
+        Routed by ``options`` (:class:`CallOptions`; the same object as ``call()``'s routes the same
+        way and shares its cached ticket) with its routing fields as keyword ``overrides``
+        (``version=``, ``labels=``, ``scope=``, ``preferred_region=``, ``semantic=``,
+        ``conversation_id=``, ``trace_id=``); its delivery fields are not resolve()'s.
         ``semantic=False``: no semantic fallback, only an agent with the capability by name
         (default: the ``semantic`` client setting, true). ``tags``: only an agent whose capability
         (an A2A skill) carries them all; alone, any such agent. The ticket's target carries its route
-        credential and, for an A2A agent, its ``binding``; ``ticket.match`` says how it was found. Raises :class:`NoAgentAvailable`
-        (with the node's reason per stage), :class:`NodeUnreachable`.
+        credential and, for an A2A agent, its ``binding``; ``ticket.match`` says how it was found. Raises
+        :class:`NoAgentAvailable` (with the node's reason per stage), :class:`NodeUnreachable`, and
+        :class:`ValidationFailed` for a bad or unknown option.
         """
-        request = route_request(capability=capability, agent_id=agent_id, pattern=pattern, version=version,
-                                      labels=labels, conversation_id=conversation_id, scope=scope,
-                                      preferred_region=preferred_region, exclude=exclude, trace_id=trace_id,
-                                      semantic=self.settings.semantic if semantic is None else semantic,
-                                      tags=tags)
+        options = options_for("resolve", options, overrides, takes=RESOLVE_OPTIONS)
+        request = options.route_request(capability=capability, agent_id=agent_id, pattern=pattern, tags=tags,
+                                        exclude=exclude, trace_id=options.trace_id,
+                                        client_semantic=self.settings.semantic)
         return await self._resolve(request, fresh=fresh)
 
     async def search(self, query: str, *, k: int | None = None, scope: Scope | str | None = None,
@@ -337,76 +338,65 @@ class ReachClient:
 
     # -- calls -------------------------------------------------------------------------------
 
-    async def call(self, capability: str | None = None, payload: Any = None, *, operation: str | None = None,
-                   agent_id: str | None = None, pattern: str | None = None, version: str | None = None,
-                   labels: Mapping[str, str] | None = None, conversation_id: str | None = None,
-                   scope: Scope | str | None = None, preferred_region: str | None = None,
-                   idempotent: bool = False, trace_id: str | None = None, extensions: Mapping[str, Any] | None = None,
-                   envelope: Envelope | None = None, semantic: bool | None = None, timeout_ms: int | None = None,
-                   connect_timeout_ms: int | None = None, read_timeout_ms: int | None = None) -> CallResult:
+    async def call(self, capability: str | None = None, payload: Any = None, *, idempotent: bool = False,
+                   options: CallOptions | None = None, envelope: Envelope | None = None,
+                   agent_id: str | None = None, pattern: str | None = None, **overrides: Any) -> CallResult:
         """Resolve and call an agent directly; :mod:`node.delivery.attempts` has the retry rules.
 
         ``capability`` routes the call (an agent offering it by name; else, unless
-        ``semantic=False``, the semantic fallback reads it as plain language); ``payload`` is the
-        business data. ``operation`` is the envelope's operation, what the agent dispatches on
-        (default: the capability). Only ``idempotent=True`` calls are retried. The target gets
-        the envelope with ``Authorization: Bearer <route credential>``; the result says who
-        answered and how it was found (``result.match``). A call never goes to the calling agent
-        itself. ``envelope`` sends a prepared envelope (e.g. ``incoming.child(...)``, which
-        carries the trace and hop count) instead of building one. Raises
-        :class:`CallFailed` (``CallRejected``, ``CallTimeout``), :class:`NoAgentAvailable`,
-        :class:`NodeUnreachable`, and before sending :class:`HopLimitExceeded` or
-        :class:`EnvelopeExpired`.
+        ``semantic=False``, the semantic fallback reads it as plain language), or ``agent_id`` or
+        ``pattern`` name the agent; ``payload`` is the business data. Only idempotent calls are
+        retried: ``idempotent=True``, or options or an envelope marked so. ``options``
+        (:class:`CallOptions`) route and deliver the call (version, labels, scope, timeouts,
+        ``operation`` — what the agent dispatches on, default the capability — …); keyword
+        ``overrides`` are its fields, on top of it for this call. The target gets the envelope with
+        ``Authorization: Bearer <route credential>``; the result says who answered and how it was
+        found (``result.match``). A call never goes to the calling agent itself. ``envelope`` sends
+        a prepared envelope (e.g. ``incoming.child(...)``, which carries the trace and hop count)
+        instead of building one. Raises :class:`CallFailed` (``CallRejected``, ``CallTimeout``),
+        :class:`NoAgentAvailable`, :class:`NodeUnreachable`, and before sending
+        :class:`HopLimitExceeded`, :class:`EnvelopeExpired` or :class:`ValidationFailed` (a bad or
+        unknown option).
         """
-        settings = self.settings
-        overall_s = (timeout_ms or settings.request_timeout_ms) / 1000
+        options = options_for("call", options, overrides)
+        settings = options.delivery_settings(self.settings)
+        overall_s = settings.request_timeout_ms / 1000
         deadline = self.clock() + overall_s
+        idempotent = idempotent or options.idempotent
         if envelope is None:
-            envelope = Envelope(source_agent=self.agent_id, target_agent=agent_id or pattern,
-                                operation=operation or capability, payload=payload,
-                                expire_at_ms=epoch_ms() + int(overall_s * 1000), idempotent=idempotent,
-                                extensions=dict(extensions or {}), **({"trace_id": trace_id} if trace_id else {}))
+            envelope = new_envelope(options, source_agent=self.agent_id, target_agent=agent_id or pattern,
+                                    capability=capability, payload=payload, idempotent=idempotent,
+                                    expire_at_ms=epoch_ms() + int(overall_s * 1000))
         elif capability is None and agent_id is None and pattern is None:
-            # route a prepared envelope the way the proxy would: its target, else its operation
-            target = envelope.target_agent
-            if target and "*" in target:
-                pattern = target
-            elif target:
-                agent_id = target
-            capability = envelope.operation if not target or pattern else None
-        if conversation_id is None and isinstance(envelope.extensions.get("conversation_id"), str):
-            conversation_id = envelope.extensions["conversation_id"]
+            capability, agent_id, pattern = prepared_route(envelope)
         envelope = forwarded(envelope, max_hops=settings.max_hops)
         idempotent = envelope.idempotent or idempotent
-        request = route_request(capability=capability, agent_id=agent_id, pattern=pattern, version=version,
-                                      labels=labels, conversation_id=conversation_id, scope=scope,
-                                      preferred_region=preferred_region, exclude=None, trace_id=envelope.trace_id,
-                                      semantic=settings.semantic if semantic is None else semantic)
-        limits = AttemptLimits(connect_timeout_s=(connect_timeout_ms or settings.connect_timeout_ms) / 1000,
-                               read_timeout_s=(read_timeout_ms or settings.read_timeout_ms) / 1000,
-                               max_response_bytes=settings.max_response_bytes, owner="this client's")
+        request = options.route_request(capability=capability, agent_id=agent_id, pattern=pattern,
+                                        trace_id=envelope.trace_id, conversation_id=conversation_of(envelope, options),
+                                        client_semantic=settings.semantic)
         delivery = await deliver(
             envelope, Failover(request, resolve=self._resolve, breakers=self._target_breakers, issue=self._issue,
                                draw=self.draw_rng),
-            session=self._open_session, limits=limits, deadline=deadline,
+            session=self._open_session, limits=settings.attempt_limits(owner="this client's"), deadline=deadline,
             pacing=Pacing(self.retry_policy, self.rng, clock=self.clock, sleep=self._backoff),
-            max_attempts=self.retry_policy.max_attempts if idempotent else 1,
+            max_attempts=settings.max_attempts if idempotent else 1,
             on_attempt=lambda tried: self._after_attempt(envelope, tried))
         return call_result(envelope, delivery, idempotent=idempotent, overall_s=overall_s)
 
     async def send(self, envelope: Envelope, *, delivery: str = "sync", version: str | None = None,
-                   scope: Scope | str | None = None) -> SendResult:
+                   scope: Scope | str | None = None, options: CallOptions | None = None) -> SendResult:
         """Proxy mode: the node routes and delivers ``envelope`` itself (``POST /v1/send``).
 
         ``delivery="callback"`` returns at once (202); the result goes to this agent's
-        registered ``callback_endpoint``. Raises the node's error (``hop_limit_exceeded``,
-        ``envelope_expired``, ``delivery_failed`` …) as a :class:`NodeError`.
+        registered ``callback_endpoint``. The node routes by ``version`` and ``scope`` (keywords,
+        on top of ``options``'); ``options`` that ask for more (labels, a region, a conversation,
+        no semantic fallback) raise :class:`ValidationFailed` rather than be dropped, and its
+        delivery and envelope fields are the node's and the envelope's here. Raises the node's
+        error (``hop_limit_exceeded``, ``envelope_expired``, ``delivery_failed`` …) as a
+        :class:`NodeError`.
         """
-        query = {"delivery": delivery}
-        if version:
-            query["version"] = version
-        if scope:
-            query["scope"] = Scope(scope).value
+        given = {name: value for name, value in (("version", version), ("scope", scope)) if value}
+        query = {"delivery": delivery, **options_for("send", options, given).proxy_query()}
         timeout_s = self.settings.request_timeout_ms / 1000
         return await self._require_api().send(envelope, query=query, timeout_s=timeout_s)
 
