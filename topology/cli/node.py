@@ -51,7 +51,7 @@ from ..embedded import (
     default_node_data_dir,
     prepare_data_dir,
 )
-from ..launcher import ServiceChild, Supervisor
+from ..launcher import ServiceChild, Supervisor, phase_line
 from ..spec import Topology, TopologyError, load_topology
 from . import console
 from .drain import Drain
@@ -107,6 +107,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                         help="run N node processes on the same port (SO_REUSEPORT), sharing the region's Redis; "
                              "needs --redis (or the topology's) and a fixed port (default 1)")
     parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set for each worker
+    # Set by the launcher (topology.launcher.startup), which reads the phases back from the log to
+    # say what a node that is slow to start is doing.
+    parser.add_argument("--say-start-phases", action="store_true", help=argparse.SUPPRESS)
     parser.set_defaults(func=_run)
 
 
@@ -216,9 +219,14 @@ async def _main(args: argparse.Namespace, plan: _Plan) -> int:
 async def _start(args: argparse.Namespace, plan: _Plan,
                  stack: contextlib.AsyncExitStack) -> tuple[RegistryNode, web.AppRunner, Drain, str] | None:
     """Start everything, registering its cleanup on ``stack``; None if the port cannot be bound."""
+    def phase(what: str) -> None:
+        if args.say_start_phases:
+            console.say(phase_line(what))
+
     redis_url = plan.redis_url
     data_note = ""
     if redis_url is None:
+        phase("starting the embedded Redis")
         redis_url, data_note = await _start_embedded_redis(plan.region, plan, stack)
     config = _node_config(args, plan, redis_url)
     if args.semantic is not None:
@@ -230,10 +238,12 @@ async def _start(args: argparse.Namespace, plan: _Plan,
                                                "allow": [*config.egress.allow, *args.egress_allow]})
         config = config.model_copy(update={"egress": egress})
     built = build_node(config, secret=plan.secret, topology=plan.topology, bootstrap_servers=args.kafka)
-    if isinstance(built.searcher, SemanticDiscovery) and built.searcher.search_index.embedder is not None:
-        built.searcher.search_index.embedder.on_loaded = freeze_long_lived  # loaded after start, once
+    embedder = built.searcher.search_index.embedder if isinstance(built.searcher, SemanticDiscovery) else None
+    if embedder is not None:
+        embedder.on_loaded = freeze_long_lived  # loaded after start, once
     drain = Drain()
     built.extensions.append(drain.install)
+    phase(f"loading the region's agents from Redis ({mask_url(redis_url)})")
     with collector_paused():
         node = await stack.enter_async_context(built)
     # The records loaded at start live as long as the process: keep the cyclic collector from
@@ -241,6 +251,7 @@ async def _start(args: argparse.Namespace, plan: _Plan,
     # collect less often (node.loopwatch.tune_gc; agent_reach_gc_pause_seconds shows the effect).
     tune_gc()
     node.loop_watch.freezer = FreezeOnGrowth(node.records_held)
+    phase("loading the model" if embedder is not None else "starting the HTTP server")  # as the app starts
     try:
         runner = await serve(node, reuse_port=args.reuse_port)
     except OSError as exc:

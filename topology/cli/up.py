@@ -5,6 +5,12 @@ names none, one node process per region, each child restarted if it dies on its 
 on stderr says what died). The embedded Redis data is kept in ``--data-dir`` (default
 ``~/.agent-reach/up/<topology name>/<region>/redis``) unless ``--ephemeral``.
 
+Each node is waited for as long as its process runs — on a busy machine, importing and loading
+the model can take minutes — with a line on stderr every few seconds saying what it is doing
+(``waiting for region us-east (http://127.0.0.1:7101): loading the model… 12 s``); a node that
+exits while starting is reported at once. ``--start-timeout-s N`` gives up on a node not ready
+after N s instead.
+
 Ctrl-C (or SIGTERM) at any moment — while starting, while the demo starts, while running —
 stops everything within a few seconds: demo agents, then nodes (SIGTERM, SIGKILL after
 :data:`UP_NODE_STOP_TIMEOUT_S`), then the broker and Redis. Exit status: 0 after a stop
@@ -57,9 +63,22 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add_storage_options(parser, data_dir_help="keep the embedded Redis data here, one subdirectory per region "
                                               "(default: ~/.agent-reach/up/<topology name>)")
     add_secret_options(parser)
+    parser.add_argument("--start-timeout-s", type=_positive_seconds, default=None, metavar="N",
+                        help="stop everything when a node is not ready N seconds after it was started (default: "
+                             "no deadline; wait as long as the node runs, saying every few seconds what it is doing)")
     parser.add_argument("--demo", action="store_true", help="also start the demo agents (topology.demo) in different "
                                                             "regions and show a local and a cross-region call")
     parser.set_defaults(func=_run)
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not seconds > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return seconds
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -87,6 +106,7 @@ async def _main(args: argparse.Namespace, topology: Topology, *, secret: bytes, 
                                log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
                                log_format=args.log_format,
                                say=lambda line: console.notice(f"agent-reach up: {line}"),
+                               node_start_timeout_s=args.start_timeout_s,
                                node_stop_timeout_s=UP_NODE_STOP_TIMEOUT_S,
                                node_drain_timeout_ms=UP_NODE_DRAIN_TIMEOUT_MS,
                                service_stop_timeout_s=UP_SERVICE_STOP_TIMEOUT_S)

@@ -1,16 +1,17 @@
 """A whole topology on this machine (:class:`LocalCluster`, what ``agent-reach up`` runs) and the
-supervision that restarts a child — a node process, an embedded Redis or broker — that dies on its own.
+supervision that restarts a child — a node process, an embedded Redis or broker — that dies on its own;
+waiting for a node that is starting (:mod:`.startup`) and the lines it says meanwhile (:func:`phase_line`).
 """
 
 from ..errors import LauncherError
 from .cluster import (
     DEFAULT_NODE_DRAIN_TIMEOUT_MS,
-    DEFAULT_NODE_START_TIMEOUT_S,
     DEFAULT_NODE_STOP_TIMEOUT_S,
     ClusterState,
     LocalCluster,
     NodeProcess,
 )
+from .startup import DEFAULT_START_PROGRESS_INTERVAL_S, phase_line
 from .supervisor import (
     DEFAULT_INITIAL_BACKOFF_S,
     DEFAULT_MAX_BACKOFF_S,
@@ -26,9 +27,9 @@ __all__ = [
     "DEFAULT_INITIAL_BACKOFF_S",
     "DEFAULT_MAX_BACKOFF_S",
     "DEFAULT_NODE_DRAIN_TIMEOUT_MS",
-    "DEFAULT_NODE_START_TIMEOUT_S",
     "DEFAULT_NODE_STOP_TIMEOUT_S",
     "DEFAULT_STABLE_AFTER_S",
+    "DEFAULT_START_PROGRESS_INTERVAL_S",
     "Child",
     "ClusterState",
     "LauncherError",
@@ -38,4 +39,5 @@ __all__ = [
     "ServiceChild",
     "Supervisor",
     "keep_alive",
+    "phase_line",
 ]

@@ -9,6 +9,10 @@ environment, run in their own session (a terminal's Ctrl-C reaches only the laun
 stops them in order: nodes first, then the broker and Redis) and are asked by the kernel to exit
 if the launcher dies without cleaning up (Linux ``PR_SET_PDEATHSIG``).
 
+Starting: each node is waited for until it answers ``/readyz``, for as long as its process runs
+(:mod:`topology.launcher.startup`: a line every few seconds says what it is doing) or, with a
+``node_start_timeout_s``, until that deadline.
+
 Supervision: a node, redis-server or broker that dies on its own is restarted on the same port
 with exponential backoff (:mod:`topology.launcher.supervisor`), while everything else keeps
 serving. A deliberate stop (:meth:`LocalCluster.stop_node`, a service's ``stop()``,
@@ -37,14 +41,11 @@ import signal
 import socket
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
-
-import aiohttp
 
 from node.core.models import TokenRole
 from node.envconfig import without_per_node_settings
@@ -61,11 +62,11 @@ from ..embedded import (
 from ..errors import LauncherError
 from ..process import ChildExit, die_with_parent_preexec
 from ..spec import Topology
+from .startup import DEFAULT_START_PROGRESS_INTERVAL_S, NodeLaunch, log_tail, wait_until_ready
 from .supervisor import RestartPolicy, ServiceChild, Supervisor
 
 __all__ = [
     "DEFAULT_NODE_DRAIN_TIMEOUT_MS",
-    "DEFAULT_NODE_START_TIMEOUT_S",
     "DEFAULT_NODE_STOP_TIMEOUT_S",
     "ClusterState",
     "LauncherError",
@@ -75,13 +76,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_NODE_START_TIMEOUT_S = 30.0
 DEFAULT_NODE_STOP_TIMEOUT_S = 10.0
 # What a stopping node gives its in-flight requests; nobody load-balances a local cluster, so
 # its nodes skip the drain grace (readiness 503 before the listener closes).
 DEFAULT_NODE_DRAIN_TIMEOUT_MS = 2_000
-_POLL_INTERVAL_S = 0.05
-_LOG_TAIL_LINES = 30
 
 
 class ClusterState(enum.Enum):
@@ -123,8 +121,10 @@ class LocalCluster:
     (node logs and the resolved topology; default a temporary directory removed at the end),
     ``data_dir`` (keep the embedded Redis data there across runs; default a temporary one),
     ``supervise`` (restart children that die on their own; default on), ``restart_policy``,
-    ``say`` (where the one-line supervision notices go; default the log at WARNING),
-    ``node_start_timeout_s``, ``node_stop_timeout_s`` (SIGTERM grace before SIGKILL),
+    ``say`` (where the one-line supervision notices go, and what a node that is starting is doing;
+    default the log, at WARNING and at INFO), ``node_start_timeout_s`` (how long a node may take to
+    be ready; default None: as long as its process runs), ``start_progress_interval_s`` (how often
+    a starting node's progress is said), ``node_stop_timeout_s`` (SIGTERM grace before SIGKILL),
     ``node_drain_timeout_ms`` (what a stopping node gives in-flight requests),
     ``service_stop_timeout_s`` (the same for the embedded servers).
 
@@ -137,14 +137,16 @@ class LocalCluster:
                  data_dir: Path | None = None, log_level: str = "INFO", log_format: str = "text",
                  supervise: bool = True,
                  restart_policy: RestartPolicy | None = None, say: Callable[[str], None] | None = None,
-                 node_start_timeout_s: float = DEFAULT_NODE_START_TIMEOUT_S,
+                 node_start_timeout_s: float | None = None,
+                 start_progress_interval_s: float = DEFAULT_START_PROGRESS_INTERVAL_S,
                  node_stop_timeout_s: float = DEFAULT_NODE_STOP_TIMEOUT_S,
                  node_drain_timeout_ms: int = DEFAULT_NODE_DRAIN_TIMEOUT_MS,
                  service_stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> None:
         for name, value in (("node_start_timeout_s", node_start_timeout_s),
+                            ("start_progress_interval_s", start_progress_interval_s),
                             ("node_stop_timeout_s", node_stop_timeout_s),
                             ("service_stop_timeout_s", service_stop_timeout_s)):
-            if not value > 0:
+            if value is not None and not value > 0:
                 raise ValueError(f"LocalCluster {name} must be positive, got {value!r}")
         if node_drain_timeout_ms < 0:
             raise ValueError(f"LocalCluster node_drain_timeout_ms must be >= 0, got {node_drain_timeout_ms!r}")
@@ -155,6 +157,7 @@ class LocalCluster:
         self.log_format = log_format
         self.supervise = supervise
         self.node_start_timeout_s = node_start_timeout_s
+        self.start_progress_interval_s = start_progress_interval_s
         self.node_stop_timeout_s = node_stop_timeout_s
         self.node_drain_timeout_ms = node_drain_timeout_ms
         self.service_stop_timeout_s = service_stop_timeout_s
@@ -171,6 +174,7 @@ class LocalCluster:
         self.nodes: dict[str, NodeProcess] = {}
         self.state = ClusterState.NEW
         self.supervisor = Supervisor(policy=restart_policy, say=say)
+        self._say_progress = say or log.info
         self._node_watchers: dict[str, asyncio.Task[None]] = {}
 
     async def __aenter__(self) -> LocalCluster:
@@ -242,8 +246,8 @@ class LocalCluster:
     async def start_node(self, region: str) -> NodeProcess:
         """Start (or restart) the node of ``region``, wait until it answers ``/readyz`` and supervise it.
 
-        Raises :class:`LauncherError` if it exits or is not ready within the start timeout
-        (the process is killed then).
+        Raises :class:`LauncherError` if it exits while starting, or is not ready within the start
+        timeout when one is set (the process is killed then).
         """
         node = self.nodes[region]
         node.keep_running = True
@@ -311,11 +315,7 @@ class LocalCluster:
         return "\n".join(lines)
 
     def log_tail(self, region: str) -> str:
-        try:
-            lines = self.nodes[region].log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no output)"
-        return "\n".join(lines[-_LOG_TAIL_LINES:]) or "(no output)"
+        return log_tail(self.nodes[region].log_path)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -345,14 +345,20 @@ class LocalCluster:
             command = [sys.executable, "-m", "topology.cli", "--log-level", self.log_level,
                        "--log-format", self.log_format, "node",
                        "--topology", str(self.topology_file), "--region", node.region,
-                       "--drain-grace-ms", "0", "--drain-timeout-ms", str(self.node_drain_timeout_ms)]
+                       "--drain-grace-ms", "0", "--drain-timeout-ms", str(self.node_drain_timeout_ms),
+                       "--say-start-phases"]
             with open(node.log_path, "ab") as log_file:
+                log_offset = log_file.tell()
                 process = await asyncio.create_subprocess_exec(
                     *command, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=env,
                     start_new_session=True, preexec_fn=die_with_parent_preexec())
             node.process = process
             try:
-                await self._wait_ready(node)
+                await wait_until_ready(NodeLaunch(region=node.region, url=node.url, process=process,
+                                                  log_path=node.log_path, log_offset=log_offset),
+                                       timeout_s=self.node_start_timeout_s,
+                                       progress_interval_s=self.start_progress_interval_s, say=self._say_progress,
+                                       log_kept=not self._own_run_dir)
             except BaseException:
                 # A half-started node has nothing to drain; it must not linger as a second copy.
                 with contextlib.suppress(ProcessLookupError):
@@ -360,32 +366,6 @@ class LocalCluster:
                 await process.wait()
                 raise
             return process.pid
-
-    async def _wait_ready(self, node: NodeProcess) -> None:
-        deadline = time.monotonic() + self.node_start_timeout_s
-        timeout = aiohttp.ClientTimeout(total=1.0)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            while True:
-                if node.process is not None and node.process.returncode is not None:
-                    raise LauncherError(f"the node of region {node.region} exited with code "
-                                        f"{node.process.returncode} while starting{self._reason(node)}\n"
-                                        f"the last lines of its log:\n{self.log_tail(node.region)}")
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
-                    async with session.get(f"{node.url}/readyz") as response:
-                        if response.status == 200:
-                            return
-                if time.monotonic() > deadline:
-                    raise LauncherError(f"the node of region {node.region} did not become ready at {node.url} "
-                                        f"within {self.node_start_timeout_s:.0f} s\n"
-                                        f"the last lines of its log:\n{self.log_tail(node.region)}")
-                await asyncio.sleep(_POLL_INTERVAL_S)
-
-    def _reason(self, node: NodeProcess) -> str:
-        """``": <the node's own error line>"`` when its log ends with one."""
-        for line in reversed(self.log_tail(node.region).splitlines()):
-            if line.startswith("error: "):
-                return f": {line.removeprefix('error: ')}"
-        return ""
 
 
 class _NodeChild:
