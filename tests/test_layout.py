@@ -103,7 +103,7 @@ MAY_IMPORT = {
     "routing": {"core", "delivery", "store", "view", "trust"},
     "duties": {"core", "store", "view", "trust"},
     "ops": {"core"},
-    "root": {"core", "delivery", "store", "view", "trust", "routing", "duties", "ops", "http"},
+    "root": {"core", "delivery", "store", "view", "trust", "routing", "duties", "ops"},  # never http: it stands above
     "http": {"core", "delivery", "store", "view", "trust", "routing", "duties", "ops", "root"},
 }
 # Modules of a room that are public beside its face: loaded on their own because they are heavy.

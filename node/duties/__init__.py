@@ -1,16 +1,14 @@
-"""What one replica of a region does for all: leadership, the lease sweeper and the prober.
+"""What one replica of a region does for all: leadership, the lease sweeper and the prober, and
+their settings (``DutySettings``).
 """
 
-from .leader import DEFAULT_LEADER_TTL_MS, LeaderLease, Leadership, new_node_id
-from .prober import DEFAULT_MAX_CONCURRENT_PROBES, Prober
-from .sweeper import DEFAULT_MAX_EXPIRE_FRACTION, DEFAULT_PROTECTION_MAX_HOLD_MS, DEFAULT_SWEEP_INTERVAL_MS, Sweeper
+from .leader import LeaderLease, Leadership, new_node_id
+from .prober import Prober
+from .settings import DutySettings
+from .sweeper import Sweeper
 
 __all__ = [
-    "DEFAULT_LEADER_TTL_MS",
-    "DEFAULT_MAX_CONCURRENT_PROBES",
-    "DEFAULT_MAX_EXPIRE_FRACTION",
-    "DEFAULT_PROTECTION_MAX_HOLD_MS",
-    "DEFAULT_SWEEP_INTERVAL_MS",
+    "DutySettings",
     "LeaderLease",
     "Leadership",
     "Prober",

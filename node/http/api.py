@@ -59,7 +59,7 @@ from .plumbing import (
     read_body,
 )
 from .proxy import PROXY_KEY, install_proxy_routes
-from .server import NodeRunner, ServerLimits
+from .server import NodeRunner
 from .snapshot_stream import stream_snapshot
 from .traces import TRACES_KEY
 from .watch_stream import end_watches, watch
@@ -397,15 +397,11 @@ async def serve(node: RegistryNode, *, host: str | None = None, port: int | None
                 reuse_port: bool = False) -> web.AppRunner:
     """Start the HTTP server of a started node; returns the runner (``await runner.cleanup()``).
 
-    The server enforces the node's connection limits (``header_read_timeout_ms``,
-    ``keepalive_timeout_ms``, ``max_connections``; see :mod:`node.http.server`).
+    The server enforces the node's connection limits (``NodeConfig`` is a ``ServerLimits``:
+    ``header_read_timeout_ms``, ``keepalive_timeout_ms``, ``max_connections``; see :mod:`node.http.server`).
     """
     config = node.config
-    limits = ServerLimits(header_read_timeout_ms=config.header_read_timeout_ms,
-                          keepalive_timeout_ms=config.keepalive_timeout_ms,
-                          max_connections=config.max_connections,
-                          error_log_interval_ms=config.http_error_log_interval_ms)
-    runner = NodeRunner(build_app(node), limits=limits, metrics_registry=node.metrics.registry,
+    runner = NodeRunner(build_app(node), limits=config, metrics_registry=node.metrics.registry,
                         access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host or config.host, config.port if port is None else port, reuse_address=True,

@@ -69,7 +69,7 @@ from ..core.models import (
     TokenClaims,
     compat,
 )
-from ..delivery import AttemptLimits, Failover, Pacing, Tried, deliver
+from ..delivery import Failover, Pacing, Tried, deliver
 from ..service import RegistryNode
 from ..store import Answer, DeliveryInProgress, OnceCache
 from ..trust import EgressDenied, EgressPolicy, egress_denial, egress_session
@@ -130,9 +130,7 @@ class Proxy:
         self.egress: EgressPolicy = node.config.egress
         self.guard = _EgressGuard(self.egress)
         self.policy = self.settings.retry_policy()
-        self.limits = AttemptLimits(connect_timeout_s=self.settings.connect_timeout_ms / 1000,
-                                    read_timeout_s=self.settings.read_timeout_ms / 1000,
-                                    max_response_bytes=self.settings.max_response_bytes, owner="the proxy's")
+        self.limits = self.settings.attempt_limits(owner="the proxy's")
         self.rng = rng or random.Random()
         self.traces = traces  # api.py's direct-mode decisions still reach the log through here
         self.once = OnceCache.of(node.store, node_id=node.node_id, ttl_ms=self.settings.idempotency_ttl_ms,

@@ -11,7 +11,9 @@ traceback. :class:`NodeRunner` is an :class:`aiohttp.web.AppRunner` whose connec
 * number at most ``max_connections``; one more is answered 503 and closed at once;
 * get the node's JSON error shape for a malformed request (400, 414 for a request line that is
   too long, 431 for a header that is), logged as one warning line, at most one per kind per
-  ``error_log_interval_ms``, with the count of lines left out.
+  ``http_error_log_interval_ms``, with the count of lines left out.
+
+The limits are :class:`node.config.ServerLimits` (``NodeConfig`` is one).
 
 A request whose head has arrived is not timed here: body reads and long responses (the
 ``/v1/watch`` event stream lives for hours) are the handler's business.
@@ -31,7 +33,6 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -50,30 +51,14 @@ from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from ..config import ServerLimits
 from ..core import BadRequest, NodeError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HEADER_READ_TIMEOUT_MS = 10_000
-# Longer than the idle timeouts of the usual load balancers (60 s) and client pools (aiohttp 15 s),
-# so that the client, not the node, closes an idle connection and no request races the close.
-DEFAULT_KEEPALIVE_TIMEOUT_MS = 75_000
-DEFAULT_MAX_CONNECTIONS = 1_000
-DEFAULT_ERROR_LOG_INTERVAL_MS = 1_000
 _MESSAGE_DETAIL_CHARS = 200
 
-__all__ = [
-    "DEFAULT_ERROR_LOG_INTERVAL_MS",
-    "DEFAULT_HEADER_READ_TIMEOUT_MS",
-    "DEFAULT_KEEPALIVE_TIMEOUT_MS",
-    "DEFAULT_MAX_CONNECTIONS",
-    "HeaderFieldsTooLarge",
-    "NodeRunner",
-    "RequestHeadTimeout",
-    "RequestLineTooLong",
-    "ServerLimits",
-    "TooManyConnections",
-]
+__all__ = ["HeaderFieldsTooLarge", "NodeRunner", "RequestHeadTimeout", "RequestLineTooLong", "TooManyConnections"]
 
 
 class RequestLineTooLong(BadRequest):
@@ -102,22 +87,6 @@ class TooManyConnections(NodeError):
 
     status = 503
     code = "too_many_connections"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ServerLimits:
-    """What one connection may cost the node; every value must be positive."""
-
-    header_read_timeout_ms: int = DEFAULT_HEADER_READ_TIMEOUT_MS
-    keepalive_timeout_ms: int = DEFAULT_KEEPALIVE_TIMEOUT_MS
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    error_log_interval_ms: int = DEFAULT_ERROR_LOG_INTERVAL_MS
-
-    def __post_init__(self) -> None:
-        for name in ("header_read_timeout_ms", "keepalive_timeout_ms", "max_connections", "error_log_interval_ms"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"ServerLimits.{name} must be a positive integer, got {value!r}")
 
 
 class NodeRunner(web.AppRunner):
@@ -239,7 +208,7 @@ class _NodeServer(Server):
         self.limits = limits
         self.metrics = metrics
         self.header_read_timeout_s = limits.header_read_timeout_ms / 1000
-        self.throttle = _LogThrottle(log, interval_s=limits.error_log_interval_ms / 1000)
+        self.throttle = _LogThrottle(log, interval_s=limits.http_error_log_interval_ms / 1000)
         # Counted on connection_made/lost, which run one at a time on the loop, so the cap is exact
         # even when a burst of accepts is queued; aiohttp's own table keeps a closed connection
         # until its handler task ends.

@@ -18,6 +18,7 @@ from .router import (
     SemanticMatches,
 )
 from .search import DEFAULT_SEARCH_K, MAX_SEARCH_K, Searcher
+from .settings import RoutingSettings
 
 __all__ = [
     "DEFAULT_CAPACITY",
@@ -31,6 +32,7 @@ __all__ = [
     "PeerView",
     "RemoteCatalog",
     "Router",
+    "RoutingSettings",
     "STATUS_FACTORS",
     "Searcher",
     "SemanticMatch",

@@ -13,6 +13,7 @@ from .region import (
     HeartbeatResult,
     RedisErrors,
     RegionStore,
+    StoreSettings,
     stored_version,
 )
 from .snapshots import RegionSnapshots, SnapshotData, StoredVersions
@@ -31,6 +32,7 @@ __all__ = [
     "RegionSnapshots",
     "RegionStore",
     "SnapshotData",
+    "StoreSettings",
     "StoredVersions",
     "build",
     "compact",

@@ -37,13 +37,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from pydantic import Field
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.client import NEVER_DECODE
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..core import Conflict, UnknownAgent, now_ms
+from ..core import Conflict, Settings, UnknownAgent, now_ms
 from ..core.models import AgentRecord, ChangeEvent, DeleteReason, Load
 from .batch import Coalescer
 from .loads import parse_load
@@ -56,7 +57,7 @@ from .stored_records import WrittenRecords, stored_version
 from .wire import pack_with_hiredis
 
 __all__ = ["DEFAULT_CHANGE_STREAM_MAXLEN", "DEFAULT_KEY_PREFIX", "HeartbeatResult", "RedisErrors", "RegionStore",
-           "now_ms", "stored_version"]
+           "StoreSettings", "now_ms", "stored_version"]
 
 DEFAULT_KEY_PREFIX = "ar"
 DEFAULT_CHANGE_STREAM_MAXLEN = 100_000
@@ -65,6 +66,16 @@ _LEASE_BATCH = 1_000
 _LOAD_SCAN_CHUNK = 2_000
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_POOL_TIMEOUT_S = 5.0
+
+
+class StoreSettings(Settings):
+    """The store's layout in the region's Redis (``NodeConfig`` inherits them)."""
+
+    key_prefix: str = Field(default=DEFAULT_KEY_PREFIX,
+                            description="Prefix of every Redis key (and of the federation's replica keys).")
+    change_stream_maxlen: int = Field(default=DEFAULT_CHANGE_STREAM_MAXLEN, ge=100,
+                                      description="Entries the region's change stream keeps (about; peers heal a "
+                                                  "longer gap by anti-entropy).")
 
 
 @dataclass(slots=True)

@@ -1,17 +1,12 @@
 """Who may do what: bearer tokens, route credentials and region keys, revocation, the egress
-policy and the redaction of secrets in logs.
+policy and the redaction of secrets in logs; the node's settings of them (``TrustSettings``).
 """
 
-from .credentials import (
-    DEFAULT_KEY_PUBLISH_INTERVAL_MS,
-    DEFAULT_SIGNING_KEY_MAX_AGE_MS,
-    JWKS_PATH,
-    RegionKeys,
-    SigningKeyError,
-)
+from .credentials import JWKS_PATH, RegionKeys, SigningKeyError
 from .egress import DEFAULT_EGRESS_POLICY, EgressDenied, EgressPolicy, egress_denial, egress_session
 from .redact import CredentialFilter, mask_credentials, mask_url
-from .revocation import DEFAULT_REVOCATION_POLL_INTERVAL_MS, Revocation, RevocationList
+from .revocation import Revocation, RevocationList
+from .settings import TrustSettings
 from .tokens import (
     DEFAULT_TOKEN_TTL_S,
     SECRET_ENV,
@@ -27,9 +22,6 @@ from .tokens import (
 __all__ = [
     "CredentialFilter",
     "DEFAULT_EGRESS_POLICY",
-    "DEFAULT_KEY_PUBLISH_INTERVAL_MS",
-    "DEFAULT_REVOCATION_POLL_INTERVAL_MS",
-    "DEFAULT_SIGNING_KEY_MAX_AGE_MS",
     "DEFAULT_TOKEN_TTL_S",
     "EgressDenied",
     "EgressPolicy",
@@ -41,6 +33,7 @@ __all__ = [
     "SecretError",
     "Signer",
     "SigningKeyError",
+    "TrustSettings",
     "authorize_agent",
     "egress_denial",
     "egress_session",

@@ -16,10 +16,11 @@ import pytest
 from aiohttp import web
 from pydantic import ValidationError
 
-from node.client import CallFailed, ReachClient
+from node.client import CallFailed, ClientSettings, ReachClient
 from node.config import ProxySettings
 from node.core import Envelope
 from node.core.models import TokenRole
+from node.delivery import AttemptLimits, DeliverySettings, RetryPolicy
 from node.http import bound_port
 from node.http.proxy import PROXY_KEY
 from node.http.traces import TRACES_KEY
@@ -168,6 +169,24 @@ async def test_an_address_is_tried_once_however_many_agents_stand_behind_it(node
 
 async def _no_wait(seconds: float) -> None:
     return None
+
+
+@pytest.mark.unit
+def test_the_sdk_and_the_proxy_are_timed_and_retried_by_one_settings_type() -> None:
+    sdk, proxy = ClientSettings(), ProxySettings()
+    assert isinstance(sdk, DeliverySettings) and isinstance(proxy, DeliverySettings)
+    for name, original in DeliverySettings.model_fields.items():  # one rule per setting, each its own default
+        for field in (ClientSettings.model_fields[name], ProxySettings.model_fields[name]):
+            assert (field.annotation, field.metadata, field.description) == (
+                original.annotation, original.metadata, original.description), name
+    assert (sdk.retry_initial_backoff_ms, proxy.retry_initial_backoff_ms) == (500, 100)
+    assert sdk.retry_policy() == RetryPolicy()  # the SDK's defaults are the policy's
+    assert proxy.retry_policy() == RetryPolicy(initial_backoff_s=0.1, max_backoff_s=2.0)
+    assert proxy.attempt_limits(owner="the proxy's") == AttemptLimits(
+        connect_timeout_s=3.0, read_timeout_s=30.0, max_response_bytes=4 * 2**20, owner="the proxy's")
+    for settings in (ClientSettings, ProxySettings):  # and one rule for a longest backoff below the first
+        with pytest.raises(ValidationError, match="retry_max_backoff_ms must be at least retry_initial_backoff_ms"):
+            settings(retry_initial_backoff_ms=3_000, retry_max_backoff_ms=2_000)
 
 
 async def test_the_proxy_is_configured_from_a_topology_file(redis_url: str, region: str, target: Target) -> None:

@@ -46,6 +46,26 @@ def test_every_setting_has_a_variable_derived_from_the_model() -> None:
     assert variables["AGENT_REACH_EGRESS_ALLOW"] == "egress.allow"
 
 
+def test_every_setting_is_defined_once_in_the_room_that_uses_it() -> None:
+    """NodeConfig inherits the rooms' settings objects: each field is declared by one class of its
+    bases, and the variable keeps the field's flat name."""
+    declared: dict[str, list[type]] = {}
+    for cls in NodeConfig.__mro__:
+        for name in vars(cls).get("__annotations__", {}):
+            if name in NodeConfig.model_fields:
+                declared.setdefault(name, []).append(cls)
+    assert set(declared) == set(NodeConfig.model_fields)
+    assert {name: owners for name, owners in declared.items() if len(owners) > 1} == {}
+    rooms = {name: owners[0].__module__ for name, owners in declared.items()}
+    assert (rooms["key_prefix"], rooms["lease_sync_interval_ms"], rooms["sweep_interval_ms"]) == (
+        "node.store.region", "node.view.settings", "node.duties.settings")
+    assert (rooms["revocation_poll_interval_ms"], rooms["ticket_ttl_ms"], rooms["breaker_failures"]) == (
+        "node.trust.settings", "node.routing.settings", "node.delivery.settings")
+    assert rooms["header_read_timeout_ms"] == rooms["proxy"] == "node.config"  # node.http stands above the config
+    assert {setting.variable for setting in env_settings()} >= {"AGENT_REACH_TICKET_TTL_MS",
+                                                                "AGENT_REACH_PROXY_RETRY_INITIAL_BACKOFF_MS"}
+
+
 def test_values_are_read_as_the_model_reads_them() -> None:
     settings = settings_from_env({
         "AGENT_REACH_PORT": "8080", "AGENT_REACH_ACCESS_LOG": "true", "AGENT_REACH_OVERPROVISIONING_FACTOR": "1.5",
