@@ -53,7 +53,7 @@ from .core.models import (
 )
 from .delivery import BreakerState
 from .parts import NodeParts, build_parts
-from .routing import Decision, Searcher, SummaryOnlyLookups
+from .routing import AgentQuery, Decision, Searcher, SummaryOnlyLookups
 from .store import HeartbeatResult, stored_version
 from .trust import EgressDenied, Revocation, authorize_agent, may_see
 from .view import CacheState
@@ -321,6 +321,18 @@ class RegistryNode:
             if record is not None:
                 return record
         return None
+
+    def list_agents(self, query: AgentQuery, caller: TokenClaims) -> list[AgentRecord]:
+        """The records ``query`` selects that ``caller`` may see (and routable, if it asks): this
+        region's and, unless its scope is local, the peers' replicas; this region's first, then by
+        region and agent id."""
+        indexes = [self.cache.index]
+        if query.scope is not Scope.LOCAL and self.router.remote is not None:
+            indexes += [peer.index for peer in self.router.remote.peers()]
+        found = [record for index in indexes for record in query.select(index)
+                 if (not query.routable_only or self.routable(record)) and self.visible(record, caller)]
+        found.sort(key=lambda record: (record.region != self.region, record.region, record.agent_id))
+        return found
 
     async def resolve(self, request: RouteRequest, caller: TokenClaims) -> RouteTicket:
         return (await self.decide(request, caller)).ticket()

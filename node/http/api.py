@@ -25,7 +25,6 @@ from ..core.a2a import AGENT_CARD_PATH, AGENT_CARD_ROUTE, CardRegistration
 from ..core.models import (
     KEY_ID_PATTERN,
     AgentList,
-    AgentRecord,
     CredentialRequest,
     Heartbeat,
     KeySet,
@@ -39,7 +38,7 @@ from ..core.models import (
     TokenClaims,
     TokenRole,
 )
-from ..routing import DEFAULT_SEARCH_K, MAX_SEARCH_K, capability_of, described_for, tagged
+from ..routing import DEFAULT_SEARCH_K, MAX_SEARCH_K, AgentQuery, described_for
 from ..service import RegistryNode
 from ..trust import JWKS_PATH, require_peer
 from .a2a_routes import registry_agent_card, v1_agent_card, well_known_agent_card
@@ -144,27 +143,9 @@ async def list_agents(request: web.Request) -> web.Response:
     tags = query.getall("tag", [])
     if len(tags) > 8 or any(not tag or len(tag) > 64 for tag in tags):
         raise ValidationFailed("tag: at most 8 tags of 1 to 64 characters each", field="tag")
-    routable_only = query_flag(request, "routable")
-    caller = _caller(request)
-    indexes = [node.cache.index]
-    if scope is not Scope.LOCAL and node.router.remote is not None:
-        indexes += [peer.index for peer in node.router.remote.peers()]
-    found: list[AgentRecord] = []
-    for index in indexes:
-        records = index.with_capability(capability).values() if capability else index
-        for record in records:
-            if regex is not None and not regex.match(record.agent_id):
-                continue
-            if labels and any(record.labels.get(k) != v for k, v in labels.items()):
-                continue
-            if tags and tagged(record, capability_of(record, capability) if capability else None, tags) is None:
-                continue
-            if routable_only and not node.routable(record):
-                continue
-            if not node.visible(record, caller):
-                continue
-            found.append(record)
-    found.sort(key=lambda record: (record.region != node.region, record.region, record.agent_id))
+    selected = AgentQuery(scope=scope, capability=capability, agent_id=regex, labels=labels, tags=tags,
+                          routable_only=query_flag(request, "routable"))
+    found = node.list_agents(selected, _caller(request))
     return json_response(AgentList(agents=found, region=node.region, count=len(found)))
 
 

@@ -1,10 +1,11 @@
 """Who gets a call: candidates, weights and breakers, spill to peers, the semantic fallback, remote
-catalogs, forwarded lookups, the decision log and the search port.
+catalogs, forwarded lookups, listing selectors, the decision log and the search port.
 """
 
 from .candidates import DEFAULT_CAPACITY, STATUS_FACTORS, capability_of, tagged
 from .decisions import DecisionLog
 from .forwarded import SummaryOnlyLookups
+from .listing import AgentQuery
 from .remote import described_for
 from .router import (
     DEFAULT_OVERPROVISIONING_FACTOR,
@@ -21,6 +22,7 @@ from .search import DEFAULT_SEARCH_K, MAX_SEARCH_K, Searcher
 from .settings import RoutingSettings
 
 __all__ = [
+    "AgentQuery",
     "DEFAULT_CAPACITY",
     "DEFAULT_OVERPROVISIONING_FACTOR",
     "DEFAULT_SEARCH_K",
