@@ -239,7 +239,7 @@ async def million_part(records: int) -> None:
         before = rss_bytes()
         started = time.perf_counter()
         cache = RegionCache(store)
-        with collector_paused():  # as `agent-reach node` starts (node.loopwatch)
+        with collector_paused():  # as `agent-reach node` starts (node.ops.loopwatch)
             await cache.start()
         seconds = time.perf_counter() - started
         gc.collect()
@@ -269,7 +269,7 @@ def table_upkeep(pool: int = 10_000, changes: int = 2_000) -> None:
         kept.table(source, request, now, False)
         started = time.perf_counter()
         for n in range(changes):
-            index.set_load(f"scale.pool.a{n % pool}", Load(inflight=n % 9 + 1))  # a load report (node.loads)
+            index.set_load(f"scale.pool.a{n % pool}", Load(inflight=n % 9 + 1))  # a load report (node.store.loads)
             (tables or CandidateTables(outcomes=OutcomeTracker())).table(source, request, now, False)
         figures[label] = (time.perf_counter() - started) / changes * 1e6
     print(f"routing table upkeep, {pool:,}-agent pool, one agent's load changed then one lookup: "

@@ -42,7 +42,7 @@ LEARN_MIN_INTERVAL_S = 1.0
 
 
 class PeerKeys:
-    """Every peer region's public keys, kept fresh; fills ``node.credentials.PeerKeySource``.
+    """Every peer region's public keys, kept fresh; fills ``node.trust.credentials.PeerKeySource``.
 
     ``async with`` (or ``start``/``aclose``): starting opens the session and starts the task it
     owns, which fetches every peer at once and then every ``key_refresh_interval_ms`` (a peer that
@@ -89,7 +89,7 @@ class PeerKeys:
             log.error("region %s: the peer-key refresh died: %r; peers' keys are no longer refreshed",
                       self.config.region, task.exception())
 
-    # -- node.credentials.PeerKeySource --------------------------------------------------------
+    # -- node.trust.credentials.PeerKeySource --------------------------------------------------------
 
     def keys(self) -> list[PublicKey]:
         return [key for keys in self._keys.values() for key in keys]

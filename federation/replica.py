@@ -8,7 +8,7 @@ peers stay routable, but only when no fresher level can serve (see ``node.router
 
 State lives in the consuming region's Redis (``federation.replica_store``). Every node replica
 of the region loads it at start and then tails the replica feed (:class:`PeerCatalog`, a
-``node.follower.StreamFollower``), so a restarted node comes back with the peers it knew and
+``node.view.follower.StreamFollower``), so a restarted node comes back with the peers it knew and
 with their last-heard times (stale until a beacon arrives). The
 leader, which runs the Kafka consumer, also applies what it commits at once, ahead of the feed
 (read-your-writes); the feed then repeats those changes and they are skipped by version.
@@ -227,7 +227,7 @@ class PeerCatalog(StreamFollower[FeedEntry]):
     def describe(self) -> list[dict[str, object]]:
         return [peer.describe() for peer in self._peers]
 
-    # subscribe(listener) -> unsubscribe: node.follower.StreamFollower
+    # subscribe(listener) -> unsubscribe: node.view.follower.StreamFollower
 
     # -- public ------------------------------------------------------------------------------
 
@@ -275,7 +275,7 @@ class PeerCatalog(StreamFollower[FeedEntry]):
         peer.reconciled_at_ms = at_ms
         self._emit(changes)
 
-    # -- the feed (node.follower) ------------------------------------------------------------
+    # -- the feed (node.view.follower) ------------------------------------------------------------
 
     async def _load(self) -> tuple[int, list[ChangeEvent]]:
         return await self._load_peers([peer.region for peer in self._peers])

@@ -1,4 +1,4 @@
-"""Reading a peer's snapshot as it arrives (the node's ``node.snapshot_stream`` layout).
+"""Reading a peer's snapshot as it arrives (the node's ``node.http.snapshot_stream`` layout).
 
 The document is ``{"region", "watermark", "taken_at_ms", "agents": [...]}`` with the head on the
 first line and one record per line after it, ending with a line ``]}``. Each record is validated

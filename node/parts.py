@@ -103,7 +103,7 @@ def _register_gauges(parts: NodeParts) -> None:
           lambda: len(store.quarantine))
     counter("agent_reach_quarantined_values", "Stored values quarantined since start", lambda: store.quarantine.total)
     counter("agent_reach_unknown_fields_dropped", "Fields a newer version wrote that this one dropped when reading "
-            "(records, events, answers: node.models.compat; logged once per field)", compat.dropped_total)
+            "(records, events, answers: node.core.models.compat; logged once per field)", compat.dropped_total)
     for kind, coalescer in store.write_batches.items():  # register: registrations; update: the rest
         counter(f"agent_reach_store_{kind}_scripts", f"{kind.upper()} scripts sent to Redis (coalesced writes)",
                 lambda coalescer=coalescer: coalescer.batches)

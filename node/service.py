@@ -1,6 +1,6 @@
 """``RegistryNode``: one region's node — store, cache, router, duties — and its operations.
 
-The HTTP layer (``node.api``) is a thin translation of these operations; the federation and
+The HTTP layer (``node.http.api``) is a thin translation of these operations; the federation and
 semantic packages attach through ``router.remote``/``router.matcher``, ``leadership.add_duty``
 and ``extensions`` (callables that add routes to the aiohttp app before it starts). Its
 collaborators are built and wired by :func:`node.parts.build_parts` and passed in.
@@ -166,7 +166,7 @@ class RegistryNode:
 
     def authenticate(self, authorization: str | None) -> TokenClaims:
         """The caller's claims from an ``Authorization`` header; raises :class:`Unauthorized` for a
-        missing, forged, expired or revoked token (``node.revocation``)."""
+        missing, forged, expired or revoked token (``node.trust.revocation``)."""
         if not authorization:
             raise Unauthorized("send 'Authorization: Bearer <token>'; 'agent-reach token issue' prints one",
                                code="missing_token")
@@ -224,7 +224,7 @@ class RegistryNode:
 
     async def heartbeat(self, agent_id: str, heartbeat: Heartbeat, caller: TokenClaims) -> HeartbeatResult:
         """Renew the lease; a new status is a change of the record (a version, an event for
-        peers), a new load is not (``node.loads``: load stays home). The API answers from the
+        peers), a new load is not (``node.store.loads``: load stays home). The API answers from the
         result's version, lease and ``changed`` (``HeartbeatResponse``'s fields)."""
         authorize_agent(caller, agent_id)
         now = now_ms()
@@ -250,7 +250,7 @@ class RegistryNode:
 
     async def report_load(self, agent_id: str, load: Load, caller: TokenClaims) -> LoadReportResponse:
         """Store the load an agent reports between heartbeats: no lease moved, no version, no
-        stream entry (``node.loads``); 404 when its lease has passed."""
+        stream entry (``node.store.loads``); 404 when its lease has passed."""
         authorize_agent(caller, agent_id)
         now = now_ms()
         known = self.cache.index.get(agent_id)

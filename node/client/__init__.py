@@ -87,9 +87,10 @@ The parts live in private modules: ``_reach_client`` (the facade), ``_options``
 (:class:`CallOptions`, the route request), ``_calls`` (the envelope as sent,
 :class:`CallResult`), ``_config`` (the agent TOML file and
 :class:`ClientSettings`), ``_errors`` (the tree above), ``_http`` (the node's API),
-``_heartbeat``, ``_reports`` (batched outcome reports), ``_retry`` (backoff, the client's
-breakers), ``_tickets`` (the ticket cache); public: :mod:`node.delivery.attempts` (one attempt, one
-failover; the node's proxy imports it), :mod:`node.client.verifier` (:class:`CallVerifier`) and
+``_heartbeat``, ``_registration`` (registration with backoff), ``_reports`` (batched outcome
+reports), ``_tickets`` (the ticket cache); the attempt, the failover, the backoff and the breakers
+are the delivery room's (:mod:`node.delivery`, shared with the node's proxy); public here:
+:mod:`node.client.verifier` (:class:`CallVerifier`) and
 :mod:`node.client.host` (:class:`~node.client.host.AgentHost`, which loads ``aiohttp.web`` and
 so is not imported here).
 """

@@ -1,7 +1,7 @@
 """The wall clock every record, lease, event and envelope is stamped with: ms since the epoch.
 
 One definition, imported by the server (``node.store.now_ms``, the router's default clock) and
-by the model modules the SDK loads (``node.envelope.epoch_ms``): both names are this function.
+by the model modules the SDK loads (``node.core.envelope.epoch_ms``): both names are this function.
 This module does no I/O.
 """
 

@@ -5,10 +5,10 @@ Hierarchy::
     NodeError                     base; carries an HTTP status and a snake_case code
     ├── BadRequest                400 the request is malformed (bad JSON, bad query parameter)
     ├── ValidationFailed          422 the body parsed but a field is wrong
-    │   ├── RequestLineTooLong    414 (node.server) the request line exceeds the server's limit
-    │   └── HeaderFieldsTooLarge  431 (node.server) a header exceeds the server's limit
+    │   ├── RequestLineTooLong    414 (node.http.server) the request line exceeds the server's limit
+    │   └── HeaderFieldsTooLarge  431 (node.http.server) a header exceeds the server's limit
     ├── PayloadTooLarge           413 the body exceeds the node's limit
-    ├── RequestTimeout            408 the request (head: node.server; body: here) came too slowly
+    ├── RequestTimeout            408 the request (head: node.http.server; body: here) came too slowly
     ├── Unauthorized              401 no token, or a forged or expired one
     ├── Forbidden                 403 a valid token that may not do this
     ├── NotFound                  404 unknown agent, route, ticket …
@@ -16,7 +16,7 @@ Hierarchy::
     │   └── NoAgentAvailable      404 the router found nobody; says why per stage
     ├── Conflict                  409 a concurrent change won; retry
     ├── RateLimited               429 too many requests from one caller
-    ├── TooManyConnections        503 (node.server) the node's connection cap is reached
+    ├── TooManyConnections        503 (node.http.server) the node's connection cap is reached
     ├── StoreUnavailable          503 Redis cannot be reached
     ├── PeerUnreachable           503 a peer region's node did not answer a forwarded lookup in time
     └── SearchUnavailable         503 no search is attached to this node
@@ -161,7 +161,7 @@ class Problem:
     field: str | None
     message: str
     kind: str  # pydantic's error type: "json_invalid", "extra_forbidden", "missing", ...
-    location: tuple[int | str, ...]  # undotted, for callers that map it to their own names (node.a2a)
+    location: tuple[int | str, ...]  # undotted, for callers that map it to their own names (node.core.a2a)
 
     def line(self) -> str:
         """``field: message``, or the message alone when it is about the whole value."""

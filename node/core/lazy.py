@@ -1,8 +1,7 @@
 """A package's names loaded when first used (PEP 562, as aiohttp's ``__init__`` does).
 
-Two packages need it: ``node`` itself, so that ``import node.client`` does not load the server
-with it, and ``node.http``, whose routes stand on :class:`node.service.RegistryNode` while the
-configuration below that service reads the HTTP server's defaults from it.
+``node`` itself uses it, so that ``import node.client`` does not load the server with it while
+``from node import RegistryNode`` still works.
 """
 
 from __future__ import annotations

@@ -263,7 +263,7 @@ async def breakers(request: web.Request) -> web.Response:
 
 
 async def revoke_token(request: web.Request) -> web.Response:
-    """Refuse a token on every node of this region until it expires (admin; ``node.revocation``)."""
+    """Refuse a token on every node of this region until it expires (admin; ``node.trust.revocation``)."""
     body = await parse_body(request, RevocationRequest)
     node = _node(request)
     done = await node.revoke_token(body, _caller(request))

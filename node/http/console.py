@@ -50,7 +50,7 @@ SECURITY_HEADERS = {
     "Cross-Origin-Resource-Policy": "same-origin",
 }
 CONSOLE_ROUTES = ("/", CONSOLE_PREFIX, f"{CONSOLE_PREFIX}/", f"{CONSOLE_PREFIX}/{{name}}")
-"""The console's routes (public, like its files; documented in ``node.openapi``)."""
+"""The console's routes (public, like its files; documented in ``node.http.openapi``)."""
 
 
 @dataclass(frozen=True, slots=True)

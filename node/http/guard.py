@@ -105,6 +105,6 @@ def public_path(path: str) -> bool:
 
 
 def _anonymous_card(request: web.Request) -> bool:
-    """An agent card's well-known URL asked for without a token: its handler decides (node.a2a.routes)."""
+    """An agent card's well-known URL asked for without a token: its handler decides (node.http.a2a_routes)."""
     resource = request.match_info.route.resource
     return resource is not None and resource.canonical == AGENT_CARD_ROUTE and "Authorization" not in request.headers

@@ -5,13 +5,13 @@ The stream opens with ``hello`` (the region and its version), replays the change
 ``since=`` when asked, then sends each change the watcher asked for (capability, pattern) and
 may see (the record's audience), with ``: keep-alive`` comments while idle. A watcher that falls
 behind gets ``overflow`` and the end of the stream; so does every watcher when the app shuts
-down (:func:`end_watches`). A stream whose token is revoked meanwhile (``node.revocation``) gets
+down (:func:`end_watches`). A stream whose token is revoked meanwhile (``node.trust.revocation``) gets
 ``revoked`` and ends at its next event or keep-alive; one whose token expires meanwhile gets
 ``expired`` and ends at that instant. A watcher that stops reading is cut (its connection
 aborted) when a write waits longer than ``watch_write_timeout_ms``: a write waits while the
 socket's buffers are full, and before, such a stream — and its connection, its place in the
 caller's share and the events it was sent — was held for ever, past its token's expiry. A replay
-is read a page at a time as it is sent. The events are documented in ``node.openapi.watch_events``.
+is read a page at a time as it is sent. The events are documented in ``node.http.openapi.watch_events``.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class JsonFormatter(logging.Formatter):
             line.setdefault(key, value)
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
-        if record.exc_text:  # a filter may have masked it already (node.redact.CredentialFilter)
+        if record.exc_text:  # a filter may have masked it already (node.trust.redact.CredentialFilter)
             line["exception"] = record.exc_text
         if record.stack_info:
             line["stack"] = self.formatStack(record.stack_info)

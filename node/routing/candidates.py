@@ -155,7 +155,7 @@ class Level:
     registered_weight: float
     stale: bool = False
     cumulative: list[float] | None = None
-    # A summary-only peer (node.spill): no candidates here, its node picks; registered_weight is
+    # A summary-only peer (node.routing.spill): no candidates here, its node picks; registered_weight is
     # what its summary says it can serve.
     forwarded: bool = False
 

@@ -173,7 +173,7 @@ class Router:
         self.clock = clock
         self.credentials = credentials
         self.remote: RemoteCatalog | None = None
-        self.forwarder: PeerForwarder | None = None  # asks summary-only peers' nodes (node.spill)
+        self.forwarder: PeerForwarder | None = None  # asks summary-only peers' nodes (node.routing.spill)
         self.matcher: Matcher | None = None
         self._random = rng or random.Random()
         self._local_source: Source | None = None

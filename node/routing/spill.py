@@ -12,7 +12,7 @@ count the healthy weight of the replicated records instead. Stale peers
 stay the last resort (the router tries them only when no fresh level can serve).
 
 Inside a replicated region the agent is then drawn from the replica by registered weight ×
-status (never its stale per-agent load: ``node.candidates``). A summary-only region (beyond the
+status (never its stale per-agent load: ``node.routing.candidates``). A summary-only region (beyond the
 replicate depth) is a *forwarded* level: it has no records here, so when it is drawn the router
 raises :class:`ForwardTo` and its async path asks that region's node (``scope=local``, so it
 cannot loop), falling back to the other levels when it does not answer in time.

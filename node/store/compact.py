@@ -13,7 +13,7 @@ field order, so CPython gives it a key-sharing ``__dict__`` (the keys are held o
 280 B per record instead of 832). The endpoints, a dict of their own per record (their URLs
 differ), are one whose keys are held once per set of endpoint names: 100 B instead of 184 for
 the one endpoint most agents have (:func:`key_shared`). :func:`build` makes such an instance
-from field values directly (``node.stored_records`` reads stored JSON that way). Measured in
+from field values directly (``node.store.stored_records`` reads stored JSON that way). Measured in
 ``bench/scale.py``.
 
 Sharing is safe because records and their parts are not mutated in place: changes make new

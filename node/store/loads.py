@@ -2,7 +2,7 @@
 
 A heartbeat with a new load, or a load report (``PUT /v1/agents/{id}/load``), stores the load in
 the region's loads hash and publishes it on the region's load channel (one message per batch of
-writes, ``"agent_id load-JSON"`` lines; ``node.store_scripts.UPDATE``). It bumps no version and
+writes, ``"agent_id load-JSON"`` lines; ``node.store.scripts.UPDATE``). It bumps no version and
 appends nothing to the change stream, so the federation publisher — which reads only the stream —
 sends peers nothing for it: their replicas keep the load of the agent's last full-record change,
 and they route to the region by its summary, not by per-agent load.

@@ -322,7 +322,7 @@ class RegionStore:
         """Change entries after ``after_version`` (blocking up to ``block_ms`` for the first)."""
         async with self._translate():
             # Bytes, as the load reads the hash: a value that is not UTF-8 fails its own entry
-            # (node.stored_bytes), not the whole read.
+            # (node.store.stored_bytes), not the whole read.
             if block_ms is None:
                 entries = await self.redis.execute_command("XRANGE", self.key_changes, f"({after_version}-0", "+",
                                                            "COUNT", count, **{NEVER_DECODE: True})
@@ -345,7 +345,7 @@ class RegionStore:
         return int(entries[0][0].split("-", 1)[0]) if entries else None
 
     def parse_change(self, entry_id: str | bytes, fields: Mapping[str | bytes, str | bytes]) -> ChangeEvent | None:
-        """One change-stream entry as a :class:`ChangeEvent`, or quarantined (``node.stored_bytes``)."""
+        """One change-stream entry as a :class:`ChangeEvent`, or quarantined (``node.store.stored_bytes``)."""
         return parse_change(entry_id, fields, region=self.region, stream_key=self.key_changes, written=self._written,
                             quarantine=self.quarantine, record_key=self.record_key)
 

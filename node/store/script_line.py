@@ -3,7 +3,7 @@
 A :class:`~node.store.batch.Coalescer` has one batch in flight at a time, so its flush needs no
 connection pool: :class:`ScriptLine` keeps one connection out of the client's pool for as long as
 it lives and sends each batch as one ``EVALSHA`` (packed by hiredis on the store's pool,
-``node.redis_wire``). redis-py opens the connection (address, TLS, AUTH, SELECT: whatever the URL
+``node.store.wire``). redis-py opens the connection (address, TLS, AUTH, SELECT: whatever the URL
 says); then the line reads the replies itself: the connection's transport is handed to
 :class:`_Replies`, an asyncio protocol that feeds what arrives to hiredis and gives each reply to
 the call waiting for it, in order, instead of redis-py's asyncio reading (a stream reader, a timeout

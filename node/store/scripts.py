@@ -4,9 +4,9 @@ Each runs atomically in Redis, so a change is in the records, the lease set, the
 and the change stream together or in none of them (the transactional outbox of ``node.store``).
 Every key a script touches carries the region's hash tag, so each stays single-slot on Redis
 Cluster. Only Redis 6.2 commands. The record JSON a script writes starts with its version
-(``{"version":N,…``): ``node.stored_records.stored_version`` reads it back without parsing the record, and
+(``{"version":N,…``): ``node.store.stored_records.stored_version`` reads it back without parsing the record, and
 ``UPDATE`` compares it. ``REGISTER`` and ``UPDATE`` take many records at once: the store
-coalesces concurrent writes into one script call (``node.batch``). This module does no I/O; the
+coalesces concurrent writes into one script call (``node.store.batch``). This module does no I/O; the
 store registers the scripts.
 """
 

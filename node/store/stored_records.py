@@ -10,7 +10,7 @@ here, against pydantic-core's 6–9 µs for the same checks and pydantic's 15–
 model's validators, on a busy machine); the patterns are checked after, each distinct value once: what repeats across
 records (region, transport, description, capabilities, labels, callers, endpoint names) is
 looked up among the values already checked, which are also the shared objects the compact record
-holds (``node.compact``), and only the agent id and the display name are matched per record.
+holds (``node.store.compact``), and only the agent id and the display name are matched per record.
 Not checked again: the forms of endpoint URLs and the syntax of caller patterns (a foreign
 writer's well-typed URL is served as written; the egress policy still judges every address the
 node contacts). A new capability is validated by its own model the first time it is seen, a
@@ -159,7 +159,7 @@ def read_record(raw: str | bytes, *, lease_expires_at_ms: int | None = None, loa
     """The record stored as ``raw``, compact; raises pydantic's ``ValidationError`` (a
     ``ValueError``) when it is not one. ``lease_expires_at_ms``: the lease to hold instead of the
     one in ``raw`` (the store's leases set is the truth); ``load``: the load to hold instead of
-    the one in ``raw`` (the one reported since, ``node.loads``)."""
+    the one in ``raw`` (the one reported since, ``node.store.loads``)."""
     try:
         record = _compact_record(_decode(raw), lease_expires_at_ms, load)
     except (msgspec.DecodeError, ValidationError):  # msgspec's ValidationError is a DecodeError
@@ -264,7 +264,7 @@ class WrittenRecords:
     """What this process wrote lately, by agent: the record JSON as sent and the record.
 
     The change stream hands the same JSON back (with its version spliced in first, see
-    ``node.store_scripts``); :meth:`recall` then copies the record instead of reading the JSON
+    ``node.store.scripts``); :meth:`recall` then copies the record instead of reading the JSON
     again, for the readers of this process's own writes (the cache's tail, the publisher). The
     records are held compact: 10,000 of them held 38 MB as parsed, 12 MB compact with their JSON.
     The tail reads a write back within milliseconds; ``DEFAULT_WRITTEN_LIMIT`` covers the last

@@ -6,7 +6,7 @@ region's Redis (a :class:`~node.view.follower.StreamFollower`): it loads a snaps
 ``XREAD BLOCK``s the change stream from the snapshot's version; a version gap (the capped
 stream was trimmed past us, an entry did not parse, or Redis was wiped) reloads the snapshot.
 Loads reported by heartbeats or load reports come over the region's load channel
-(``node.loads.LoadFeed``), not the stream. Heartbeats that only move leases append nothing, so every ``lease_sync_interval_ms`` the cache
+(``node.store.loads.LoadFeed``), not the stream. Heartbeats that only move leases append nothing, so every ``lease_sync_interval_ms`` the cache
 re-reads the leases it holds as ending within two intervals (ZMSCORE; an agent heartbeating
 through another replica is re-read about once per lease, not once per interval). Routing treats
 a lease as passed only against the start of the last successful sync — every lease that ended
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_SYNC_INTERVAL_MS = 1_000
 _SCAN_SLICE = 5_000  # records per slice of the lease sync's scan
-CHANGE_LOG = 256  # per capability: changes a table can be patched with (node.candidates)
+CHANGE_LOG = 256  # per capability: changes a table can be patched with (node.routing.candidates)
 DEFAULT_TAIL_BLOCK_MS = 1_000
 DEFAULT_PRESERVE_FRACTION = 0.5
 DEFAULT_PRESERVE_MIN_AGENTS = 10
@@ -69,7 +69,7 @@ class AgentIndex:
         return self.by_capability.get(name, {})
 
     def put(self, record: AgentRecord) -> AgentRecord | None:
-        """Insert or replace (a compact equal of ``record`` is held: ``node.compact``); returns the
+        """Insert or replace (a compact equal of ``record`` is held: ``node.store.compact``); returns the
         record it replaced."""
         record = _held(record)
         previous = self.records.get(record.agent_id)
@@ -83,7 +83,7 @@ class AgentIndex:
         return previous
 
     def set_load(self, agent_id: str, load: Load) -> bool:
-        """Set the live load of a held record (in place: load is soft state, ``node.loads``); True
+        """Set the live load of a held record (in place: load is soft state, ``node.store.loads``); True
         if it changed. Counts as a change of the agent for the readers of ``changes_since``."""
         record = self.records.get(agent_id)
         if record is None or record.load == load:
@@ -194,7 +194,7 @@ class AgentIndex:
 
     def _changes_from(self, old: dict[str, AgentRecord], new: dict[str, AgentRecord],
                       version: int) -> Iterator[ChangeEvent]:
-        """The changes from ``old`` to ``new``, built without validation (``node.compact.build``):
+        """The changes from ``old`` to ``new``, built without validation (``node.store.compact.build``):
         their records were validated as they were read, and a region reload makes one per record."""
         at = now_ms()
         region = self.region
@@ -262,7 +262,7 @@ class RegionCache(StreamFollower[ChangeEvent]):
         if record is not None and record.lease_expires_at_ms < lease_expires_at_ms:
             record.lease_expires_at_ms = lease_expires_at_ms
 
-    # -- the tail (node.follower) -------------------------------------------------------------
+    # -- the tail (node.view.follower) -------------------------------------------------------------
 
     async def _load(self) -> tuple[int, Iterator[ChangeEvent]]:
         started = now_ms()

@@ -58,7 +58,7 @@ class WatchHub:
     Every change is offered to every watcher, so one caller (a token subject) may hold at most
     ``streams_per_caller`` streams at once: more would multiply the node's work per change. A
     stream whose watcher does not take a write within ``write_timeout_ms`` is cut (see
-    ``node.watch_stream``).
+    ``node.http.watch_stream``).
     """
 
     def __init__(self, *, subscriber_queue: int = DEFAULT_SUBSCRIBER_QUEUE,

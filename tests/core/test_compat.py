@@ -1,4 +1,4 @@
-"""Reading what a newer version wrote (``node.models.compat``): unknown fields are dropped and
+"""Reading what a newer version wrote (``node.core.models.compat``): unknown fields are dropped and
 counted, anything else wrong still fails, and what callers and agents send stays strict."""
 
 from __future__ import annotations

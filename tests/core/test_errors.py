@@ -1,4 +1,4 @@
-"""The small helpers every layer shares, written once: pydantic's first problem (node.errors),
+"""The small helpers every layer shares, written once: pydantic's first problem (node.core.errors),
 read by the HTTP layer, the store's quarantine, the SDK's config errors and federation's
 decoders; and the one wall clock (node.core.clock) behind both ``node.store.region.now_ms`` and
 ``node.core.envelope.epoch_ms``."""

@@ -1,4 +1,4 @@
-"""One attempt and one failover (node.client.delivery) for the SDK and the proxy alike, on real HTTP.
+"""One attempt and one failover (node.delivery.attempts) for the SDK and the proxy alike, on real HTTP.
 
 The same misbehaving targets are called directly (``ReachClient.call``) and through the node
 (``POST /v1/send``); both must treat them the same way: redirects never followed, answers

@@ -1,4 +1,4 @@
-"""The federation snapshot streams (``node.snapshot_stream``, ``federation.snapshot_reader``):
+"""The federation snapshot streams (``node.http.snapshot_stream``, ``federation.snapshot_reader``):
 one JSON document, one record per line, written a chunk at a time and read a record at a time."""
 
 from __future__ import annotations

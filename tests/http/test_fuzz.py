@@ -97,7 +97,7 @@ class Refusal:
 
 _UNKNOWN_AGENT = Refusal(404, frozenset({"unknown_agent"}), "the agent_id is not registered (or its lease ran out)")
 # The region's egress policy refuses registrations with addresses it denies
-# (node.egress.check_registration; this test's policy denies everything but loopback). No schema
+# (node.trust.egress.check_registration; this test's policy denies everything but loopback). No schema
 # can say which addresses a policy allows; what the spec's URL grammar can say (scheme, host
 # syntax, userinfo) it does, so those rules are not among the reasons.
 _EGRESS = Refusal(422, frozenset({"egress_denied"}), "an address the region's egress policy refuses",

@@ -1,4 +1,4 @@
-"""Candidate tables patched per change (node.candidates ``_patch``) equal tables built afresh.
+"""Candidate tables patched per change (node.routing.candidates ``_patch``) equal tables built afresh.
 
 A random sequence of registrations, status and load changes, weight changes, deregistrations,
 version and label changes over a pool; after each step the kept table (patched when few agents

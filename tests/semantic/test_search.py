@@ -756,7 +756,7 @@ async def test_example_requests_count_for_their_agent_and_leave_with_it(embedder
 
 
 async def test_the_embedder_calls_on_loaded_once_its_model_is_in() -> None:
-    """The hook the node's command line freezes the collector's view from (node.loopwatch.
+    """The hook the node's command line freezes the collector's view from (node.ops.loopwatch.
     freeze_long_lived): called in the loop once the model is loaded, and not again."""
     calls: list[int] = []
     fresh = Embedder()

@@ -1,4 +1,4 @@
-"""Coalesced writes (node.batch): one Redis round trip for many heartbeats or registrations, and
+"""Coalesced writes (node.store.batch): one Redis round trip for many heartbeats or registrations, and
 every request still gets its own answer — versions, 404 for a passed lease or an unknown agent,
 403 for a foreign agent, 422 for a bad body — with nothing stored wrongly."""
 
@@ -208,7 +208,7 @@ def test_the_collector_is_frozen_again_once_records_grew_by_a_step() -> None:
 
 
 async def test_a_script_line_survives_a_flushed_script_a_cancelled_call_and_an_error_reply(redis_url: str) -> None:
-    """The coalescers' own connection (node.script_line): Redis forgetting the script, a call
+    """The coalescers' own connection (node.store.script_line): Redis forgetting the script, a call
     cancelled before its reply was read, an error reply and a connection Redis closed each leave
     the next call its own answer. On the store's own client, whose pool's policy retries a
     connection error on a fresh connection: a client without retries failed the call after

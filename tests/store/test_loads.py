@@ -1,4 +1,4 @@
-"""Load stays home (``node.loads``): a new load is soft state of the region, never a change event.
+"""Load stays home (``node.store.loads``): a new load is soft state of the region, never a change event.
 
 A heartbeat that changes only load (or only the lease) bumps no version and appends nothing to the
 change stream, so the federation publisher sends peers nothing for it; a status change still

@@ -1,5 +1,5 @@
 """Records read back from the region's Redis without pydantic validating them again
-(node.stored_records) and records made compact (node.compact): equal to what pydantic reads,
+(node.store.stored_records) and records made compact (node.store.compact): equal to what pydantic reads,
 dumped byte for byte the same, their common parts shared — and a stored value that is not this
 schema's record still refused with pydantic's error."""
 
@@ -123,7 +123,7 @@ NOT_RECORDS = {
     "a label key of another form": lambda raw: raw.replace('"labels":{}', '"labels":{"Bad Key":"v"}'),
     "an endpoint name of another form": lambda raw: raw.replace('"primary":"http', '"primary":"http", "9x":"http'),
     "a transport of another form": lambda raw: raw.replace('"transport":"http+token"', '"transport":"HTTP TOKEN"'),
-    # Checked after decoding, each distinct value once (node.stored_records._compact_record).
+    # Checked after decoding, each distinct value once (node.store.stored_records._compact_record).
     "an agent id ending in a line break": lambda raw: raw.replace('"unit.stored.a1"', '"unit.stored.a1\\n"'),
     "a control character in a label value": lambda raw: raw.replace('"labels":{}', '"labels":{"env":"a\\u0007b"}'),
     "a line separator in a caller": lambda raw: raw.replace('"allowed_callers":[]', '"allowed_callers":["a\u2028b"]'),
@@ -152,7 +152,7 @@ NEWER_RECORDS = {
 
 @pytest.mark.parametrize("newer", NEWER_RECORDS)
 def test_a_field_this_version_does_not_know_is_dropped_not_quarantined(newer: str) -> None:
-    """What a newer replica of the region wrote, during a rolling upgrade (node.models.compat);
+    """What a newer replica of the region wrote, during a rolling upgrade (node.core.models.compat);
     the same field next to a real problem is still refused (tests/core/test_compat.py)."""
     raw = NEWER_RECORDS[newer](stored_json())
     assert read_record(raw) == read_record(stored_json())

@@ -1,5 +1,5 @@
 """A rolling upgrade of a region's replicas: records a newer replica writes, with fields this
-version does not know, are served by the older replicas instead of quarantined (``node.models.compat``)."""
+version does not know, are served by the older replicas instead of quarantined (``node.core.models.compat``)."""
 
 from __future__ import annotations
 

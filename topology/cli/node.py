@@ -248,7 +248,7 @@ async def _start(args: argparse.Namespace, plan: _Plan,
         node = await stack.enter_async_context(built)
     # The records loaded at start live as long as the process: keep the cyclic collector from
     # re-scanning them on every full collection (a 10k-agent region showed ~15 ms pauses), and
-    # collect less often (node.loopwatch.tune_gc; agent_reach_gc_pause_seconds shows the effect).
+    # collect less often (node.ops.loopwatch.tune_gc; agent_reach_gc_pause_seconds shows the effect).
     tune_gc()
     node.loop_watch.freezer = FreezeOnGrowth(node.records_held)
     phase("loading the model" if embedder is not None else "starting the HTTP server")  # as the app starts

@@ -23,7 +23,7 @@ def add_log_format_option(parser: argparse.ArgumentParser) -> None:
 
 
 def add_secret_options(parser: argparse.ArgumentParser) -> None:
-    """``--secret-file`` and ``--create-secret`` (see ``node.security.load_secret``)."""
+    """``--secret-file`` and ``--create-secret`` (see ``node.trust.tokens.load_secret``)."""
     parser.add_argument("--secret-file", help="cluster secret file (default: $AGENT_REACH_SECRET, "
                                               "$AGENT_REACH_SECRET_FILE, ~/.agent-reach/secret); a named file "
                                               "must exist unless --create-secret (see README: Security)")

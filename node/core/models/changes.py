@@ -23,7 +23,7 @@ class DeleteReason(str, enum.Enum):
     DEREGISTERED = "deregistered"
     EXPIRED = "expired"
     EVICTED = "evicted"
-    QUARANTINED = "quarantined"   # its stored record does not parse (see node.quarantine)
+    QUARANTINED = "quarantined"   # its stored record does not parse (see node.store.quarantine)
 
 
 class ChangeEvent(Strict):

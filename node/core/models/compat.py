@@ -11,7 +11,7 @@ more); when the only problems are unknown fields, those fields are dropped and t
 as strictly as before. Any other problem raises the original error.
 
 Tokens and route credentials are not read this way: a claim an older node does not know may
-restrict what its bearer may do, so they fail closed (``node.security``, ``node.client.verifier``).
+restrict what its bearer may do, so they fail closed (``node.trust.tokens``, ``node.client.verifier``).
 
 The rule for writers, in ``docs/events.md``: a field may be added within a schema version only if
 a reader that ignores it stays correct; a field that restricts (who may see or call an agent)

@@ -32,7 +32,7 @@ ENDPOINT_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,31}$"
 
 INT64_MAX = 2**63 - 1
 # One line of text: no C0/C1 control characters, no Unicode line or paragraph separators. The
-# class body is shared by what writes others' text for a reader (node.logs, the CLI's console).
+# class body is shared by what writes others' text for a reader (node.ops.logs, the CLI's console).
 NOT_IN_ONE_LINE = "\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029"
 SINGLE_LINE_PATTERN = f"^[^{NOT_IN_ONE_LINE}]*$"
 # Prose: tabs and line breaks allowed, other control characters not.

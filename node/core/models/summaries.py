@@ -1,7 +1,7 @@
 """A region's per-capability summary: what peers route by instead of every agent's load.
 
 The leader of a region sends one every ``summary_interval_ms`` (``federation.summary``); peers
-keep the latest per region and spill traffic across regions by it (``node.spill``). A summary
+keep the latest per region and spill traffic across regions by it (``node.routing.spill``). A summary
 counts what the home region would route to now — its records carry live load, which peers'
 replicas do not — so a peer weighs a region by its summary, never by the stale load of the
 replicated records.

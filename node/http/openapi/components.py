@@ -76,7 +76,7 @@ def components(max_hops: int) -> dict[str, Schema]:
     refine(schemas, REFINEMENTS)
     refine(schemas, CARD_REFINEMENTS)
     schemas["JsonValue"] = copy.deepcopy(JSON_VALUE)
-    # node.models.RouteRequest._one_selector: a non-empty capability, agent_id or pattern.
+    # node.core.models.RouteRequest._one_selector: a non-empty capability, agent_id or pattern.
     schemas["RouteRequest"]["anyOf"] = [_non_empty("capability"), _non_empty("agent_id"), _non_empty("pattern"),
                                         {"required": ["tags"], "properties": {"tags": {"type": "array", "minItems": 1}}}]
     schemas["AgentCard"]["anyOf"] = [

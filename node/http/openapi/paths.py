@@ -276,7 +276,7 @@ def _proxy() -> Paths:
 
 
 def _console() -> Paths:
-    """The web console's files (``node.console``): public; its data comes from the API with a token."""
+    """The web console's files (``node.http.console``): public; its data comes from the API with a token."""
     html = {"content": {"text/html": {"schema": {"type": "string"}}}}
     redirect = {"302": {"description": "To /ui/ (a URL fragment such as #token=… is kept by the browser)",
                         "headers": {"Location": {"schema": {"type": "string", "const": "/ui/"}}}}}

@@ -2,7 +2,7 @@
 constraints, IPv6 literals and URLs, and the schema fragments the refinements are built from.
 
 Each pattern states what the node accepts (``tests/http/test_fuzz.py`` holds them to the code
-they mirror: ``node.models``, ``node.egress``).
+they mirror: ``node.core.models``, ``node.trust.egress``).
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ _PEP440 = (
     f"(?:{_SEP}{_any_case('dev')}{_SEP}[0-9]*)?"
     "(?:\\+[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*)?"
 )
-# node.models.parse_version: whitespace and any number of leading v's are dropped, then
+# node.core.models.parse_version: whitespace and any number of leading v's are dropped, then
 # packaging's Version takes whitespace and one v again.
 _VERSION = f"{_SPACE}[vV]*{_SPACE}[vV]?{_PEP440}{_SPACE}"
 VERSION_PATTERN = f"^{_VERSION}$"
-# node.models.VersionConstraint: a version (same major, at least it), or PEP 440 specifiers.
+# node.core.models.VersionConstraint: a version (same major, at least it), or PEP 440 specifiers.
 # The specifier grammar is larger than this (wildcards, ===, pre-releases): what is here is
 # accepted, and the description says where the rest is defined.
 _SPECIFIER = "(?:~= *[vV]?[0-9]+(?:\\.[0-9]+)+|(?:==|!=|<=|>=|<|>) *[vV]?[0-9]+(?:\\.[0-9]+)*)"
@@ -63,7 +63,7 @@ IPV6_PATTERN = "(?:" + "|".join([
     f"(?:(?:{_H16}:){{0,5}}{_H16})?::{_H16}",
     f"(?:(?:{_H16}:){{0,6}}{_H16})?::",
 ]) + ")"
-# node.models.fields.check_url, with the host grammar of node.egress: ASCII names (IPv4 literals among
+# node.core.models.fields.check_url, with the host grammar of node.trust.egress: ASCII names (IPv4 literals among
 # them) or bracketed IPv6 literals. The egress policy may still refuse an address (a 422
 # egress_denied); it also admits internationalised names, which this grammar leaves out.
 _HOST = f"(?:[A-Za-z0-9_][A-Za-z0-9_-]{{0,62}}(?:\\.[A-Za-z0-9_][A-Za-z0-9_-]{{0,62}})*\\.?|\\[{IPV6_PATTERN}\\])"
@@ -95,7 +95,7 @@ MULTI_LINE = {"pattern": MULTI_LINE_PATTERN}
 SHORT_TEXT = {"type": "string", "maxLength": 200, "pattern": SINGLE_LINE_PATTERN}
 LABELS = {"type": "object", "maxProperties": 64, "propertyNames": {"pattern": LABEL_KEY_PATTERN},
           "additionalProperties": SHORT_TEXT}
-# node.models.check_json_value: integers within int64, finite numbers, nesting at most 32 deep
+# node.core.models.check_json_value: integers within int64, finite numbers, nesting at most 32 deep
 # (the depth is not expressible; nothing deeper is accepted).
 JSON_VALUE: Schema = {
     "description": "Any JSON value: integers within 64 bits, finite numbers, nested at most 32 levels.",

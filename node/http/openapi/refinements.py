@@ -68,12 +68,12 @@ REFINEMENTS: dict[str, dict[str, Schema]] = {
                        "description": "Cross-cutting context (user_id, conversation_id, locale …)."},
     },
 }
-# A card becomes a Registration (node.a2a.card_to_registration): its name the display name,
+# A card becomes a Registration (node.core.a2a.card_to_registration): its name the display name,
 # its description the description, each skill a capability (tags, examples, and the skill's
 # name as the description when it has none), each interface an endpoint, protocol versions and
 # the provider labels. So the card's fields carry the registration's limits.
 _OPTIONAL_PROSE = {"anyOf": [{"type": "string", "maxLength": 4_000, **MULTI_LINE}, {"type": "null"}], "default": None}
-# gRPC's host:port, which a GRPC interface may give instead of a URL (node.a2a.card.card_url).
+# gRPC's host:port, which a GRPC interface may give instead of a URL (node.core.a2a.card.card_url).
 HOST_PORT = {"type": "string", "maxLength": 2_000,
              "pattern": "^(?:[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}|\\[[0-9A-Fa-f:.]{2,45}\\]):[0-9]{1,5}$"}
 
@@ -111,7 +111,7 @@ CARD_REFINEMENTS: dict[str, dict[str, Schema]] = {
                      "default": None},
     },
     "AgentProvider": {"organization": {**SHORT_TEXT}},
-    # Free-form JSON in a card is bounded like any other (node.models.check_json_value).
+    # Free-form JSON in a card is bounded like any other (node.core.models.check_json_value).
     "AgentExtension": {"params": {"anyOf": [_free_object(64), {"type": "null"}], "default": None}},
     "AgentCardSignature": {"header": {"anyOf": [_free_object(32), {"type": "null"}], "default": None}},
     # Two labels are added: a2a.protocol_version and a2a.provider.

@@ -106,7 +106,7 @@ class Regions(Shape):
 
 
 class QuarantinedItem(Shape):
-    """One stored value that did not parse (``node.quarantine``)."""
+    """One stored value that did not parse (``node.store.quarantine``)."""
 
     source: str
     key: str

@@ -2,7 +2,7 @@
 the stream's ``itemSchema``): ``hello`` first, then one ``change`` (a
 :class:`~node.core.models.ChangeEvent`) per event, ``overflow`` when a watcher fell behind,
 ``revoked`` when the watcher's token was revoked, ``expired`` when it expired (each ends the stream). The
-stream itself is written by ``node.watch_stream``.
+stream itself is written by ``node.http.watch_stream``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class WatchOverflow(Shape):
 
 
 class WatchRevoked(Shape):
-    """The last event of a watcher whose token was revoked (``node.revocation``)."""
+    """The last event of a watcher whose token was revoked (``node.trust.revocation``)."""
 
     message: str
 
