@@ -3,17 +3,23 @@
 A region keeps only summaries of the peers beyond its ``replicate_depth``; what it needs of their
 agents — a record by id, a global search's hits, a resolve its summary sent there — it asks their
 node (:class:`Forwarder`, the node's ``node.remote.PeerForwarder``). The request carries a bearer
-token this region mints for the caller's own subject and role (``TOKEN_TTL_S``, signed with the
-cluster secret every region shares), not a peer token: the peer then applies its visibility rules
-and signs the route ticket and credential for the real caller, exactly as if the caller had asked
-it. Resolves go with ``scope=local``, so the peer never forwards them again.
+token this region mints for the caller's own subject and role (``TOKEN_TTL_S`` at most, never past
+the caller's own token; signed with the cluster secret every region shares), not a peer token,
+and marked as forwarded (``TokenClaims.fwd``: this region and the caller's own token id,
+:meth:`node.trust.Signer.issue_forwarded`). The peer then applies its own checks to the real
+caller — its revocations (of the caller's token id too), visibility rules and rate limit — and
+signs the route ticket and credential for it, exactly as if the caller had asked it; and it never
+forwards a request so marked again (nor does this forwarder send one), so one lookup costs at
+most one forward per summary-only peer. Resolves go with ``scope=local`` as well. An agent id is
+checked against the agent-id pattern and percent-encoded before it goes into a path.
 
 Every call has one deadline (``forward_timeout_ms``) across the peer's node URLs, tried in order;
 when it passes, or no node answers, :class:`node.core.errors.PeerUnreachable` says which region and
-why, and the caller falls back to what it has. A peer that did not answer is then not asked for
-``forward_backoff_ms``: a region that hangs rather than refuses would otherwise cost the whole
-deadline on every lookup that lands on it until its summary goes stale; meanwhile those lookups
-fail over at once, and the first call after the pause tries it again.
+why, and the caller falls back to what it has. An answer below 500 — a 404 saying it has no
+such agent, a refusal of the caller — is an answer, not silence. A peer that did not answer is
+then not asked for ``forward_backoff_ms``: a region that hangs rather than refuses would
+otherwise cost the whole deadline on every lookup that lands on it until its summary goes stale;
+meanwhile those lookups fail over at once, and the first call after the pause tries it again.
 """
 
 from __future__ import annotations
@@ -23,13 +29,23 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import orjson
 from pydantic import ValidationError
 
-from node.core import BodyTooLarge, NoAgentAvailable, PeerUnreachable, first_problem, read_bounded
-from node.core.models import AgentRecord, RouteRequest, Scope, SearchHit, SearchResponse, TokenClaims, compat
+from node.core import BodyTooLarge, NoAgentAvailable, PeerUnreachable, ValidationFailed, first_problem, read_bounded
+from node.core.models import (
+    AGENT_ID_RE,
+    AgentRecord,
+    RouteRequest,
+    Scope,
+    SearchHit,
+    SearchResponse,
+    TokenClaims,
+    compat,
+)
 from node.trust import Signer
 
 from .config import FederationConfig
@@ -75,7 +91,11 @@ class Forwarder:
     # -- node.remote.PeerForwarder -----------------------------------------------------------
 
     async def agent(self, region: str, agent_id: str, caller: TokenClaims) -> AgentRecord | None:
-        status, body = await self._call(region, "GET", f"/v1/agents/{agent_id}", caller)
+        """Raises :class:`ValidationFailed` (nothing sent) for an ``agent_id`` that is no agent id."""
+        if not AGENT_ID_RE.match(agent_id):
+            raise ValidationFailed("agent_id must be an agent id (<part>.<part>.<part>) to be forwarded",
+                                   field="agent_id")
+        status, body = await self._call(region, "GET", f"/v1/agents/{quote(agent_id, safe='')}", caller)
         if status != 200:
             return None
         try:
@@ -92,7 +112,8 @@ class Forwarder:
         if status == 200 and isinstance(answer, dict):
             return answer
         message = answer.get("message") if isinstance(answer, dict) else None
-        raise NoAgentAvailable(f"region {region}'s node found nobody: {message or f'HTTP {status}'}")
+        verdict = "refused the caller" if status in (401, 403, 429) else "found nobody"
+        raise NoAgentAvailable(f"region {region}'s node {verdict}: {message or f'HTTP {status}'}")
 
     async def search(self, region: str, query: str, *, k: int, routable_only: bool,
                      caller: TokenClaims) -> list[SearchHit]:
@@ -109,7 +130,12 @@ class Forwarder:
 
     async def _call(self, region: str, method: str, path: str, caller: TokenClaims, *, json: Any = None,
                     params: dict[str, str] | None = None) -> tuple[int, bytes]:
-        """The first answer below 500 from ``region``'s nodes within the deadline; raises PeerUnreachable."""
+        """The first answer below 500 from ``region``'s nodes within the deadline (one forward: the
+        next node of the region is asked only when one did not answer); raises PeerUnreachable, also
+        for a request that arrived forwarded (it is never forwarded again; nothing is sent)."""
+        if caller.fwd is not None:
+            raise PeerUnreachable(f"the request arrived forwarded from region {caller.fwd.region}; a forwarded "
+                                  "request is never forwarded again")
         if self._session is None:
             raise PeerUnreachable("forwarding is not started (the federation is not running)")
         try:
@@ -124,7 +150,8 @@ class Forwarder:
                 self.skipped += 1
                 raise PeerUnreachable(f"region {region} did not answer {silent_for_s:.1f} s ago; "
                                       f"it is asked again in {quiet_s:.1f} s")
-        headers = {"Authorization": f"Bearer {self.signer.issue(caller.sub, caller.role, ttl_s=TOKEN_TTL_S)}"}
+        token = self.signer.issue_forwarded(caller, region=self.config.region, ttl_s=TOKEN_TTL_S)
+        headers = {"Authorization": f"Bearer {token}"}
         deadline_ms = self.config.forward_timeout_ms
         problems: list[str] = []
         self.forwarded += 1
@@ -136,7 +163,7 @@ class Forwarder:
                                                          headers=headers, allow_redirects=False) as response:
                             # read(n) returns what has arrived, up to n: a long answer came back cut
                             body = await read_bounded(response, _ANSWER_LIMIT_BYTES)
-                            if response.status < 500:
+                            if response.status < 500:  # a 404 or a refusal is an answer, not silence
                                 self._silent_since.pop(region, None)
                                 return response.status, body
                             problems.append(f"{url}: HTTP {response.status}")

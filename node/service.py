@@ -30,6 +30,7 @@ from .core import (
 )
 from .core.a2a import CardRegistration, card_field, card_to_registration
 from .core.models import (
+    AGENT_ID_RE,
     AgentRecord,
     CardListing,
     ChangeEvent,
@@ -174,7 +175,10 @@ class RegistryNode:
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("the Authorization header must be 'Bearer <token>'", code="invalid_token")
         claims = self.signer.verify(token.strip())
-        if claims.jti is not None and self.revocations.revoked(claims.jti):
+        # A forwarded request (federation.forward) comes with a token the forwarding node minted:
+        # the caller's own token, named by fwd.jti, is what this region may have revoked.
+        forwarded_jti = claims.fwd.jti if claims.fwd is not None else None
+        if any(jti is not None and self.revocations.revoked(jti) for jti in (claims.jti, forwarded_jti)):
             raise Unauthorized("the token was revoked; ask for a new one ('agent-reach token issue')",
                                code="token_revoked")
         return claims
@@ -284,11 +288,15 @@ class RegistryNode:
         return record
 
     async def lookup(self, agent_id: str, caller: TokenClaims) -> AgentRecord:
-        """:meth:`get`, then the nodes of summary-only peers (:class:`~node.routing.SummaryOnlyLookups`)."""
+        """:meth:`get`, then the nodes of summary-only peers (:class:`~node.routing.SummaryOnlyLookups`);
+        raises :class:`ValidationFailed` for an ``agent_id`` that is no agent id (before it goes into a path)."""
+        if not AGENT_ID_RE.match(agent_id):
+            raise ValidationFailed("agent_id must be three dot-separated parts of lowercase letters, digits, '_' "
+                                   "and '-' (e.g. payment.risk_check.prod_01)", field="agent_id")
         try:
             return self.get(agent_id, caller)
         except NotFound:
-            if not self.summary_only.regions():
+            if not self.summary_only.regions(caller):
                 raise
         return await self.summary_only.agent(agent_id, caller)
 

@@ -5,6 +5,8 @@ summaries (:mod:`node.routing.spill`). Get by id and global search ask those pee
 the router's :class:`~node.routing.remote.PeerForwarder` — all of them at once, each within its
 deadline — and answer from what came back: a peer that did not answer is named in the answer (a
 404's message and ``details.unanswered``, a search's ``unanswered``), never a hang or a traceback.
+A request that arrived forwarded (its token's ``fwd``) is answered from what this node holds: it is
+never forwarded again, so a lookup costs at most one forward per summary-only peer.
 """
 
 from __future__ import annotations
@@ -53,16 +55,17 @@ class SummaryOnlyLookups:
         self.router = router
         self.visible = visible
 
-    def regions(self) -> list[str]:
-        """The peers this node holds summaries of but no records (none without a forwarder)."""
-        if self.router.forwarder is None or self.router.remote is None:
+    def regions(self, caller: TokenClaims) -> list[str]:
+        """The peers this node holds summaries of but no records, to ask for ``caller`` (none without a
+        forwarder, and none for a request that arrived forwarded)."""
+        if self.router.forwarder is None or self.router.remote is None or caller.fwd is not None:
             return []
         return [peer.region for peer in self.router.remote.peers() if not peer.replicated]
 
     async def agent(self, agent_id: str, caller: TokenClaims) -> AgentRecord:
         """``agent_id`` asked of every summary-only peer's node at once, as ``caller``: a record
         ``caller`` may see; raises :class:`NotFound` naming the regions that did not answer."""
-        regions, forwarder = self.regions(), self.router.forwarder
+        regions, forwarder = self.regions(caller), self.router.forwarder
         found: dict[str, AgentRecord | None] = {}
         silent: list[str] = []
         if regions and forwarder is not None:
@@ -85,7 +88,7 @@ class SummaryOnlyLookups:
         lexical part weighs terms by each region's own statistics, so a merge by score is close to —
         not exactly — one index over every region.
         """
-        regions, forwarder = self.regions(), self.router.forwarder
+        regions, forwarder = self.regions(caller), self.router.forwarder
         if not regions or forwarder is None:
             return await here
         asks = [forwarder.search(region, query, k=k, routable_only=routable_only, caller=caller) for region in regions]

@@ -40,8 +40,10 @@ class PeerView(Protocol):
 
 class PeerForwarder(Protocol):
     """Asks a peer region's node, as the caller, within a deadline (attached by the federation
-    package as ``Router.forwarder``). Every method raises :class:`node.core.errors.PeerUnreachable`
-    when no node of the region answered in time."""
+    package as ``Router.forwarder``), with a token marked as forwarded (``TokenClaims.fwd``), so
+    the peer applies its own checks to the caller and never forwards the request again. Every
+    method raises :class:`node.core.errors.PeerUnreachable` when no node of the region answered in
+    time, and for a caller whose request arrived forwarded (nothing is sent)."""
 
     async def agent(self, region: str, agent_id: str, caller: TokenClaims) -> AgentRecord | None:
         """The record as that region's node shows it to ``caller`` (None: it has no such agent)."""

@@ -269,7 +269,7 @@ class Router:
         if request.scope is Scope.LOCAL:
             reasons["remote"] = "scope=local"
         elif self.remote is not None:
-            for level in forwarded_levels(self.remote.peers(), request, unanswered=unanswered, reasons=reasons):
+            for level in forwarded_levels(self.remote.peers(), request, caller, unanswered=unanswered, reasons=reasons):
                 (stale_levels if level.stale else levels).append(level)
         if request.preferred_region:
             levels.sort(key=lambda level: level.name != request.preferred_region)

@@ -14,8 +14,9 @@ stay the last resort (the router tries them only when no fresh level can serve).
 Inside a replicated region the agent is then drawn from the replica by registered weight ×
 status (never its stale per-agent load: ``node.routing.candidates``). A summary-only region (beyond the
 replicate depth) is a *forwarded* level: it has no records here, so when it is drawn the router
-raises :class:`ForwardTo` and its async path asks that region's node (``scope=local``, so it
-cannot loop), falling back to the other levels when it does not answer in time.
+raises :class:`ForwardTo` and its async path asks that region's node (``scope=local``, and a
+token marked as forwarded, so it cannot loop), falling back to the other levels when it does not
+answer in time.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from ..core.models import RouteRequest, RouteTicket, Scope, VersionConstraint, compat, version_constraint
+from ..core.models import RouteRequest, RouteTicket, Scope, TokenClaims, VersionConstraint, compat, version_constraint
 from .candidates import Level
 from .remote import PeerView
 
@@ -50,14 +51,19 @@ def _constraint(request: RouteRequest) -> VersionConstraint | None:
     return version_constraint(request.version) if request.version else None
 
 
-def forwarded_levels(peers: Sequence[PeerView], request: RouteRequest, *, unanswered: Mapping[str, str],
-                     reasons: dict[str, str]) -> list[Level]:
+def forwarded_levels(peers: Sequence[PeerView], request: RouteRequest, caller: TokenClaims, *,
+                     unanswered: Mapping[str, str], reasons: dict[str, str]) -> list[Level]:
     """A level per summary-only peer whose summary says it can serve ``request`` (none for a
-    local-only request); why each other one cannot goes to ``reasons``. ``unanswered``: peers
-    that did not answer a forwarded resolve of this request, with why."""
+    local-only request, nor for one that arrived forwarded: it is never forwarded again); why each
+    other one cannot goes to ``reasons``. ``unanswered``: peers that did not answer a forwarded
+    resolve of this request, with why."""
     levels: list[Level] = []
     summary_only = [peer for peer in peers if not peer.replicated]
     if not summary_only or request.scope is Scope.LOCAL:
+        return levels
+    if caller.fwd is not None:
+        reasons["summary-only regions"] = (f"the request arrived forwarded from region {caller.fwd.region}; "
+                                           "a forwarded request is never forwarded again")
         return levels
     constraint = _constraint(request) if summary_judges(request) else None
     for peer in summary_only:

@@ -2,11 +2,12 @@
 
 A token is ``ar1.<base64url(claims JSON)>.<base64url(mac)>``; claims say who (``sub``), in
 which role (admin, agent, caller), until when (``exp``, seconds) and which token it is (``jti``,
-what revoking it names: :mod:`node.trust.revocation`). An agent token allows
-register/heartbeat/deregister of that agent_id only; any valid token may resolve, and the
-router sees the caller's identity. The secret is read from ``AGENT_REACH_SECRET``, or from the
-file named by ``AGENT_REACH_SECRET_FILE``; with neither, a local secret file is created once
-(``~/.agent-reach/secret``, mode 0600) and reused.
+what revoking it names: :mod:`node.trust.revocation`); a token a node minted to forward its
+caller's request to a peer region also says so (``fwd``: :meth:`Signer.issue_forwarded`). An
+agent token allows register/heartbeat/deregister of that agent_id only; any valid token may
+resolve, and the router sees the caller's identity. The secret is read from
+``AGENT_REACH_SECRET``, or from the file named by ``AGENT_REACH_SECRET_FILE``; with neither, a
+local secret file is created once (``~/.agent-reach/secret``, mode 0600) and reused.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import orjson
 from pydantic import ValidationError
 
 from ..core import Forbidden, Unauthorized
-from ..core.models import TokenClaims, TokenRole, caller_may_call
+from ..core.models import Forwarding, TokenClaims, TokenRole, caller_may_call
 
 SECRET_ENV = "AGENT_REACH_SECRET"
 SECRET_FILE_ENV = "AGENT_REACH_SECRET_FILE"
@@ -155,8 +156,28 @@ class Signer:
     def issue(self, subject: str, role: TokenRole, *, ttl_s: int = DEFAULT_TOKEN_TTL_S,
               now_s: int | None = None) -> str:
         issued = int(time.time()) if now_s is None else now_s
-        claims = TokenClaims(sub=subject, role=role, iat=issued, exp=issued + ttl_s, jti=new_token_id())
-        payload = _b64(claims.model_dump_json().encode())
+        return self._mint(TokenClaims(sub=subject, role=role, iat=issued, exp=issued + ttl_s, jti=new_token_id()))
+
+    def issue_forwarded(self, caller: TokenClaims, *, region: str, ttl_s: int, now_s: int | None = None) -> str:
+        """The token ``region``'s node sends a peer's node with ``caller``'s request: the caller's
+        subject and role, marked (``fwd``) with ``region`` and the caller's own token id, so the
+        peer never forwards it again and refuses it when it has revoked the caller's token; it
+        expires with the caller's token, if that comes sooner than ``ttl_s``.
+
+        Raises:
+            ValueError: ``caller`` arrived forwarded itself (a forwarded request is never forwarded again).
+        """
+        if caller.fwd is not None:
+            raise ValueError(f"the request arrived forwarded from region {caller.fwd.region}: it is never "
+                             "forwarded again")
+        issued = int(time.time()) if now_s is None else now_s
+        return self._mint(TokenClaims(sub=caller.sub, role=caller.role, iat=issued,
+                                      exp=min(issued + ttl_s, caller.exp), jti=new_token_id(),
+                                      fwd=Forwarding(region=region, jti=caller.jti)))
+
+    def _mint(self, claims: TokenClaims) -> str:
+        # Without fwd (None) a token reads exactly as before the mark existed.
+        payload = _b64(claims.model_dump_json(exclude_none=True).encode())
         mac = _b64(hmac.new(self._token_key, payload.encode(), hashlib.sha256).digest())
         return f"{_TOKEN_PREFIX}.{payload}.{mac}"
 

@@ -36,13 +36,14 @@ CAPABILITY = "spill.capacity"
 class Trio:
     """Three federated regions a, b, c in this process (one Redis, distinct regions)."""
 
-    def __init__(self, redis_url: str, region: str, bootstrap_servers: str, *, discovery: bool = False) -> None:
+    def __init__(self, redis_url: str, region: str, bootstrap_servers: str, *, discovery: bool = False,
+                 replicate_depth: int = 1) -> None:
         self.discovery = discovery  # lexical search attached, as topology.build_node does
         self.names = a, b, c = (f"{region}-a", f"{region}-b", f"{region}-c")
         self.topology = Topology.model_validate({
             "kafka": {"bootstrap_servers": bootstrap_servers, "topic_prefix": f"test-{region}"},
             "federation": {"beacon_interval_ms": 100, "stale_after_ms": 1_500, "anti_entropy_min_interval_ms": 100,
-                           "request_timeout_ms": 1_000, "summary_interval_ms": 100, "replicate_depth": 1,
+                           "request_timeout_ms": 1_000, "summary_interval_ms": 100, "replicate_depth": replicate_depth,
                            "forward_timeout_ms": FORWARD_TIMEOUT_MS},
             "node": {"leader_ttl_ms": 600, "sweep_interval_ms": 100, "lease_sync_interval_ms": 100,
                      "semantic_enabled": False},

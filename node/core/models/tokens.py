@@ -33,6 +33,16 @@ class TokenRole(str, enum.Enum):
     PEER = "peer"
 
 
+class Forwarding(Strict):
+    """The mark of a token a node minted to forward its caller's request to a peer region's node
+    (``federation.forward``): the peer never forwards such a request again, and applies its
+    revocations to the caller's own token (``jti``) as well as to this one."""
+
+    region: Region = Field(description="The region whose node forwarded the request.")
+    jti: str | None = Field(default=None, pattern=TOKEN_ID_PATTERN,
+                            description="The id of the token the caller sent that node (None: it had none).")
+
+
 class TokenClaims(Strict):
     """What a bearer token asserts; signed with the cluster secret."""
 
@@ -43,6 +53,8 @@ class TokenClaims(Strict):
     jti: str | None = Field(default=None, pattern=TOKEN_ID_PATTERN,
                             description="The token's id: what revoking it names (tokens issued before ids were "
                                         "introduced have none and cannot be revoked one by one).")
+    fwd: Forwarding | None = Field(default=None, description="Set on a token a node minted to forward the "
+                                                             "caller's request to a peer region (never by a caller).")
 
 
 class RevocationRequest(Strict):

@@ -63,8 +63,9 @@ def _agents() -> Paths:
         },
         "/v1/agents/{agent_id}": {
             "get": operation("One agent (local or remote)", {"200": json_answer("AgentRecord", "The record")},
-                             errors=agent_lookup, parameters=[AGENT_ID],
-                             notes={404: "No such agent here or in a peer region (or the caller may not see it)"}),
+                             errors=(*agent_lookup, 422), parameters=[AGENT_ID],
+                             notes={404: "No such agent here or in a peer region (or the caller may not see it)",
+                                    422: "agent_id is not an agent id (refused before any peer region is asked)"}),
             "delete": operation("Deregister",
                                 {"200": json_answer("Deregistered", "Deregistered; a tombstone was written")},
                                 errors=(403, 404, 503), parameters=[AGENT_ID],
