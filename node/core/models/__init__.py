@@ -27,6 +27,7 @@ One concept per module, every name importable from here (``from node.core.models
 
 from __future__ import annotations
 
+from . import compat
 from .cards import (
     BINDING_TRANSPORTS,
     DEFAULT_PROTOCOL_VERSION,
@@ -35,7 +36,6 @@ from .cards import (
     CardListing,
     a2a_interface,
 )
-from . import compat
 from .changes import ChangeEvent, ChangeKind, DeleteReason
 from .fields import (
     AGENT_ID_PATTERN,
