@@ -14,11 +14,22 @@ the ``agent-reach`` command line, the local cluster launcher and the embedded Re
 
 Imports run one way: ``topology`` imports ``node``, ``federation`` and ``semantic``; nothing of
 ours imports ``topology``.
+
+The names below are loaded when first used (PEP 562), so ``import topology.cli`` — which every
+``agent-reach`` command does — runs neither the composition root nor federation with it.
+(``node.core.lazy`` does the same for ``node``, but importing it would load ``node.core``.)
 """
 
-from .composition import attach_federation, build_node
-from .embedded import EmbeddedKafka, EmbeddedRedis, EmbeddedServiceError
-from .spec import Topology, TopologyError, load_topology
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .composition import attach_federation, build_node
+    from .embedded import EmbeddedKafka, EmbeddedRedis, EmbeddedServiceError
+    from .errors import TopologyError
+    from .spec import Topology, load_topology
 
 __all__ = [
     "Topology",
@@ -30,3 +41,27 @@ __all__ = [
     "EmbeddedKafka",
     "EmbeddedServiceError",
 ]
+
+_MODULE_OF = {
+    "Topology": "spec",
+    "TopologyError": "errors",
+    "load_topology": "spec",
+    "build_node": "composition",
+    "attach_federation": "composition",
+    "EmbeddedRedis": "embedded",
+    "EmbeddedKafka": "embedded",
+    "EmbeddedServiceError": "embedded",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_MODULE_OF])

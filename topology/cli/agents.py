@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .console import shown
-from .operator import NodeClient, add_operator_options, as_json, exit_codes_epilog, print_table, run_operator
+from .operator import add_operator_options, as_json, exit_codes_epilog, print_table, run_operator
 
-__all__ = ["add_parser", "describe_load"]
+if TYPE_CHECKING:
+    from .nodeclient import NodeClient
+
+__all__ = ["add_arguments", "describe_load"]
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("agents", help="list, inspect or deregister agents on a node",
-                                 epilog=exit_codes_epilog())
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``agents``' actions and options, on the parser :mod:`.entrypoint` made for it."""
+    parser.epilog = exit_codes_epilog()
     actions = parser.add_subparsers(dest="agents_command", required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="the agents the token may see", epilog=exit_codes_epilog())
     listing.add_argument("--capability", help="only agents with this capability")

@@ -15,8 +15,7 @@ import sys
 
 import orjson
 
-from node.core.models import NOT_IN_ONE_LINE
-from node.trust import mask_credentials
+from .nodenames import NOT_IN_ONE_LINE
 
 __all__ = ["error", "json_text", "notice", "say", "shown"]
 
@@ -25,6 +24,16 @@ _UNSAFE = re.compile(f"[{NOT_IN_ONE_LINE}{_BIDI}]")
 _UNSAFE_KEEPING_LINES = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029{_BIDI}]")
 # orjson escapes C0 itself; these it writes as they are (JSON allows them raw).
 _UNSAFE_IN_JSON = re.compile(f"[\x7f-\x9f\u2028\u2029{_BIDI}]")
+
+
+def _masked(line: str) -> str:
+    """``node.trust.mask_credentials(line)``, importing ``node.trust`` (Redis, cryptography: slow to
+    import) only for a line that can hold a password, one with ``scheme://`` and an ``@``."""
+    if "@" not in line or "://" not in line:
+        return line
+    from node.trust import mask_credentials
+
+    return mask_credentials(line)
 
 
 def _escape(found: re.Match[str]) -> str:
@@ -45,14 +54,14 @@ def json_text(value: object, *, indent: bool = False) -> str:
 
 def say(line: str) -> None:
     """A status line on stdout (flushed: a supervisor or a test reads it as it comes)."""
-    print(mask_credentials(line), flush=True)
+    print(_masked(line), flush=True)
 
 
 def notice(line: str) -> None:
     """Something happened that needs no action but should be seen (a restart) — on stderr."""
-    print(mask_credentials(line), file=sys.stderr, flush=True)
+    print(_masked(line), file=sys.stderr, flush=True)
 
 
 def error(message: str) -> None:
     """``error: <message>`` on stderr; the message should say how to fix the problem."""
-    print(f"error: {_UNSAFE_KEEPING_LINES.sub(_escape, mask_credentials(message))}", file=sys.stderr, flush=True)
+    print(f"error: {_UNSAFE_KEEPING_LINES.sub(_escape, _masked(message))}", file=sys.stderr, flush=True)

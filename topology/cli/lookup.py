@@ -10,11 +10,10 @@ their scores and what matched. A table by default, the node's JSON with ``--json
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .console import shown
 from .operator import (
-    NodeClient,
     UsageError,
     add_operator_options,
     as_json,
@@ -23,12 +22,15 @@ from .operator import (
     run_operator,
 )
 
-__all__ = ["add_parsers"]
+if TYPE_CHECKING:
+    from .nodeclient import NodeClient
+
+__all__ = ["add_resolve_arguments", "add_search_arguments"]
 
 
-def add_parsers(commands: argparse._SubParsersAction) -> None:
-    resolve = commands.add_parser("resolve", help="the route ticket a caller would get (POST /v1/resolve)",
-                                  epilog=exit_codes_epilog())
+def add_resolve_arguments(resolve: argparse.ArgumentParser) -> None:
+    """``resolve``'s options, on the parser :mod:`.entrypoint` made for it."""
+    resolve.epilog = exit_codes_epilog()
     resolve.add_argument("capability", nargs="?", metavar="CAPABILITY", help="e.g. translate.text")
     resolve.add_argument("--version", help="capability version constraint, e.g. '1' or '>=1.2,<3'")
     resolve.add_argument("--agent-id", help="this agent (instead of a capability)")
@@ -39,8 +41,10 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     add_operator_options(resolve)
     resolve.set_defaults(func=lambda args: run_operator(args, lambda client: _resolve(client, args)))
 
-    search = commands.add_parser("search", help="find agents by what they do, in plain words (GET /v1/search)",
-                                 epilog=exit_codes_epilog())
+
+def add_search_arguments(search: argparse.ArgumentParser) -> None:
+    """``search``'s options, on the parser :mod:`.entrypoint` made for it."""
+    search.epilog = exit_codes_epilog()
     search.add_argument("query", nargs="+", metavar="WORDS", help='e.g. "translate a contract into German"')
     search.add_argument("-k", type=int, default=10, help="how many agents (default 10)")
     search.add_argument("--scope", choices=["local", "local-first", "global"], default="global")

@@ -61,7 +61,7 @@ from .signals import Interrupted, StopSignals
 from .tokens import admin_token_line, lifetime
 from .workers import run_workers, workers_problem
 
-__all__ = ["DEFAULT_DRAIN_GRACE_MS", "DEFAULT_DRAIN_TIMEOUT_MS", "add_parser"]
+__all__ = ["DEFAULT_DRAIN_GRACE_MS", "DEFAULT_DRAIN_TIMEOUT_MS", "add_arguments"]
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,8 @@ DEFAULT_DRAIN_GRACE_MS = 500
 DEFAULT_DRAIN_TIMEOUT_MS = 10_000
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("node", help="run one region's registry node")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``node``'s options, on the parser :mod:`.entrypoint` made for it."""
     parser.add_argument("--region", default=None, help="region name, e.g. eu-west (default: $AGENT_REACH_REGION)")
     parser.add_argument("--topology", metavar="FILE",
                         help="topology file (TOML or JSON): region settings, peers and Kafka for federation")

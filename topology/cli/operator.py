@@ -1,16 +1,8 @@
 """What the operator commands share (``agents``, ``resolve``, ``search``, ``watch``, ``token
-revoke``): the node and token options, one HTTP client of the node's v1 API, the exit codes, and
-how answers are printed — a table for people, ``--json`` for scripts.
-
-Exit codes, the same for every operator command (:data:`EXIT_CODES`):
-
-====  ==========================================================================================
- 0    done
- 1    the node answered with an error (4xx/5xx; the message is the node's, on stderr)
- 2    usage: a missing or malformed option, no token
- 3    the node cannot be reached (refused, timed out, not HTTP)
-130   interrupted (Ctrl-C)
-====  ==========================================================================================
+revoke``): the node and token options, the exit codes (:mod:`.exitcodes`), running a command
+with a client of the node's v1 API (:class:`~topology.cli.nodeclient.NodeClient`, imported only
+then: aiohttp's client is most of such a command's start) and how answers are printed — a table
+for people, ``--json`` for scripts.
 """
 
 from __future__ import annotations
@@ -19,44 +11,35 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
-
-import aiohttp
-import orjson
-
-from node.client import TOKEN_ENV, URL_ENV
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from . import console
+from .exitcodes import (
+    EXIT_CODES,
+    EXIT_INTERRUPTED,
+    EXIT_NODE_ERROR,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    exit_codes_epilog,
+)
+from .nodenames import TOKEN_ENV
 from .nodeurl import add_node_option, node_url
 from .runtime import run
 
+if TYPE_CHECKING:
+    from .nodeclient import NodeClient
+
 __all__ = ["EXIT_CODES", "EXIT_INTERRUPTED", "EXIT_NODE_ERROR", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE",
-           "NodeAnswered", "NodeClient", "as_json", "OperatorError", "Unreachable", "UsageError", "add_operator_options",
+           "NodeAnswered", "as_json", "OperatorError", "Unreachable", "UsageError", "add_operator_options",
            "exit_codes_epilog", "print_json", "print_table", "run_operator"]
 
-EXIT_OK = 0
-EXIT_NODE_ERROR = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
-EXIT_INTERRUPTED = 130
-EXIT_CODES = {
-    EXIT_OK: "done",
-    EXIT_NODE_ERROR: "the node answered with an error (its message on stderr)",
-    EXIT_USAGE: "usage: a missing or malformed option, no token",
-    EXIT_UNREACHABLE: "the node cannot be reached",
-    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
-}
 DEFAULT_TIMEOUT_S = 10.0
 
 
-def exit_codes_epilog() -> str:
-    """The exit codes, as ``--help`` shows them."""
-    return "exit codes: " + "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items())
-
-
 class OperatorError(Exception):
-    """A command failed; ``exit_code`` says how (see :data:`EXIT_CODES`)."""
+    """A command failed; ``exit_code`` says how (see :data:`~topology.cli.exitcodes.EXIT_CODES`)."""
 
     exit_code = EXIT_NODE_ERROR
 
@@ -93,90 +76,6 @@ def add_operator_options(parser: argparse.ArgumentParser, *, json_help: str = "p
     parser.add_argument("--json", action="store_true", help=json_help)
 
 
-class NodeClient:
-    """The node's v1 API with one bearer token; ``async with NodeClient(url, token) as client``."""
-
-    def __init__(self, url: str, token: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        self.url = url.rstrip("/")
-        self.token = token
-        self.timeout_s = timeout_s
-        self._session: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> NodeClient:
-        self._session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"})
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            raise RuntimeError("use NodeClient as 'async with'")
-        return self._session
-
-    async def call(self, method: str, path: str, *, params: Sequence[tuple[str, str]] | None = None,
-                   body: object = None) -> Any:
-        """The decoded JSON answer; raises :class:`NodeAnswered` or :class:`Unreachable`."""
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        data = orjson.dumps(body) if body is not None else None
-        headers = {"Content-Type": "application/json"} if data is not None else None
-        try:
-            async with self.session.request(method, self.url + path, params=params, data=data, headers=headers,
-                                            timeout=timeout, allow_redirects=False) as response:
-                raw = await response.read()
-                return self._decoded(method, path, response.status, raw)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise Unreachable(self._unreachable(exc)) from exc
-
-    async def events(self, path: str, *, params: Sequence[tuple[str, str]] | None = None,
-                     ) -> AsyncIterator[tuple[str, Any]]:
-        """The server-sent events of ``path`` as ``(event, data)`` until the node ends the stream."""
-        timeout = aiohttp.ClientTimeout(total=None, connect=self.timeout_s, sock_connect=self.timeout_s)
-        try:
-            async with self.session.get(self.url + path, params=params, timeout=timeout,
-                                        allow_redirects=False) as response:
-                if response.status != 200:
-                    self._decoded("GET", path, response.status, await response.read())
-                fields: dict[str, str] = {}
-                async for raw in response.content:
-                    line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                    if line.startswith(":"):
-                        continue
-                    if line:
-                        name, _, value = line.partition(":")
-                        fields[name] = fields.get(name, "") + value.removeprefix(" ")
-                        continue
-                    if "data" in fields:
-                        yield fields.get("event", "message"), orjson.loads(fields["data"])
-                    fields = {}
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise Unreachable(self._unreachable(exc)) from exc
-
-    def _decoded(self, method: str, path: str, status: int, raw: bytes) -> Any:
-        try:
-            decoded = orjson.loads(raw) if raw else None
-        except orjson.JSONDecodeError:
-            decoded = None
-        if status < 400:
-            if decoded is None and raw:
-                raise Unreachable(f"{self.url} answered {method} {path} with something that is not JSON; is it an "
-                                  "Agent-Reach node?")
-            return decoded
-        if isinstance(decoded, dict) and "error" in decoded:
-            where = f" (field {decoded['field']})" if decoded.get("field") else ""
-            raise NodeAnswered(f"the node answered {status} {decoded['error']}{where}: {decoded.get('message', '')}",
-                               status=status, body=decoded)
-        raise NodeAnswered(f"the node answered {status} to {method} {path}", status=status)
-
-    def _unreachable(self, exc: BaseException) -> str:
-        reason = str(exc) or type(exc).__name__
-        if isinstance(exc, TimeoutError):
-            reason = f"no answer within {self.timeout_s:g} s"
-        return f"cannot reach the node at {self.url}: {reason} (is it running? see --node, ${URL_ENV})"
-
-
 def token_of(args: argparse.Namespace) -> str:
     """``--token``, else ``$AGENT_REACH_TOKEN``; raises :class:`UsageError` without either."""
     token = (args.token or os.environ.get(TOKEN_ENV, "")).strip()
@@ -190,6 +89,8 @@ def run_operator(args: argparse.Namespace, command: Callable[[NodeClient], Await
     try:
         token = token_of(args)
         url = node_url(args.node)
+
+        from .nodeclient import NodeClient
 
         async def main() -> int | None:
             async with NodeClient(url, token, timeout_s=args.timeout_s) as client:

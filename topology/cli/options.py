@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from node.ops import LOG_FORMATS
+from .nodenames import LOG_FORMATS
 
 __all__ = ["LOG_FORMAT_ENV", "add_log_format_option", "add_secret_options", "add_storage_options", "log_format_help"]
 

@@ -54,8 +54,8 @@ class Check:
         return f"{'ok  ' if self.ok else 'FAIL'}  {self.name:<10} {self.detail}"
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("preflight", help="check an agent config against its node before starting it")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``preflight``'s options, on the parser :mod:`.entrypoint` made for it."""
     parser.add_argument("--config", required=True, help="the agent TOML file (see README: 'The agent TOML')")
     add_node_option(parser)
     parser.add_argument("--check-endpoint", action="store_true",

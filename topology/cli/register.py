@@ -31,8 +31,8 @@ NODE_TIMEOUT_MS = 10_000
 _OPTION_OF_FIELD = {"agent_id": "--agent-id", "lease_ttl_ms": "--lease-ttl-ms", "labels": "--label"}
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("register", help="register an agent from its A2A Agent Card")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``register``'s options, on the parser :mod:`.entrypoint` made for it."""
     parser.add_argument("--a2a-card", required=True, metavar="FILE", help="the agent's A2A Agent Card (JSON)")
     parser.add_argument("--agent-id", required=True, help="its Agent-Reach id, namespace.group.name")
     add_node_option(parser)

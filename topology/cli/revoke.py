@@ -8,22 +8,21 @@ Redis; every node of that region refuses it within its ``revocation_poll_interva
 are valid in every region, so ``--all-regions`` revokes it in each region of the topology file,
 trying each region's node URLs in turn. Exit codes in :mod:`.operator`; with several regions,
 the worst of theirs (3 if one could not be reached).
+
+``token``'s parser imports this module: what only a revocation needs (node's token code, the
+topology file's models, the HTTP client) is imported where it is used.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from node.trust import token_claims_unverified
-
-from ..spec import Topology, TopologyError, load_topology
 from .operator import (
     EXIT_NODE_ERROR,
     EXIT_OK,
     EXIT_UNREACHABLE,
-    NodeClient,
     OperatorError,
     Unreachable,
     UsageError,
@@ -33,6 +32,10 @@ from .operator import (
     print_table,
     run_operator,
 )
+
+if TYPE_CHECKING:
+    from ..spec import Topology
+    from .nodeclient import NodeClient
 
 __all__ = ["add_parser"]
 
@@ -59,6 +62,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _named(args: argparse.Namespace) -> dict[str, Any]:
     if args.revoked is not None:
+        from node.trust import token_claims_unverified
+
         if args.jti is not None or args.exp is not None:
             raise UsageError("name the token by TOKEN or by --jti and --exp, not both")
         text = sys.stdin.read() if args.revoked == "-" else args.revoked
@@ -84,6 +89,8 @@ async def _revoke(client: NodeClient, args: argparse.Namespace) -> int:
         else:
             print(_said(answer))
         return EXIT_OK
+    from ..spec import TopologyError, load_topology
+
     try:
         topology = load_topology(args.topology)
     except TopologyError as exc:
@@ -99,6 +106,8 @@ async def _revoke(client: NodeClient, args: argparse.Namespace) -> int:
 async def _revoke_in(client: NodeClient, topology: Topology, region: str, body: dict[str, Any],
                      ) -> tuple[dict[str, Any], int]:
     """Revoke through the first node URL of ``region`` that answers."""
+    from .nodeclient import NodeClient
+
     failure: OperatorError | None = None
     for url in topology.region(region).node_urls:
         node = NodeClient(url, client.token, timeout_s=client.timeout_s)

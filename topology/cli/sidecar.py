@@ -194,8 +194,8 @@ def _load_from(body: Any) -> Load | None:
         return None
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("sidecar", help="register, probe and heartbeat for an existing HTTP agent")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``sidecar``'s options, on the parser :mod:`.entrypoint` made for it."""
     parser.add_argument("--config", required=True, help="the agent TOML file (see README: 'The agent TOML')")
     add_node_option(parser)
     parser.add_argument("--skip-preflight", action="store_true", help="start without checking the config first")

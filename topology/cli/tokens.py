@@ -4,6 +4,9 @@
 Every token the command line issues — ``token issue`` for any role, the admin token ``up`` and
 ``node --print-admin-token`` print — lasts ``DEFAULT_TOKEN_TTL_S`` (30 days) unless ``--ttl-s``
 says otherwise, and each says how long it lasts in the same words (:func:`lifetime`).
+
+Node's token code (``node.trust``, which loads Redis and cryptography with it) is imported when a
+token is issued, not to build the parser.
 """
 
 from __future__ import annotations
@@ -11,15 +14,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from node.core.models import AGENT_ID_RE, TokenRole
-from node.trust import DEFAULT_TOKEN_TTL_S, SecretError, Signer, load_secret, token_claims_unverified
-
 from . import console, revoke
+from .nodenames import DEFAULT_TOKEN_TTL_S
 from .options import add_secret_options
 
+__all__ = ["add_arguments", "admin_token_line", "issue_token", "lifetime"]
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    token = commands.add_parser("token", help="issue or revoke bearer tokens")
+
+def add_arguments(token: argparse.ArgumentParser) -> None:
+    """``token``'s actions, on the parser :mod:`.entrypoint` made for it."""
     actions = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
     issue = actions.add_parser("issue", help="print a token")
     who = issue.add_mutually_exclusive_group(required=True)
@@ -34,6 +37,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def issue_token(args: argparse.Namespace) -> int:
+    from node.core.models import AGENT_ID_RE, TokenRole
+    from node.trust import SecretError, Signer, load_secret, token_claims_unverified
+
     if args.agent and not AGENT_ID_RE.match(args.agent):
         print(f"error: {args.agent!r} is not an agent id (namespace.group.name, lower-case)", file=sys.stderr)
         return 2

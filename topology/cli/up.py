@@ -39,7 +39,7 @@ from .signals import Interrupted, StopSignals
 from .tokens import admin_token_line
 
 __all__ = ["UP_DEMO_STOP_TIMEOUT_S", "UP_NODE_DRAIN_TIMEOUT_MS", "UP_NODE_STOP_TIMEOUT_S", "UP_SERVICE_STOP_TIMEOUT_S",
-           "add_parser"]
+           "add_arguments"]
 
 # Ctrl-C must leave nothing running within 5 s: these bound each stage of the stop (demo
 # agents, then nodes in parallel, then the embedded servers in parallel). A node's stop can
@@ -51,8 +51,8 @@ UP_NODE_DRAIN_TIMEOUT_MS = 500
 UP_SERVICE_STOP_TIMEOUT_S = 1.0
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("up", help="run a whole topology locally (embedded Redis/Kafka where none is set)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``up``'s options, on the parser :mod:`.entrypoint` made for it."""
     parser.add_argument("file", nargs="?", default=None,
                         help=f"topology file (default: the packaged {DEFAULT_TOPOLOGY_FILE.name}, three regions)")
     parser.add_argument("--any-port", action="store_true",

@@ -12,17 +12,22 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import orjson
 
 from .console import json_text, shown
-from .operator import NodeAnswered, NodeClient, UsageError, add_operator_options, exit_codes_epilog, run_operator
+from .operator import NodeAnswered, UsageError, add_operator_options, exit_codes_epilog, run_operator
 
-__all__ = ["add_parser"]
+if TYPE_CHECKING:
+    from .nodeclient import NodeClient
+
+__all__ = ["add_arguments"]
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("watch", help="follow the change feed (GET /v1/watch)", epilog=exit_codes_epilog())
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``watch``'s options, on the parser :mod:`.entrypoint` made for it."""
+    parser.epilog = exit_codes_epilog()
     parser.add_argument("--capability", help="only agents with this capability")
     parser.add_argument("--pattern", help="only agent ids matching this pattern (* wildcards)")
     parser.add_argument("--since", type=int, metavar="VERSION", help="replay this region's changes after VERSION first")
