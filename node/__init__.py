@@ -5,16 +5,15 @@ Runs alone (single region, no Kafka, no torch); federation and semantic discover
 through :class:`RemoteCatalog` and :class:`Matcher` (see ``node.routing``). The agent SDK is the
 package :mod:`node.client`.
 
-The names below are loaded when first used (:mod:`node.core.lazy`), so
+The names below are loaded when first used (PEP 562, as aiohttp's ``__init__`` does), so
 ``from node.client import ReachClient`` does not pull in the server — Redis, Prometheus,
 ``aiohttp.web`` — with it; ``from node import RegistryNode`` works as ever.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from .core import lazy_exports
+import importlib
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .config import NodeConfig
@@ -93,7 +92,8 @@ __all__ = [
     "StoreUnavailable",
 ]
 
-__getattr__, __dir__ = lazy_exports(__name__, globals(), {
+# Which module of this package defines each exported name (the imports above, for checkers).
+_MODULES: dict[str, tuple[str, ...]] = {
     "service": ("RegistryNode",),
     "config": ("NodeConfig",),
     "trust": ("EgressPolicy", "EgressDenied", "Signer", "load_secret"),
@@ -103,4 +103,18 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), {
                     "RouteRequest", "RouteTicket", "Scope", "TokenRole"),
     "core": ("NodeError", "BadRequest", "ValidationFailed", "PayloadTooLarge", "Unauthorized", "Forbidden",
              "NotFound", "UnknownAgent", "NoAgentAvailable", "Conflict", "RateLimited", "StoreUnavailable"),
-})
+}
+_MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

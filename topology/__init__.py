@@ -17,7 +17,7 @@ ours imports ``topology``.
 
 The names below are loaded when first used (PEP 562), so ``import topology.cli`` — which every
 ``agent-reach`` command does — runs neither the composition root nor federation with it.
-(``node.core.lazy`` does the same for ``node``, but importing it would load ``node.core``.)
+(``node/__init__.py`` does the same for ``node``.)
 """
 
 from __future__ import annotations

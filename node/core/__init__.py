@@ -45,12 +45,10 @@ from .errors import (
     first_problem,
     problems,
 )
-from .lazy import lazy_exports
 from .settings import Settings
 from .tasks import cancel_and_wait, run_together
 
 __all__ = [
-    "lazy_exports",
     "BadRequest",
     "BodyTooLarge",
     "Conflict",

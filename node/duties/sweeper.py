@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 from ..core import StoreUnavailable, now_ms
 from ..store import RegionStore
+from ..view import DEFAULT_PRESERVE_MIN_AGENTS
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SWEEP_INTERVAL_MS = 1_000
 DEFAULT_MAX_EXPIRE_FRACTION = 0.5
-DEFAULT_PROTECT_MIN_AGENTS = 10
 DEFAULT_PROTECTION_MAX_HOLD_MS = 60_000
 SWEEP_BATCH = 500
 
@@ -38,7 +38,7 @@ class Sweeper:
 
     def __init__(self, store: RegionStore, *, interval_ms: int = DEFAULT_SWEEP_INTERVAL_MS,
                  max_expire_fraction: float = DEFAULT_MAX_EXPIRE_FRACTION,
-                 protect_min_agents: int = DEFAULT_PROTECT_MIN_AGENTS,
+                 protect_min_agents: int = DEFAULT_PRESERVE_MIN_AGENTS,
                  protection_max_hold_ms: int = DEFAULT_PROTECTION_MAX_HOLD_MS) -> None:
         if interval_ms <= 0 or not 0 < max_expire_fraction <= 1:
             raise ValueError("interval_ms must be positive and max_expire_fraction in (0, 1]")

@@ -3,12 +3,13 @@ follower it and the federation replica share, the fan-out of changes to watchers
 settings (``ViewSettings``).
 """
 
-from .cache import AgentIndex, CacheState, RegionCache
+from .cache import DEFAULT_PRESERVE_MIN_AGENTS, AgentIndex, CacheState, RegionCache
 from .follower import ChangeListener, FollowerState, StreamFollower
 from .settings import ViewSettings
 from .watch import WatchHub
 
 __all__ = [
+    "DEFAULT_PRESERVE_MIN_AGENTS",
     "AgentIndex",
     "CacheState",
     "ChangeListener",
