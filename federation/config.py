@@ -7,6 +7,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from node.core.models import REGION_PATTERN
 from node.store import DEFAULT_KEY_PREFIX
 
+from .security import KafkaSecurity
+
 DEFAULT_TOPIC_PREFIX = "agent-reach"
 DEFAULT_BEACON_INTERVAL_MS = 1_000
 DEFAULT_STALE_AFTER_MS = 5_000
@@ -51,6 +53,8 @@ class FederationConfig(BaseModel):
     topic_prefix: str = Field(default=DEFAULT_TOPIC_PREFIX, pattern=TOPIC_PREFIX_PATTERN)
     key_prefix: str = DEFAULT_KEY_PREFIX
     enable_idempotence: bool = Field(default=False, description="Real Kafka supports it; the embedded broker not.")
+    security: KafkaSecurity = Field(default_factory=KafkaSecurity,
+                                    description="TLS and SASL of every Kafka client (federation.security).")
     beacon_interval_ms: int = Field(default=DEFAULT_BEACON_INTERVAL_MS, ge=50)
     stale_after_ms: int = Field(default=DEFAULT_STALE_AFTER_MS, ge=100)
     fetch_max_wait_ms: int = Field(default=DEFAULT_FETCH_MAX_WAIT_MS, ge=1, le=10_000)
@@ -107,6 +111,10 @@ class FederationConfig(BaseModel):
     def summary_topic(self, region: str) -> str:
         """The summary topic of ``region``: ``{topic_prefix}.summaries.{region}``."""
         return summary_topic_name(self.topic_prefix, region)
+
+    def revocation_topic(self, region: str) -> str:
+        """The revocation topic of ``region``: ``{topic_prefix}.revocations.{region}``."""
+        return f"{self.topic_prefix}.revocations.{region}"
 
     @property
     def replicated_peers(self) -> list[PeerConfig]:

@@ -11,6 +11,9 @@ third-party consumers):
 * ``{prefix}.beacons.{region}``: the region's beacons, key = the region (a compacted topic keeps
   the latest), value = a :class:`FederationMessage` carrying a ``beacon``. A beacon for watermark
   ``W`` is sent only once every change up to ``W`` was acknowledged on the change topic.
+* ``{prefix}.revocations.{region}``: the bearer tokens the region revoked
+  (:class:`RegionRevocations`), key = the region, value = a :class:`FederationMessage` carrying
+  ``revocations``; every region refuses them until they expire (``federation.revocations``).
 * ``{prefix}.summaries.{region}``: the region's per-capability summaries
   (:class:`node.core.models.RegionSummary`), key = ``{region}/{part}``, value = a
   :class:`FederationMessage` carrying a ``summary``; one generation may be split into parts, each
@@ -31,7 +34,7 @@ import orjson
 from pydantic import Field, ValidationError, model_validator
 
 from node.core import first_problem
-from node.core.models import ChangeEvent, Region, RegionSummary, Strict, compat
+from node.core.models import MAX_TOKEN_EXPIRY_S, TOKEN_ID_PATTERN, ChangeEvent, Region, RegionSummary, Strict, compat
 
 from .errors import InvalidMessage, NewerSchema
 
@@ -40,6 +43,8 @@ CONTENT_TYPE_HEADER = "content-type"
 CHANGE_CONTENT_TYPE = f"application/vnd.agent-reach.change+json; version={SCHEMA_VERSION}"
 BEACON_CONTENT_TYPE = f"application/vnd.agent-reach.beacon+json; version={SCHEMA_VERSION}"
 SUMMARY_CONTENT_TYPE = f"application/vnd.agent-reach.summary+json; version={SCHEMA_VERSION}"
+REVOCATIONS_CONTENT_TYPE = f"application/vnd.agent-reach.revocations+json; version={SCHEMA_VERSION}"
+MAX_REVOCATIONS_PER_MESSAGE = 5_000  # ~80 bytes each: a message stays far under Kafka's 1 MB
 
 
 class RegionBeacon(Strict):
@@ -59,17 +64,37 @@ class RegionBeacon(Strict):
     sent_at_ms: int = Field(ge=0)
 
 
-class FederationMessage(Strict):
-    """One record's value: exactly one of ``change``, ``beacon`` or ``summary``, and the schema version.
+class RevokedToken(Strict):
+    """A bearer token every region refuses until ``until_ms`` (its own expiry)."""
 
-    ``summary`` is a kind added within schema version 2: it travels only on the summary topic,
-    which readers of the change and beacon topics never fetch, so their layout is unchanged.
+    jti: str = Field(pattern=TOKEN_ID_PATTERN)
+    until_ms: int = Field(ge=0, le=MAX_TOKEN_EXPIRY_S * 1000, description="ms since the epoch")
+
+
+class RegionRevocations(Strict):
+    """Tokens ``region`` revoked; ``full`` when these are every one it holds (sent whenever its relay
+    starts, so a peer that missed some — a new region, a broker that forgot — catches up)."""
+
+    region: Region
+    tokens: list[RevokedToken] = Field(max_length=MAX_REVOCATIONS_PER_MESSAGE)
+    full: bool = False
+    sent_at_ms: int = Field(ge=0)
+
+
+class FederationMessage(Strict):
+    """One record's value: exactly one of ``change``, ``beacon``, ``summary`` or ``revocations``, and
+    the schema version.
+
+    ``summary`` and ``revocations`` are kinds added within schema version 2: each travels only on
+    its own topic, which readers of the change and beacon topics never fetch, so their layout is
+    unchanged.
     """
 
     schema_version: int = Field(default=1, ge=1, description="The value's layout (SCHEMA_VERSION when written).")
     change: ChangeEvent | None = None
     beacon: RegionBeacon | None = None
     summary: RegionSummary | None = None
+    revocations: RegionRevocations | None = None
 
     @classmethod
     def of_change(cls, event: ChangeEvent) -> FederationMessage:
@@ -83,22 +108,26 @@ class FederationMessage(Strict):
     def of_summary(cls, summary: RegionSummary) -> FederationMessage:
         return cls(schema_version=SCHEMA_VERSION, summary=summary)
 
+    @classmethod
+    def of_revocations(cls, revocations: RegionRevocations) -> FederationMessage:
+        return cls(schema_version=SCHEMA_VERSION, revocations=revocations)
+
     @model_validator(mode="after")
     def _exactly_one(self) -> FederationMessage:
-        if sum(kind is not None for kind in (self.change, self.beacon, self.summary)) != 1:
-            raise ValueError("a federation message carries exactly one of 'change', 'beacon' or 'summary'")
+        if sum(kind is not None for kind in (self.change, self.beacon, self.summary, self.revocations)) != 1:
+            raise ValueError("a federation message carries exactly one of 'change', 'beacon', 'summary' or "
+                             "'revocations'")
         if self.change is not None and self.change.record is not None:
             _check_record(self.change)
         return self
 
     @property
     def region(self) -> str:
-        if self.change is not None:
-            return self.change.region
-        return self.beacon.region if self.beacon is not None else self.summary.region  # type: ignore[union-attr]
+        kind = self.change or self.beacon or self.summary or self.revocations
+        return kind.region  # type: ignore[union-attr]
 
     def key(self) -> bytes:
-        """The record key: the agent_id of a change, the region of a beacon, ``{region}/{part}`` of a summary."""
+        """The record key: the agent_id of a change, ``{region}/{part}`` of a summary, else the region."""
         if self.change is not None:
             return self.change.agent_id.encode()
         if self.summary is not None:
@@ -108,6 +137,8 @@ class FederationMessage(Strict):
     def headers(self) -> list[tuple[str, bytes]]:
         if self.change is not None:
             content_type = CHANGE_CONTENT_TYPE
+        elif self.revocations is not None:
+            content_type = REVOCATIONS_CONTENT_TYPE
         else:
             content_type = BEACON_CONTENT_TYPE if self.beacon is not None else SUMMARY_CONTENT_TYPE
         return [(CONTENT_TYPE_HEADER, content_type.encode())]

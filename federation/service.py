@@ -9,8 +9,11 @@ anti-entropy, and attaches them through the node's hooks only::
 * ``node.router.remote`` ← the catalog (routing and ``find`` see the peers, nearest first; the
   peers beyond ``replicate_depth`` by their summaries only);
 * ``node.router.forwarder`` ← the :class:`Forwarder` that asks summary-only peers' nodes;
-* ``node.leadership`` duties ← publisher, summary publisher and consumer (one of each per region,
-  on the leader); every replica reads the peers' summaries (:class:`SummaryReader`);
+* ``node.leadership`` duties ← publisher, summary publisher, consumer and the revocation relay
+  (one of each per region, on the leader); every replica reads the peers' summaries
+  (:class:`SummaryReader`);
+* ``node.revocations`` ← the relay reads its log and applies the peers' revocations
+  (:class:`RevocationRelay`: a token revoked in any region is refused in all);
 * ``node.watch`` ← every applied remote change (``/v1/watch`` streams them);
 * ``node.keys.peers`` ← the peers' public signing keys (:class:`PeerKeys`), so route credentials
   issued in a peer region verify against this node's ``/.well-known/jwks.json``;
@@ -25,6 +28,7 @@ The duties wait for the catalog to load, so a node that never serves HTTP never 
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -35,18 +39,20 @@ from node.core.models import TokenRole
 from node.http import CALLER
 from node.routing import described_for
 from node.store import RegionStore
-from node.trust import Signer
+from node.trust import SelfToken, Signer
 
 from .antientropy import AntiEntropy
 from .config import FederationConfig
 from .consumer import Consumer
 from .digest import read_region_state
 from .forward import Forwarder
+from .kafka import check_access
 from .keys import PeerKeys
 from .metrics import FederationCollector
 from .publisher import Publisher
 from .replica import PeerCatalog
 from .replica_store import ReplicaStore
+from .revocations import RevocationRelay
 from .summary import SummaryPublisher, SummaryReader
 
 if TYPE_CHECKING:
@@ -55,13 +61,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATUS_PATH = "/v1/federation/status"
-_TOKEN_TTL_S = 300
 
 
 class Federation:
     """Replication of one region with its peers over Kafka; see the module docstring."""
 
-    def __init__(self, config: FederationConfig, *, store: RegionStore, secret: bytes) -> None:
+    def __init__(self, config: FederationConfig, *, store: RegionStore, secret: bytes,
+                 peer_ssl_context: ssl.SSLContext | bool = True) -> None:
+        """``peer_ssl_context``: what the peers' https nodes are checked against (forwarded lookups,
+        snapshots, key sets): the node's ``ClientTlsSettings.client_ssl_context()``."""
+        config.security.client_options()  # a missing CA file or password variable: KafkaSettingsInvalid now
         self.config = config
         self.store = store
         self.replica_store = ReplicaStore(store.redis, region=config.region, key_prefix=config.key_prefix,
@@ -70,16 +79,17 @@ class Federation:
                                    stale_after_ms=config.stale_after_ms, feed_block_ms=config.feed_block_ms,
                                    replicated=[peer.region for peer in config.replicated_peers])
         signer = Signer(secret)
-        self.forwarder = Forwarder(config, signer=signer)
+        self.forwarder = Forwarder(config, signer=signer, ssl_context=peer_ssl_context)
         self.summaries = SummaryReader(config, catalog=self.catalog)
         self.summary_publisher: SummaryPublisher | None = None
-        subject = f"federation:{config.region}"
+        self.revocation_relay: RevocationRelay | None = None
+        self.peer_token = SelfToken(signer, f"federation:{config.region}", TokenRole.PEER)
         self.anti_entropy = AntiEntropy(config, catalog=self.catalog, replica_store=self.replica_store,
-                                        token=lambda: signer.issue(subject, TokenRole.PEER, ttl_s=_TOKEN_TTL_S))
+                                        token=self.peer_token.current, ssl_context=peer_ssl_context)
         self.publisher = Publisher(config, store=store, replica_store=self.replica_store)
         self.consumer = Consumer(config, catalog=self.catalog, replica_store=self.replica_store,
                                  anti_entropy=self.anti_entropy)
-        self.peer_keys = PeerKeys(config)
+        self.peer_keys = PeerKeys(config, ssl_context=peer_ssl_context)
 
     def attach(self, node: RegistryNode) -> None:
         """Wire into ``node`` (not yet started); see the module docstring."""
@@ -94,10 +104,17 @@ class Federation:
         node.leadership.add_duty("federation-publisher", self.publisher.run)
         node.leadership.add_duty("federation-summaries", self.summary_publisher.run)
         node.leadership.add_duty("federation-consumer", self.consumer.run)
+        self.revocation_relay = RevocationRelay(self.config, revocations=node.revocations,
+                                                quarantine=self.store.quarantine)
+        node.revocations.peers = tuple(peer.region for peer in self.config.peers)
+        node.leadership.add_duty("federation-revocations", self.revocation_relay.run)
         node.metrics.registry.register(FederationCollector(self, region_version=lambda: node.cache.index.version))
         node.extensions.append(self._install)
 
     async def start(self) -> None:
+        """Raises :class:`~federation.errors.KafkaAccessDenied` when the broker refuses this client's TLS,
+        credentials or rights (see :func:`federation.kafka.check_access`); an unreachable broker is retried."""
+        await check_access(self.config)
         await self.catalog.start()
         await self.peer_keys.start()
         await self.forwarder.start()
@@ -128,6 +145,7 @@ class Federation:
             "watermark": state.version,
             "live_count": count,
             "digest": digest,
+            "kafka": {"bootstrap_servers": self.config.bootstrap_servers, **self.config.security.describe()},
             "publisher": {"state": self.publisher.state.value, "position": publisher.position,
                           "published": publisher.published, "beacons": publisher.beacons,
                           "failures": publisher.failures, "topic_recreated": publisher.topic_recreated,
@@ -145,6 +163,8 @@ class Federation:
                              "last_error": anti_entropy.last_error,
                              "last_duration_ms": anti_entropy.last_duration_ms},
             "summaries": self._summary_status(),
+            "revocations": self.revocation_relay.describe() if self.revocation_relay is not None else None,
+            "peer_token": _described(self.peer_token),
             "peers": self.catalog.describe(),
             "peer_keys": {"known": sorted(key.kid for key in self.peer_keys.keys()),
                           "fetches": self.peer_keys.fetches, "failures": self.peer_keys.failures},
@@ -180,3 +200,10 @@ class Federation:
 
         app.cleanup_ctx.append(lifecycle)
         app.router.add_get(STATUS_PATH, status)
+
+
+def _described(token: SelfToken) -> dict[str, object] | None:
+    """The token this node shows its peers now: its id and end, what revoking it takes."""
+    claims = token.claims
+    return None if claims is None else {"sub": claims.sub, "jti": claims.jti, "exp": claims.exp,
+                                        "minted": token.minted}

@@ -263,13 +263,15 @@ async def breakers(request: web.Request) -> web.Response:
 
 
 async def revoke_token(request: web.Request) -> web.Response:
-    """Refuse a token on every node of this region until it expires (admin; ``node.trust.revocation``)."""
+    """Refuse a token on every node of this region until it expires (admin; ``node.trust.revocation``);
+    ``peers`` are the regions the federation sends it to (``federation.revocations``)."""
     body = await parse_body(request, RevocationRequest)
     node = _node(request)
     done = await node.revoke_token(body, _caller(request))
     return json_response({"region": node.region, "jti": done.jti, "revoked_until_ms": done.until_ms,
                           "new": done.new, "expired": done.expired,
-                          "poll_interval_ms": node.config.revocation_poll_interval_ms})
+                          "poll_interval_ms": node.config.revocation_poll_interval_ms,
+                          "peers": list(node.revocations.peers)})
 
 
 async def snapshot(request: web.Request) -> web.Response:
@@ -379,14 +381,18 @@ async def serve(node: RegistryNode, *, host: str | None = None, port: int | None
     """Start the HTTP server of a started node; returns the runner (``await runner.cleanup()``).
 
     The server enforces the node's connection limits (``NodeConfig`` is a ``ServerLimits``:
-    ``header_read_timeout_ms``, ``keepalive_timeout_ms``, ``max_connections``; see :mod:`node.http.server`).
+    ``header_read_timeout_ms``, ``keepalive_timeout_ms``, ``max_connections``; see :mod:`node.http.server`)
+    and serves https with the node's ``tls_cert_file`` (``ServerTlsSettings``: mutual TLS with
+    ``tls_client_ca_file``); raises :class:`~node.core.TlsConfigError` for a file it cannot use.
     """
     config = node.config
+    ssl_context = config.server_ssl_context()  # before the app starts: a bad file is one error, nothing to undo
     runner = NodeRunner(build_app(node), limits=config, metrics_registry=node.metrics.registry,
                         access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host or config.host, config.port if port is None else port, reuse_address=True,
-                       reuse_port=reuse_port or None)  # several processes on one port: node --workers
+                       reuse_port=reuse_port or None,  # several processes on one port: node --workers
+                       ssl_context=ssl_context)
     await site.start()
     return runner
 

@@ -5,12 +5,13 @@ policy and the redaction of secrets in logs; the node's settings of them (``Trus
 from .credentials import JWKS_PATH, RegionKeys, SigningKeyError
 from .egress import DEFAULT_EGRESS_POLICY, EgressDenied, EgressPolicy, egress_denial, egress_session
 from .redact import CredentialFilter, mask_credentials, mask_url
-from .revocation import Revocation, RevocationList
+from .revocation import LoggedRevocation, Revocation, RevocationList
 from .settings import TrustSettings
 from .tokens import (
     DEFAULT_TOKEN_TTL_S,
     SECRET_ENV,
     SecretError,
+    SelfToken,
     Signer,
     authorize_agent,
     load_secret,
@@ -26,11 +27,13 @@ __all__ = [
     "EgressDenied",
     "EgressPolicy",
     "JWKS_PATH",
+    "LoggedRevocation",
     "RegionKeys",
     "Revocation",
     "RevocationList",
     "SECRET_ENV",
     "SecretError",
+    "SelfToken",
     "Signer",
     "SigningKeyError",
     "TrustSettings",

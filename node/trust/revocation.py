@@ -5,20 +5,25 @@ Revoking one (``POST /v1/admin/tokens/revoke``, ``agent-reach token revoke``) pu
 region's deny list until the token would have expired anyway::
 
     {prefix}:{region}:revoked          ZSET    jti -> the token's expiry (ms since the epoch)
-    {prefix}:{region}:revoked:version  STRING  bumped by every revocation
+    {prefix}:{region}:revoked:version  STRING  bumped by every revocation that changed the list
+    {prefix}:{region}:revoked:log      STREAM  one entry per such change, id "<version>-0":
+                                               jti, until (ms), origin (the region it came from)
 
 A revocation is one script (:data:`REVOKE`): it drops the entries past their expiry, adds the
-id (an entry only ever moves later), bumps the version and sets the set's own expiry to its
-latest entry's, so the key goes away with its last entry and two revocations racing cannot
-shorten it. Each node keeps the list in memory — the check on every request is a dictionary
+id (an entry only ever moves later: one already there until as late changes nothing), bumps
+the version, logs the change and sets the set's and the log's expiry to the latest entry's, so
+the keys go away with their last entry and two revocations racing cannot shorten one. Each node keeps the list in memory — the check on every request is a dictionary
 lookup, no Redis round trip — and reads the version every ``poll_interval_ms``, the whole list
 only when the version moved: a token revoked through one node is refused by every node of the
 region within about one interval (:data:`DEFAULT_REVOCATION_POLL_INTERVAL_MS`). The node that
 revoked it refuses it at once.
 
-A region's list does not reach other regions, while tokens are valid in every region of the
-cluster: revoke in each region (``agent-reach token revoke --all-regions`` does, from the
-topology file). While Redis cannot be reached the last list read stays in force.
+Tokens are valid in every region, so a revocation must reach them all: the log is what the
+federation's relay (``federation.revocations``) reads to send this region's own revocations
+(``origin`` = this region) to its peers over Kafka, and what a peer's revocation is applied
+through (:meth:`RevocationList.apply`, ``origin`` = the peer), so nothing is sent back and
+forth. :meth:`RevocationList.wait_changed` wakes the relay on a change this node made or read.
+While Redis cannot be reached the last list read stays in force.
 """
 
 from __future__ import annotations
@@ -34,26 +39,35 @@ from ..core import StoreUnavailable, cancel_and_wait, now_ms
 from ..core.models import MAX_TOKEN_EXPIRY_S
 from ..store import RedisErrors, RegionStore
 
-__all__ = ["DEFAULT_REVOCATION_POLL_INTERVAL_MS", "MAX_TOKEN_EXPIRY_S", "REVOKE", "Revocation", "RevocationList",
-           "RevocationState"]
+__all__ = ["DEFAULT_REVOCATION_POLL_INTERVAL_MS", "MAX_TOKEN_EXPIRY_S", "REVOKE", "LoggedRevocation", "Revocation",
+           "RevocationList", "RevocationState"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_REVOCATION_POLL_INTERVAL_MS = 250
+DEFAULT_LOG_MAXLEN = 10_000  # the log only has to cover what the relay has not sent yet
 
-# KEYS: the deny list, its version. ARGV: jti, until (ms), now (ms).
-# Answers {1 if the id was not on the list, the list's version}; {0, version} for a token
-# that has expired already (nothing to refuse: it is refused as expired).
+# KEYS: the deny list, its version, its log. ARGV: jti, until (ms), now (ms), origin, log maxlen.
+# Answers {1 if the id was not on the list, the list's version, 1 if the list changed};
+# {0, version, 0} for a token that has expired already (nothing to refuse: it is refused as
+# expired) or that the list holds until as late already.
 REVOKE = """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
-if tonumber(ARGV[2]) <= tonumber(ARGV[3]) then
-  return {0, tonumber(redis.call('GET', KEYS[2]) or '0')}
+local ends = tonumber(ARGV[2])
+local before = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if ends <= tonumber(ARGV[3]) or (before and tonumber(before) >= ends) then
+  return {0, tonumber(redis.call('GET', KEYS[2]) or '0'), 0}
 end
-local added = redis.call('ZADD', KEYS[1], 'GT', ARGV[2], ARGV[1])
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 local version = redis.call('INCR', KEYS[2])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], version .. '-0', 'jti', ARGV[1], 'until', ARGV[2],
+           'origin', ARGV[4])
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 redis.call('PEXPIREAT', KEYS[1], last[2])
-return {added, version}
+redis.call('PEXPIREAT', KEYS[3], last[2])
+local added = 1
+if before then added = 0 end
+return {added, version, 1}
 """
 
 
@@ -66,13 +80,26 @@ class RevocationState(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class Revocation:
     """What one revocation did: ``new`` false when the id was on the list already (or the token
-    had expired: ``expired``); ``version`` is the list's version after it."""
+    had expired: ``expired``); ``changed`` when the list moved (a new id, or a later end);
+    ``version`` is the list's version after it (0 when Redis was not asked)."""
 
     jti: str
     until_ms: int
     new: bool
     expired: bool
     version: int
+    changed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedRevocation:
+    """One entry of the region's revocation log: ``jti`` refused until ``until_ms``, learnt from
+    ``origin`` (this region when an admin revoked it here)."""
+
+    position: str  # the log entry's id, "<version>-0"
+    jti: str
+    until_ms: int
+    origin: str
 
 
 class RevocationList:
@@ -86,6 +113,8 @@ class RevocationList:
         self.region = region
         self.key = f"{key_base}:revoked"
         self.key_version = f"{key_base}:revoked:version"
+        self.key_log = f"{key_base}:revoked:log"
+        self.peers: tuple[str, ...] = ()  # the regions a revocation here reaches (set by the federation)
         self.poll_interval_ms = poll_interval_ms
         self.state = RevocationState.NEW
         self.loads = 0
@@ -94,6 +123,7 @@ class RevocationList:
         self._task: asyncio.Task[None] | None = None
         self._unreachable = False
         self._made = 0  # revocations through this list, so a read that raced one does not undo it
+        self._changed = asyncio.Event()
         self._revoke = redis.register_script(REVOKE)
 
     @classmethod
@@ -133,7 +163,8 @@ class RevocationList:
         return until is not None and until > (now_ms() if at_ms is None else at_ms)
 
     async def revoke(self, jti: str, *, expires_at_s: int) -> Revocation:
-        """Put ``jti`` on the region's list until ``expires_at_s`` (the token's ``exp``).
+        """Put ``jti`` on the region's list until ``expires_at_s`` (the token's ``exp``), as this
+        region's own revocation (the federation sends it to the peers).
 
         Raises:
             StoreUnavailable: Redis cannot be reached (nothing was revoked).
@@ -141,14 +172,64 @@ class RevocationList:
         """
         if expires_at_s > MAX_TOKEN_EXPIRY_S:
             raise ValueError(f"exp must be at most {MAX_TOKEN_EXPIRY_S} (seconds since the epoch)")
-        until, now = expires_at_s * 1000, now_ms()
+        return await self.apply(jti, until_ms=expires_at_s * 1000, origin=self.region)
+
+    async def apply(self, jti: str, *, until_ms: int, origin: str) -> Revocation:
+        """Put ``jti`` on the list until ``until_ms``, learnt from region ``origin`` (a peer's
+        revocation arriving over the federation); raises :class:`StoreUnavailable`."""
+        now = now_ms()
+        if until_ms <= now:
+            return Revocation(jti=jti, until_ms=until_ms, new=False, expired=True, version=0)
+        if self._revoked.get(jti, 0) >= until_ms and origin != self.region:
+            # Known until as late: a peer's repeat (its relay announces its whole list on every
+            # start) costs no round trip.
+            return Revocation(jti=jti, until_ms=until_ms, new=False, expired=False, version=0)
         async with RedisErrors(self.region):
-            added, version = await self._revoke(keys=[self.key, self.key_version], args=[jti, until, now])
-        expired = until <= now
-        if not expired:
-            self._made += 1
-            self._revoked[jti] = max(until, self._revoked.get(jti, 0))
-        return Revocation(jti=jti, until_ms=until, new=bool(added), expired=expired, version=int(version))
+            added, version, changed = await self._revoke(
+                keys=[self.key, self.key_version, self.key_log],
+                args=[jti, until_ms, now, origin, DEFAULT_LOG_MAXLEN])
+        self._made += 1
+        self._revoked[jti] = max(until_ms, self._revoked.get(jti, 0))
+        if changed:
+            self._changed.set()
+        return Revocation(jti=jti, until_ms=until_ms, new=bool(added), expired=False, version=int(version),
+                          changed=bool(changed))
+
+    async def wait_changed(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a change this node made or read; True when one came (and
+        the next call waits for the next one)."""
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        self._changed.clear()
+        return True
+
+    async def log_position(self) -> str:
+        """The id of the log's last entry ("0-0" for an empty log); raises :class:`StoreUnavailable`."""
+        async with RedisErrors(self.region):
+            last = await self.redis.xrevrange(self.key_log, count=1)
+        return str(last[0][0]) if last else "0-0"
+
+    async def read_log(self, *, after: str, count: int = 1_000) -> list[LoggedRevocation]:
+        """Log entries after the entry ``after``, oldest first; raises :class:`StoreUnavailable`.
+        An entry whose fields do not parse is skipped (nothing else writes the log)."""
+        async with RedisErrors(self.region):
+            entries = await self.redis.xrange(self.key_log, min=f"({after}", count=count)
+        logged = []
+        for position, fields in entries:
+            try:
+                logged.append(LoggedRevocation(position=str(position), jti=str(fields["jti"]),
+                                               until_ms=int(fields["until"]), origin=str(fields["origin"])))
+            except (KeyError, ValueError):
+                log.warning("region %s: revocation log entry %s does not parse; skipped", self.region, position)
+        return logged
+
+    async def entries(self) -> dict[str, int]:
+        """Every id on the list now, with its end (ms), read from Redis; raises :class:`StoreUnavailable`."""
+        async with RedisErrors(self.region):
+            found = await self.redis.zrangebyscore(self.key, f"({now_ms()}", "+inf", withscores=True)
+        return {str(jti): int(until) for jti, until in found}
 
     async def refresh(self) -> None:
         """Read the list again if its version moved; raises :class:`StoreUnavailable`."""
@@ -164,6 +245,8 @@ class RevocationList:
         if made != self._made:
             return
         self._revoked = {str(jti): int(until) for jti, until in entries}
+        if self.loads and version != self._version:
+            self._changed.set()
         self._version = version
         self.loads += 1
 

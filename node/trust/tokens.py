@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
 import os
 import re
 import secrets
@@ -28,10 +29,13 @@ from pydantic import ValidationError
 from ..core import Forbidden, Unauthorized
 from ..core.models import Forwarding, TokenClaims, TokenRole, caller_may_call
 
+log = logging.getLogger(__name__)
+
 SECRET_ENV = "AGENT_REACH_SECRET"
 SECRET_FILE_ENV = "AGENT_REACH_SECRET_FILE"
 DEFAULT_SECRET_FILE = Path.home() / ".agent-reach" / "secret"
 DEFAULT_TOKEN_TTL_S = 30 * 24 * 3600
+DEFAULT_SELF_TOKEN_TTL_S = 600  # a token a node mints for its own calls to peers: minutes, renewed
 MIN_SECRET_BYTES = 16
 _TOKEN_PREFIX = "ar1"
 _VERIFIED_CACHE_SIZE = 10_000
@@ -228,6 +232,49 @@ class Signer:
         if not isinstance(claims, dict):
             raise Forbidden("the ticket signature is malformed", code="invalid_ticket", field="signature")
         return claims
+
+
+class SelfToken:
+    """A token a node mints for its own calls to peers, renewed when half its life is gone.
+
+    It lives minutes (``ttl_s``), so one that leaked soon ends by itself, and every one minted is
+    logged with its id and expiry, the two things ``agent-reach token revoke --jti … --exp …``
+    needs; :meth:`renew` mints the next one at once (after a peer refused the current one as
+    revoked, say).
+    """
+
+    def __init__(self, signer: Signer, subject: str, role: TokenRole, *,
+                 ttl_s: int = DEFAULT_SELF_TOKEN_TTL_S) -> None:
+        if ttl_s < 2:
+            raise ValueError("ttl_s must be at least 2 seconds")
+        self.signer = signer
+        self.subject = subject
+        self.role = role
+        self.ttl_s = ttl_s
+        self.minted = 0
+        self._token: str | None = None
+        self._claims: TokenClaims | None = None
+
+    def current(self) -> str:
+        """The token to send now: the last one, or a new one once half of its life is gone."""
+        claims = self._claims
+        if self._token is None or claims is None or time.time() >= claims.exp - self.ttl_s / 2:
+            return self.renew()
+        return self._token
+
+    def renew(self) -> str:
+        token = self.signer.issue(self.subject, self.role, ttl_s=self.ttl_s)
+        self._token, self._claims = token, self.signer.verify(token)
+        self.minted += 1
+        log.info("minted the %s token %s for %s, valid until %d (revoke: agent-reach token revoke --jti %s "
+                 "--exp %d)", self.role.value, self._claims.jti, self.subject, self._claims.exp, self._claims.jti,
+                 self._claims.exp)
+        return token
+
+    @property
+    def claims(self) -> TokenClaims | None:
+        """The current token's claims (None before the first)."""
+        return self._claims
 
 
 def authorize_agent(claims: TokenClaims, agent_id: str) -> None:

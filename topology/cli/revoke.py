@@ -4,10 +4,10 @@ The token is named by itself (``TOKEN``, or ``-`` to read it from stdin: the com
 ``jti`` and ``exp`` without checking the signature — the node checks who revokes, not what it is
 told to refuse) or by ``--jti`` and ``--exp`` (from a log line or ``token issue``'s output). The
 node's ``POST /v1/admin/tokens/revoke`` (an admin token) puts it on its region's deny list in
-Redis; every node of that region refuses it within its ``revocation_poll_interval_ms``. Tokens
-are valid in every region, so ``--all-regions`` revokes it in each region of the topology file,
-trying each region's node URLs in turn. Exit codes in :mod:`.operator`; with several regions,
-the worst of theirs (3 if one could not be reached).
+Redis; every node of that region refuses it within its ``revocation_poll_interval_ms``, and the
+federation sends it to every peer region over Kafka (``federation.revocations``), so one call
+reaches the whole cluster. ``--all-regions`` and ``--topology``, which once revoked region by
+region, are accepted and change nothing. Exit codes in :mod:`.operator`.
 
 ``token``'s parser imports this module: what only a revocation needs (node's token code, the
 topology file's models, the HTTP client) is imported where it is used.
@@ -19,22 +19,9 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .operator import (
-    EXIT_NODE_ERROR,
-    EXIT_OK,
-    EXIT_UNREACHABLE,
-    OperatorError,
-    Unreachable,
-    UsageError,
-    add_operator_options,
-    exit_codes_epilog,
-    print_json,
-    print_table,
-    run_operator,
-)
+from .operator import EXIT_OK, UsageError, add_operator_options, exit_codes_epilog, print_json, run_operator
 
 if TYPE_CHECKING:
-    from ..spec import Topology
     from .nodeclient import NodeClient
 
 __all__ = ["add_parser"]
@@ -43,15 +30,15 @@ REVOKE_PATH = "/v1/admin/tokens/revoke"
 
 
 def add_parser(actions: argparse._SubParsersAction) -> None:
-    parser = actions.add_parser("revoke", help="refuse a token before it expires (in one region, or all)",
+    parser = actions.add_parser("revoke", help="refuse a token before it expires, in every region",
                                 epilog=exit_codes_epilog())
     parser.add_argument("revoked", nargs="?", metavar="TOKEN", help="the token to revoke ('-': read it from stdin)")
     parser.add_argument("--jti", help="the token's id (its jti claim), instead of TOKEN")
     parser.add_argument("--exp", type=int, help="with --jti: the token's expiry (its exp claim, seconds)")
-    parser.add_argument("--all-regions", action="store_true",
-                        help="revoke in every region of the topology file (default: the one --node is in)")
-    parser.add_argument("--topology", metavar="FILE", help="with --all-regions: the topology file (default: the "
-                                                           "packaged local.toml)")
+    # Kept so scripts written for region-by-region revocation still run: one node's answer now
+    # reaches every region (the federation relays it).
+    parser.add_argument("--all-regions", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--topology", metavar="FILE", help=argparse.SUPPRESS)
     add_operator_options(parser)
     parser.set_defaults(func=_run)
 
@@ -81,55 +68,21 @@ def _named(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _revoke(client: NodeClient, args: argparse.Namespace) -> int:
-    body = _named(args)
-    if not args.all_regions:
-        answer = await client.call("POST", REVOKE_PATH, body=body)
-        if args.json:
-            print_json(answer)
-        else:
-            print(_said(answer))
-        return EXIT_OK
-    from ..spec import TopologyError, load_topology
-
-    try:
-        topology = load_topology(args.topology)
-    except TopologyError as exc:
-        raise UsageError(str(exc)) from None
-    results = [await _revoke_in(client, topology, region.name, body) for region in topology.regions]
+    answer = await client.call("POST", REVOKE_PATH, body=_named(args))
     if args.json:
-        print_json({"jti": body["jti"], "regions": [result for result, _ in results]})
+        print_json(answer)
     else:
-        print_table(["REGION", "NODE", "RESULT"], [[r["region"], r["node"], r["result"]] for r, _ in results])
-    return max(code for _, code in results)
-
-
-async def _revoke_in(client: NodeClient, topology: Topology, region: str, body: dict[str, Any],
-                     ) -> tuple[dict[str, Any], int]:
-    """Revoke through the first node URL of ``region`` that answers."""
-    from .nodeclient import NodeClient
-
-    failure: OperatorError | None = None
-    for url in topology.region(region).node_urls:
-        node = NodeClient(url, client.token, timeout_s=client.timeout_s)
-        try:
-            async with node:
-                answer = await node.call("POST", REVOKE_PATH, body=body)
-        except Unreachable as exc:
-            failure = exc
-            continue
-        except OperatorError as exc:
-            return {"region": region, "node": url, "ok": False, "result": str(exc)}, EXIT_NODE_ERROR
-        if answer.get("region") != region:
-            return ({"region": region, "node": url, "ok": False,
-                     "result": f"that node serves region {answer.get('region')}, not {region}"}, EXIT_NODE_ERROR)
-        return {"region": region, "node": url, "ok": True, "result": _said(answer), "answer": answer}, EXIT_OK
-    message = str(failure) if failure is not None else "no node URL"
-    return {"region": region, "node": "-", "ok": False, "result": message}, EXIT_UNREACHABLE
+        print(_said(answer))
+    return EXIT_OK
 
 
 def _said(answer: dict[str, Any]) -> str:
     if answer["expired"]:
         return f"token {answer['jti']} has expired already: region {answer['region']} refuses it anyway"
     again = "" if answer["new"] else " (it was revoked already)"
-    return (f"token {answer['jti']} revoked in region {answer['region']}{again}: every node there refuses it "
+    said = (f"token {answer['jti']} revoked in region {answer['region']}{again}: every node there refuses it "
             f"within {answer['poll_interval_ms']} ms, until it expires")
+    peers = answer.get("peers") or []
+    if peers:
+        said += f"; regions {', '.join(peers)} refuse it once the federation delivers it (about a second)"
+    return said

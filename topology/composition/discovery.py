@@ -29,7 +29,6 @@ from typing import Annotated
 
 import aiohttp
 import numpy as np
-import redis.asyncio
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,7 +37,8 @@ from node.core.models import AgentRecord, ChangeEvent, ChangeKind, Locality, Sco
 from node.http import CALLER, json_response, parse_body
 from node.routing import SemanticMatch, SemanticMatches
 from node.service import RegistryNode
-from node.trust import Signer, require_peer
+from node.store import redis_client
+from node.trust import SelfToken, Signer, require_peer
 from node.view import AgentIndex
 from semantic import (
     Document,
@@ -58,7 +58,6 @@ _BATCH = 256
 VECTORS_PATH = "/v1/semantic/vectors"
 PEER_VECTOR_TIMEOUT_S = 10.0
 PEER_SETTLE_WAIT_S = 5.0
-PEER_TOKEN_TTL_S = 10 * 365 * 24 * 3600
 
 
 def owner_id(region: str, agent_id: str) -> str:
@@ -85,13 +84,13 @@ class SemanticDiscovery:
 
     def __init__(self, node: RegistryNode, search: SemanticSearch, *,
                  on_close: Callable[[], Awaitable[None]] | None = None, vector_cache: VectorCache | None = None,
-                 peer_urls: Mapping[str, str] | None = None, peer_token: str | None = None) -> None:
+                 peer_urls: Mapping[str, str] | None = None, peer_token: SelfToken | None = None) -> None:
         self.node = node
         self.search_index = search
         self._on_close = on_close
         self._vector_cache = vector_cache
         self._peer_urls = dict(peer_urls or {})
-        self._peer_headers = {"Authorization": f"Bearer {peer_token}"} if peer_token else {}
+        self.peer_token = peer_token
         self.vectors_from_peers = 0
         self._peer_session: aiohttp.ClientSession | None = None
         self._pending: dict[str, AgentRecord | None] = {}
@@ -121,8 +120,9 @@ class SemanticDiscovery:
             for record in index:
                 self._queue(record.region, record.agent_id, record)
         if self._peer_urls:
-            self._peer_session = aiohttp.ClientSession(headers=self._peer_headers,
-                                                       timeout=aiohttp.ClientTimeout(total=PEER_VECTOR_TIMEOUT_S))
+            tls = aiohttp.TCPConnector(ssl=self.node.config.client_ssl_context())  # peers' https: the node's ca_file
+            self._peer_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PEER_VECTOR_TIMEOUT_S),
+                                                       connector=tls)
         self._worker = asyncio.create_task(self._run(), name=f"semantic-index-{self.node.region}")
 
     async def aclose(self) -> None:
@@ -209,7 +209,7 @@ class SemanticDiscovery:
             have = await self._vector_cache.get_many(keys)
             missing = [key for key in keys if key not in have]
             if missing:
-                found = await fetch_vectors(session, self._peer_urls[region], missing)
+                found = await fetch_vectors(session, self._peer_urls[region], missing, token=self.peer_token)
                 if found:
                     await self._vector_cache.set_many(found)
                     self.vectors_from_peers += len(found)
@@ -291,10 +291,16 @@ class SemanticDiscovery:
         return SemanticMatches(matches=matches, threshold=threshold, ranking=result.ranking.value)
 
 
-async def fetch_vectors(session: aiohttp.ClientSession, node_url: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
-    """Vectors a peer node holds for ``keys`` (``POST /v1/semantic/vectors``); failures are misses."""
+async def fetch_vectors(session: aiohttp.ClientSession, node_url: str, keys: Sequence[str], *,
+                        token: SelfToken | None = None) -> dict[str, np.ndarray]:
+    """Vectors a peer node holds for ``keys`` (``POST /v1/semantic/vectors``); failures are misses.
+    A peer that refuses ``token`` as revoked gets a new one next time."""
+    headers = {"Authorization": f"Bearer {token.current()}"} if token is not None else {}
     try:
-        async with session.post(f"{node_url.rstrip('/')}{VECTORS_PATH}", json={"keys": list(keys)}) as response:
+        async with session.post(f"{node_url.rstrip('/')}{VECTORS_PATH}", json={"keys": list(keys)},
+                                headers=headers) as response:
+            if response.status == 401 and token is not None:
+                token.renew()
             if response.status != 200:
                 return {}
             body = await response.json()
@@ -324,14 +330,15 @@ def attach_discovery(node: RegistryNode, *, semantic_enabled: bool = True, model
     vector_cache: VectorCache | None = None
     if embedder is None and semantic_enabled:
         # Vectors are raw bytes: a client of its own, without the store's string decoding.
-        vectors = redis.asyncio.Redis.from_url(node.config.redis_url)
+        vectors = redis_client(node.config.redis_url, key_base=node.store.key_base, settings=node.config,
+                               decode_responses=False)
         closers.append(vectors.aclose)
         region_cache = RedisVectorCache(vectors, prefix=f"{node.store.key_base}:vec")
         vector_cache = LayeredVectorCache(MemoryVectorCache(), region_cache)
         embedder = Embedder(model=model, cache=vector_cache)
     peer_token = None
     if peer_urls and secret is not None:
-        peer_token = Signer(secret).issue(f"{node.region}.semantic.peer", TokenRole.PEER, ttl_s=PEER_TOKEN_TTL_S)
+        peer_token = SelfToken(Signer(secret), f"{node.region}.semantic.peer", TokenRole.PEER)
 
     async def close() -> None:
         for closer in closers:

@@ -92,6 +92,8 @@ class TokenRevoked(Shape):
     new: bool = Field(description="False when the token was on the list already, or has expired")
     expired: bool = Field(description="The token had expired already: nothing to refuse")
     poll_interval_ms: int = Field(description="Every node of the region refuses it within about this long")
+    peers: list[str] = Field(description="The regions the federation sends the revocation to over Kafka, where "
+                                         "it takes effect within about a second (empty: no federation)")
 
 
 class Regions(Shape):

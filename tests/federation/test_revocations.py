@@ -1,0 +1,124 @@
+"""Revocation everywhere: a token revoked in one region is refused in every region, carried over
+Kafka by each region's revocation relay (``federation.revocations``) — three regions in this
+process on the real Redis, the embedded Kafka broker and real HTTP.
+
+Measured here: how long after the revoking call returns every other region refuses the token
+(p50/p99 over a bounded number of revocations, printed); nothing is sent back and forth; a
+region that was down when a token was revoked refuses it as soon as it is back; and the whole list
+is sent again when a relay starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import pytest
+
+from federation import FederationMessage
+from node.core.models import TokenRole
+
+from ..helpers import RunningNode, topic_records, wait_for
+from .test_summaries import Trio
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(150)]
+
+REVOCATIONS = 20  # bounded: each one waits at most DEADLINE_S
+DEADLINE_S = 10.0
+
+
+async def _refuses(running: RunningNode, token: str) -> bool:
+    status, body = await running.call("GET", "/v1/agents", token=token)
+    if status == 200:
+        return False
+    assert status == 401 and body["error"] == "token_revoked", (status, body)
+    return True
+
+
+async def _revoke(running: RunningNode, token: str) -> dict:
+    claims = running.node.signer.verify(token)
+    status, body = await running.call("POST", "/v1/admin/tokens/revoke", json={"jti": claims.jti, "exp": claims.exp})
+    assert status == 200, body
+    return body
+
+
+async def _refused_everywhere(nodes: list[RunningNode], token: str) -> float:
+    """Seconds until every node of ``nodes`` refuses ``token`` (polled; fails after DEADLINE_S)."""
+    started = time.monotonic()
+    pending = list(nodes)
+    while pending:
+        pending = [running for running in pending if not await _refuses(running, token)]
+        if pending and time.monotonic() - started > DEADLINE_S:
+            raise AssertionError(f"{[running.node.region for running in pending]} still accept the token after "
+                                 f"{DEADLINE_S} s")
+        if pending:
+            await asyncio.sleep(0.005)  # a poll step, not a synchronisation: the loop checks the condition
+    return time.monotonic() - started
+
+
+async def test_a_token_revoked_in_one_region_is_refused_in_every_region(redis_url: str, region: str) -> None:
+    from topology.embedded import EmbeddedKafka
+
+    async with EmbeddedKafka() as kafka:
+        trio = Trio(redis_url, region, kafka.bootstrap_servers)
+        a, b, c = trio.names
+        try:
+            nodes = {name: await trio.start(name) for name in trio.names}
+            signer = nodes[a].node.signer
+            relays = {name: trio.federations[name].revocation_relay for name in trio.names}
+            await wait_for(lambda: all(relay.state.value == "relaying" for relay in relays.values()), timeout_s=30,
+                           message="every region's relay running")
+
+            # One revocation through a: b and c refuse it; the answer names them.
+            token = signer.issue("reader.revoked.first", TokenRole.CALLER, ttl_s=600)
+            assert not any([await _refuses(running, token) for running in nodes.values()])
+            answer = await _revoke(nodes[a], token)
+            assert sorted(answer["peers"]) == sorted([b, c]), answer
+            assert await _refuses(nodes[a], token)  # the revoking node: at once
+            await _refused_everywhere([nodes[b], nodes[c]], token)
+
+            # Propagation time, over REVOCATIONS tokens revoked through each region in turn.
+            took = []
+            for n in range(REVOCATIONS):
+                origin = trio.names[n % 3]
+                doomed = signer.issue(f"reader.revoked.n{n}", TokenRole.CALLER, ttl_s=600)
+                await _revoke(nodes[origin], doomed)
+                took.append(await _refused_everywhere([nodes[name] for name in trio.names if name != origin], doomed))
+            took_ms = sorted(seconds * 1000 for seconds in took)
+            p99 = took_ms[min(len(took_ms) - 1, int(len(took_ms) * 0.99))]
+            print(f"\nrevocation reaches every other region: p50 {statistics.median(took_ms):.0f} ms, "
+                  f"p99 {p99:.0f} ms, max {took_ms[-1]:.0f} ms over {REVOCATIONS}")
+
+            # Nothing travels back: each relay sent exactly the revocations made in its region.
+            made = {name: 1 if name == a else 0 for name in trio.names}
+            for n in range(REVOCATIONS):
+                made[trio.names[n % 3]] += 1
+            await wait_for(lambda: all(relays[name].stats.sent == made[name] for name in trio.names), timeout_s=10,
+                           message="each relay sending its own revocations")
+            assert {name: relays[name].stats.sent for name in trio.names} == made
+            records = await topic_records(kafka.bootstrap_servers, trio.federations[b].config.revocation_topic(b))
+            sent_by_b = [FederationMessage.decode(record.value).revocations for record in records]
+            assert all(message is not None and message.region == b for message in sent_by_b)
+            assert sum(len(message.tokens) for message in sent_by_b if not message.full) == made[b]
+
+            # A region down while a token is revoked refuses it as soon as it is back.
+            await trio.stop(c)
+            late = signer.issue("reader.revoked.late", TokenRole.CALLER, ttl_s=600)
+            await _revoke(nodes[b], late)
+            nodes[c] = await trio.start(c)
+            await wait_for(lambda: trio.federations[c].revocation_relay.state.value == "relaying", timeout_s=30,
+                           message="c's relay running again")
+            await _refused_everywhere([nodes[a], nodes[c]], late)
+
+            # A relay that starts sends its whole list first (a peer that missed records catches up).
+            status = trio.federations[c].revocation_relay.describe()
+            assert status["announced"] >= made[c] and status["failures"] == 0, status
+            status, federation = await nodes[a].call("GET", "/v1/federation/status")
+            assert status == 200 and federation["revocations"]["sent"] == made[a], federation["revocations"]
+
+            # An unrevoked token is still good everywhere.
+            kept = signer.issue("reader.kept", TokenRole.CALLER, ttl_s=600)
+            assert not any([await _refuses(running, kept) for running in nodes.values()])
+        finally:
+            await trio.aclose()
