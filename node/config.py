@@ -17,14 +17,14 @@ node's service), so the configuration cannot import from it.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from .core import Settings
 from .core.models import REGION_PATTERN
 from .delivery import BreakerSettings, DeliverySettings
 from .duties import DutySettings
 from .routing import RoutingSettings
-from .store import StoreSettings
+from .store import StoreSettings, parse_redis_url
 from .trust import TrustSettings
 from .view import ViewSettings
 
@@ -38,13 +38,21 @@ class NodeIdentity(Settings):
 
     region: str = Field(pattern=REGION_PATTERN,
                         description="This node's region (its Redis keys, topic and tickets carry it).")
-    redis_url: str = Field(description="The region's Redis, e.g. redis://10.0.0.5:6379/0 (rediss:// for TLS, "
-                                       "unix:// for a socket).")
+    redis_url: str = Field(description="The region's Redis, e.g. redis://10.0.0.5:6379/0 (a server or any node of "
+                                       "a Redis Cluster; rediss:// for TLS, unix:// for a socket, "
+                                       "redis+sentinel://host:26379,host:26379/<master>/0 for a Sentinel-managed "
+                                       "primary).")
     host: str = Field(default="127.0.0.1", description="Listen address.")
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65_535, description="HTTP port (0 = any free port).")
     node_id: str | None = Field(default=None,
                                 description="This replica's id (leader lease, key ids); None = generated at start.")
     advertise_url: str | None = Field(default=None, description="How peers reach this node; derived if unset.")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        parse_redis_url(value)  # a RedisUrlError is a ValueError: the setting is named with it
+        return value
 
 
 # -- the HTTP face (node.http) -----------------------------------------------------------------

@@ -54,7 +54,7 @@ def build_parts(config: NodeConfig, *, secret: bytes) -> NodeParts:
     node_id = config.node_id or new_node_id()
     signer = Signer(secret)
     store = RegionStore.from_url(config.redis_url, region=config.region, key_prefix=config.key_prefix,
-                                 change_stream_maxlen=config.change_stream_maxlen)
+                                 change_stream_maxlen=config.change_stream_maxlen, connect=config)
     cache = RegionCache(store, lease_sync_interval_ms=config.lease_sync_interval_ms,
                         preserve_fraction=config.preserve_fraction, preserve_min_agents=config.protect_min_agents)
     outcomes = OutcomeTracker(failure_threshold=config.breaker_failures, window_ms=config.breaker_window_ms,

@@ -63,6 +63,7 @@ from node.config import NodeConfig
 from node.core import first_problem
 from node.core.models import REGION_PATTERN, TRANSPORT_PATTERN
 from node.envconfig import merge_settings
+from node.store import parse_redis_url
 from node.trust import EgressPolicy
 
 from .errors import TopologyError
@@ -129,8 +130,8 @@ class RegionSpec(_Model):
     @field_validator("redis_url")
     @classmethod
     def _redis(cls, value: str | None) -> str | None:
-        if value is not None and urlsplit(value).scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"{value!r} is not a Redis URL like 'redis://host:6379/0'")
+        if value is not None:
+            parse_redis_url(value)  # a RedisUrlError (a ValueError) says what is wrong and how to write it
         return value
 
     @property

@@ -1,9 +1,10 @@
-"""The region's truth in Redis: the key layout, one Lua script per mutation, write batching, the
-wire, stored bytes read back, whole-region snapshots, quarantine, loads and the once-per-envelope
-claims.
+"""The region's truth in Redis: how it is reached (a server, a cluster node, a Sentinel-managed
+primary) and the wire, the key layout, one Lua script per mutation, write batching, stored bytes
+read back, whole-region snapshots, quarantine, loads and the once-per-envelope claims.
 """
 
 from .compact import build, compact, holding, is_compact, share_load
+from .connect import RedisConnectSettings, RedisTarget, RedisUrlError, parse_redis_url, redis_client
 from .loads import LoadFeed
 from .once import Answer, DeliveryInProgress, OnceCache
 from .quarantine import Quarantine
@@ -28,7 +29,10 @@ __all__ = [
     "LoadFeed",
     "OnceCache",
     "Quarantine",
+    "RedisConnectSettings",
     "RedisErrors",
+    "RedisTarget",
+    "RedisUrlError",
     "RegionSnapshots",
     "RegionStore",
     "SnapshotData",
@@ -38,7 +42,9 @@ __all__ = [
     "compact",
     "holding",
     "is_compact",
+    "parse_redis_url",
     "read_record",
+    "redis_client",
     "share_load",
     "stored_version",
 ]

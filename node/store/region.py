@@ -1,7 +1,7 @@
 """The region's truth in Redis: records, leases, the region version and the change stream.
 
-Layout (every key carries the hash tag ``{region}`` so each Lua script stays single-slot and
-the layout works on Redis Cluster)::
+Layout (every key carries the hash tag ``{region}``: the region is one hash slot, so each Lua
+script and pipeline stays on one Redis Cluster node — ``node.store.connect`` finds which)::
 
     {prefix}:{region}:agents    HASH   agent_id -> record JSON (its "version" spliced in first)
     {prefix}:{region}:leases    ZSET   agent_id -> lease expiry, ms since the epoch
@@ -38,23 +38,19 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from pydantic import Field
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 from redis.client import NEVER_DECODE
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..core import Conflict, Settings, UnknownAgent, now_ms
+from ..core import Conflict, UnknownAgent, now_ms
 from ..core.models import AgentRecord, ChangeEvent, DeleteReason, Load
 from .batch import Coalescer
+from .connect import DEFAULT_WAIT_TIMEOUT_MS, RedisConnectSettings, redis_client
 from .loads import parse_load
 from .quarantine import Quarantine
 from .redis_errors import RedisErrors
-from .script_line import ScriptLine
+from .script_line import ScriptLine, Unreplicated
 from .scripts import DELETE, REGISTER, UPDATE
 from .stored_bytes import parse_change, parse_record
 from .stored_records import WrittenRecords, stored_version
-from .wire import pack_with_hiredis
 
 __all__ = ["DEFAULT_CHANGE_STREAM_MAXLEN", "DEFAULT_KEY_PREFIX", "HeartbeatResult", "RedisErrors", "RegionStore",
            "StoreSettings", "now_ms", "stored_version"]
@@ -64,12 +60,10 @@ DEFAULT_CHANGE_STREAM_MAXLEN = 100_000
 _CAS_ATTEMPTS = 8
 _LEASE_BATCH = 1_000
 _LOAD_SCAN_CHUNK = 2_000
-DEFAULT_MAX_CONNECTIONS = 64
-DEFAULT_POOL_TIMEOUT_S = 5.0
 
 
-class StoreSettings(Settings):
-    """The store's layout in the region's Redis (``NodeConfig`` inherits them)."""
+class StoreSettings(RedisConnectSettings):
+    """The store's layout in the region's Redis, and how it is reached (``NodeConfig`` inherits them)."""
 
     key_prefix: str = Field(default=DEFAULT_KEY_PREFIX,
                             description="Prefix of every Redis key (and of the federation's replica keys).")
@@ -108,7 +102,8 @@ class RegionStore:
 
     def __init__(self, redis: aioredis.Redis, *, region: str, key_prefix: str = DEFAULT_KEY_PREFIX,
                  change_stream_maxlen: int = DEFAULT_CHANGE_STREAM_MAXLEN,
-                 quarantine: Quarantine | None = None) -> None:
+                 quarantine: Quarantine | None = None, wait_replicas: int = 0,
+                 wait_timeout_ms: int = DEFAULT_WAIT_TIMEOUT_MS) -> None:
         self.redis = redis
         self.region = region
         self.quarantine = quarantine if quarantine is not None else Quarantine()  # an empty one is falsy
@@ -121,8 +116,11 @@ class RegionStore:
         self.key_base = base
         self.change_stream_maxlen = change_stream_maxlen
         self._mutation_keys = [self.key_agents, self.key_leases, self.key_version, self.key_changes, self.key_loads]
-        self._register = ScriptLine(redis, REGISTER)  # each coalescer's own connection, batch after batch
-        self._update = ScriptLine(redis, UPDATE)
+        # Each coalescer's own connection, batch after batch; with wait_replicas every batch is
+        # acknowledged once that many replicas hold it (WAIT), as a deletion is (_remove).
+        self._wait = (wait_replicas, wait_timeout_ms)
+        self._register = ScriptLine(redis, REGISTER, wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms)
+        self._update = ScriptLine(redis, UPDATE, wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms)
         self._registers: Coalescer[list[object], tuple[int, bool]] = Coalescer(
             self._flush_registers, name=f"store-registers-{region}")
         self._updates: Coalescer[list[object], tuple[int, str]] = Coalescer(
@@ -134,21 +132,14 @@ class RegionStore:
         self._delete = redis.register_script(DELETE)
 
     @classmethod
-    def from_url(cls, url: str, *, region: str, **options: object) -> RegionStore:
-        """A store on a new connection pool; ``aclose()`` closes it."""
-        # A restarted Redis leaves pooled connections dead; retry once on a fresh one instead of
-        # failing the request. Every script is safe to run again (upserts, CAS, idempotent deletes).
-        # A bounded pool that waits for a free connection under bursts instead of failing with
-        # "Too many connections".
-        # The retry policy goes to the pool's connections: a client given a pool ignores its own.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, decode_responses=True, health_check_interval=30, max_connections=DEFAULT_MAX_CONNECTIONS,
-            timeout=DEFAULT_POOL_TIMEOUT_S, retry=Retry(ExponentialBackoff(cap=0.5, base=0.01), retries=2),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        )
-        pack_with_hiredis(pool)
-        client = aioredis.Redis(connection_pool=pool)
-        return cls(client, region=region, **options)  # type: ignore[arg-type]
+    def from_url(cls, url: str, *, region: str, key_prefix: str = DEFAULT_KEY_PREFIX,
+                 connect: RedisConnectSettings | None = None, **options: object) -> RegionStore:
+        """A store on a new connection pool (``node.store.connect``: a server, a cluster or a
+        Sentinel-managed primary); ``aclose()`` closes it. Raises :class:`~node.store.connect.RedisUrlError`."""
+        client = redis_client(url, key_base=f"{key_prefix}:{{{region}}}", settings=connect)
+        if connect is not None:
+            options.update(wait_replicas=connect.redis_wait_replicas, wait_timeout_ms=connect.redis_wait_timeout_ms)
+        return cls(client, region=region, key_prefix=key_prefix, **options)  # type: ignore[arg-type]
 
     async def aclose(self) -> None:
         await self._register.aclose()
@@ -269,11 +260,19 @@ class RegionStore:
                       only_if_expired: bool) -> dict[str, int]:
         if not agent_ids:
             return {}
+        args = [at_ms, self.change_stream_maxlen, reason.value, "1" if only_if_expired else "0", *agent_ids]
+        replicas, timeout_ms = self._wait
         async with self._translate():
-            reply = await self._delete(
-                keys=self._mutation_keys,
-                args=[at_ms, self.change_stream_maxlen, reason.value, "1" if only_if_expired else "0", *agent_ids],
-            )
+            if replicas == 0:
+                reply = await self._delete(keys=self._mutation_keys, args=args)
+            else:  # WAIT counts what its own connection wrote: the same pipeline
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    await self._delete(keys=self._mutation_keys, args=args, client=pipe)
+                    pipe.execute_command("WAIT", replicas, timeout_ms)
+                    reply, confirmed = await pipe.execute()
+                if int(confirmed) < replicas:
+                    raise Unreplicated(f"the deletion is on the primary, but WAIT confirmed it on fewer than {replicas}"
+                                       f" replicas within {timeout_ms} ms (redis_wait_replicas): retry it")
         return {reply[i]: int(reply[i + 1]) for i in range(0, len(reply), 2)}
 
     # -- reads -------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 A :class:`~node.store.batch.Coalescer` has one batch in flight at a time, so its flush needs no
 connection pool: :class:`ScriptLine` keeps one connection out of the client's pool for as long as
 it lives and sends each batch as one ``EVALSHA`` (packed by hiredis on the store's pool,
-``node.store.wire``). redis-py opens the connection (address, TLS, AUTH, SELECT: whatever the URL
+``node.store.connect``). redis-py opens the connection (address, TLS, AUTH, SELECT: whatever the URL
 says); then the line reads the replies itself: the connection's transport is handed to
 :class:`_Replies`, an asyncio protocol that feeds what arrives to hiredis and gives each reply to
 the call waiting for it, in order, instead of redis-py's asyncio reading (a stream reader, a timeout
@@ -32,22 +32,30 @@ import redis.asyncio as aioredis
 from redis._parsers.base import BaseParser
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import InvalidResponse, NoScriptError
+from redis.exceptions import InvalidResponse, NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["ScriptLine"]
+__all__ = ["ScriptLine", "Unreplicated"]
 
 Arg = str | bytes | int | float
+
+
+class Unreplicated(ResponseError):
+    """A write Redis applied but fewer replicas than ``redis_wait_replicas`` confirmed in time."""
 
 
 class ScriptLine:
     """``await line(keys, args)``: the script's reply, one call at a time (callers serialise)."""
 
-    def __init__(self, redis: aioredis.Redis, source: str) -> None:
+    def __init__(self, redis: aioredis.Redis, source: str, *, wait_replicas: int = 0,
+                 wait_timeout_ms: int = 0) -> None:
+        """With ``wait_replicas``, each call is followed by ``WAIT wait_replicas wait_timeout_ms`` on
+        the same connection, and fails with :class:`Unreplicated` when fewer replicas confirmed it."""
         self._script = redis.register_script(source)  # its sha, and SCRIPT LOAD when Redis lacks it
         self._pool = redis.connection_pool
         self._connection: AbstractConnection | None = None
         self._replies: _Replies | None = None
+        self._wait_replicas, self._wait_timeout_ms = wait_replicas, wait_timeout_ms
 
     async def __call__(self, keys: Sequence[str], args: Sequence[Arg]) -> object:
         command = ("EVALSHA", self._script.sha, len(keys), *keys, *args)
@@ -62,10 +70,12 @@ class ScriptLine:
         if connection is None:
             connection = self._connection = await self._pool.get_connection()
         packed = connection.pack_command(*command)  # once, for every attempt
-        return await connection.retry.call_with_retry(lambda: self._once(connection, packed),
-                                                      lambda error: self._reconnect(connection))
+        wait = (connection.pack_command("WAIT", self._wait_replicas, self._wait_timeout_ms)
+                if self._wait_replicas > 0 else None)
+        return await connection.retry.call_with_retry(lambda: self._once(connection, packed, wait),
+                                                      lambda error: self._reconnect(connection, error))
 
-    async def _once(self, connection: AbstractConnection, packed: list[bytes]) -> object:
+    async def _once(self, connection: AbstractConnection, packed: list[bytes], wait: list[bytes] | None) -> object:
         replies = self._replies
         if replies is None or replies.lost is not None:
             if replies is not None:  # closed under us (redis-py's side does not know it): open anew
@@ -74,19 +84,27 @@ class ScriptLine:
                 await connection.connect()
             replies = self._replies = _Replies.take_over(connection)
         reply = replies.send(packed)
+        confirmed = None if wait is None else replies.send(wait)
         timeout = connection.socket_timeout
-        if timeout is None:
-            return await reply
         try:
-            async with asyncio.timeout(timeout):
-                return await reply
+            async with asyncio.timeout(None if timeout is None else timeout + self._wait_timeout_ms / 1000):
+                result = await reply
+                if confirmed is not None and await confirmed < self._wait_replicas:
+                    raise Unreplicated(f"the write is on the primary, but WAIT confirmed it on fewer than "
+                                       f"{self._wait_replicas} replicas within {self._wait_timeout_ms} ms "
+                                       "(redis_wait_replicas): retry it; a failover now could lose it")
+                return result
         except TimeoutError as exc:
             raise RedisTimeoutError(f"no reply from Redis within {timeout} s") from exc
+        finally:
+            if confirmed is not None and not confirmed.done():  # the script failed: its WAIT reply is dropped
+                confirmed.cancel()
 
-    async def _reconnect(self, connection: AbstractConnection) -> None:
-        """After a failed attempt: a new connection for the next (the retry's ``fail``)."""
+    async def _reconnect(self, connection: AbstractConnection, error: Exception) -> None:
+        """After a failed attempt: a new connection for the next (the retry's ``fail``), opened where
+        the region's data is now (``node.store.connect`` looks again after an error)."""
         self._replies = None
-        await connection.disconnect(nowait=True)  # its stream reader no longer reads: do not wait on it
+        await connection.disconnect(nowait=True, error=error)  # its stream reader no longer reads: do not wait
 
     async def aclose(self) -> None:
         """Close the connection and give it back to the pool (which opens it again if it is reused)."""

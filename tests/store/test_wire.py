@@ -1,4 +1,4 @@
-"""node.store.wire: commands packed by hiredis are the bytes redis-py's own packing sends."""
+"""node.store.connect: commands packed by hiredis are the bytes redis-py's own packing sends."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import DataError
 
-from node.store.wire import HiredisPacking, pack_with_hiredis
+from node.store.connect import HiredisPacking, pack_with_hiredis
 
 pytestmark = pytest.mark.unit
 
