@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,8 +61,9 @@ class AntiEntropy:
     """
 
     def __init__(self, config: FederationConfig, *, catalog: PeerCatalog, replica_store: ReplicaStore,
-                 token: Callable[[], str]) -> None:
+                 token: Callable[[], str], ssl_context: ssl.SSLContext | bool = True) -> None:
         self.config = config
+        self.ssl_context = ssl_context  # what a peer's https node is checked against
         self.catalog = catalog
         self.replica_store = replica_store
         self.token = token
@@ -77,7 +79,7 @@ class AntiEntropy:
         silence = self.config.snapshot_timeout_ms / 1000
         timeout = aiohttp.ClientTimeout(total=self.config.snapshot_deadline_ms / 1000, sock_connect=silence,
                                         sock_read=silence)
-        self._session = aiohttp.ClientSession(timeout=timeout)
+        self._session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(ssl=self.ssl_context))
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -61,9 +62,10 @@ _ANSWER_LIMIT_BYTES = 8 * 1024 * 1024
 class Forwarder:
     """Asks summary-only peers' nodes (see the module docstring); an async context manager."""
 
-    def __init__(self, config: FederationConfig, *, signer: Signer,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: FederationConfig, *, signer: Signer, clock: Callable[[], float] = time.monotonic,
+                 ssl_context: ssl.SSLContext | bool = True) -> None:
         self.config = config
+        self.ssl_context = ssl_context  # what a peer's https node is checked against
         self.signer = signer
         self.clock = clock
         self.forwarded = 0
@@ -74,7 +76,7 @@ class Forwarder:
 
     async def start(self) -> None:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.ssl_context))
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 
@@ -49,8 +50,10 @@ class PeerKeys:
     does not answer is tried again on the next round; :meth:`learn` does not wait for a round).
     """
 
-    def __init__(self, config: FederationConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: FederationConfig, *, clock: Callable[[], float] = time.monotonic,
+                 ssl_context: ssl.SSLContext | bool = True) -> None:
         self.config = config
+        self.ssl_context = ssl_context  # what a peer's https node is checked against
         self.clock = clock
         self.fetches = 0
         self.failures = 0
@@ -71,7 +74,7 @@ class PeerKeys:
         if self._session is not None:
             return
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
-            total=self.config.request_timeout_ms / 1000))
+            total=self.config.request_timeout_ms / 1000), connector=aiohttp.TCPConnector(ssl=self.ssl_context))
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"peer-keys-{self.config.region}")
         self._task.add_done_callback(self._ended)
 

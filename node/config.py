@@ -7,7 +7,9 @@ are in the names.
 :class:`~node.delivery.BreakerSettings` and the HTTP face's below — so each setting is defined
 once, in the room that uses it, and keeps one flat name: the keyword (``NodeConfig(ticket_ttl_ms=…)``),
 the topology file's ``[node]`` key and the variable ``AGENT_REACH_TICKET_TTL_MS``
-(:mod:`node.envconfig`). A room may take the whole config as its own settings type. The egress
+(:mod:`node.envconfig`). A room may take the whole config as its own settings type. TLS — how the
+node serves (:class:`~node.core.ServerTlsSettings`) and what it trusts as a client of peers, probes
+and deliveries (:class:`~node.core.ClientTlsSettings`) — is core's, shared with the SDK. The egress
 policy (``egress``) and proxy mode (``proxy``) are nested settings objects.
 
 The HTTP face's settings (:class:`ServerLimits`, :class:`HttpSettings`, :class:`ProxySettings`)
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from .core import Settings
+from .core import ClientTlsSettings, ServerTlsSettings, Settings
 from .core.models import REGION_PATTERN
 from .delivery import BreakerSettings, DeliverySettings
 from .duties import DutySettings
@@ -163,7 +165,7 @@ class ProxySettings(DeliverySettings):
 # pydantic lists a model's fields from its last base to its first, then its own: the bases are
 # written in the reverse of the order docs/configuration.md shows the settings in.
 class NodeConfig(HttpSettings, BreakerSettings, RoutingSettings, TrustSettings, DutySettings, ViewSettings,
-                 StoreSettings, NodeIdentity):
+                 StoreSettings, ClientTlsSettings, ServerTlsSettings, NodeIdentity):
     """Everything a node needs; build it with keywords (``NodeConfig(region="eu", redis_url=…)``)."""
 
     allowed_transports: list[str] | None = Field(default=None, description="None = any transport.")

@@ -17,6 +17,7 @@ One TOML file serves the SDK (:class:`node.client.ReachClient`), the sidecar and
     [client]                              # optional; every key has a default (ClientSettings)
     connect_timeout_ms = 3000
     retry_initial_backoff_ms = 500
+    ca_file = "/etc/agent-reach/ca.pem"   # https: the CAs to trust (else $AGENT_REACH_CA_FILE, else the system's)
 
     [sidecar]                             # optional; only the sidecar reads it (see SidecarSettings)
     ready_url = "http://127.0.0.1:8701/readyz"
@@ -28,6 +29,7 @@ module does no network I/O.
 from __future__ import annotations
 
 import os
+import ssl
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,7 +38,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from ..core import Settings, ValidationFailed, first_problem
+from ..core import ClientTlsSettings, Settings, TlsConfigError, ValidationFailed, first_problem
 from ..core.models import Registration
 from ..delivery import BreakerSettings, DeliverySettings
 
@@ -65,11 +67,13 @@ class AgentConfigError(ValidationFailed):
     code = "invalid_agent_config"
 
 
-class ClientSettings(DeliverySettings, BreakerSettings):
+class ClientSettings(DeliverySettings, BreakerSettings, ClientTlsSettings):
     """How the SDK talks to the node and to other agents (``[client]``).
 
     Timeouts, retries, hops and the answer's cap are :class:`~node.delivery.DeliverySettings` (the
-    proxy's too, with other defaults), the breakers :class:`~node.delivery.BreakerSettings`.
+    proxy's too, with other defaults), the breakers :class:`~node.delivery.BreakerSettings`, what
+    https is checked against (``ca_file``, and ``client_cert_file``/``client_key_file`` for a node
+    that requires client certificates) :class:`~node.core.ClientTlsSettings`.
     """
 
     breaker_failures: int = BreakerSettings.with_default("breaker_failures", DEFAULT_CLIENT_BREAKER_FAILURES)
@@ -223,6 +227,15 @@ def _origin(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "", "", ""))
 
 
+def tls_context(settings: ClientTlsSettings) -> ssl.SSLContext | bool:
+    """The ``ssl=`` of the SDK's sessions from ``settings`` (``ca_file``, client certificate), the
+    environment filling what they leave unset; raises :class:`AgentConfigError` naming the file."""
+    try:
+        return settings.with_environment().client_ssl_context()
+    except TlsConfigError as exc:
+        raise AgentConfigError(f"client {exc}", field=f"client.{exc.setting}") from None
+
+
 def registration_of(registration: Registration | Mapping[str, Any] | None) -> Registration | None:
     """``registration`` validated (a mapping is parsed); raises AgentConfigError naming the field."""
     if registration is None or isinstance(registration, Registration):
@@ -260,4 +273,4 @@ def load_agent_config(path: str | os.PathLike[str]) -> AgentConfig:
 
 
 __all__ = ["TOKEN_ENV", "URL_ENV", "AgentConfig", "AgentConfigError", "ClientSettings", "NodeSection",
-           "SidecarSettings", "load_agent_config", "parse_agent_config", "registration_of"]
+           "SidecarSettings", "load_agent_config", "parse_agent_config", "registration_of", "tls_context"]

@@ -14,6 +14,7 @@ import contextlib
 import enum
 import logging
 import random
+import ssl
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -67,8 +68,9 @@ class Heartbeater:
     def __init__(self, *, base_url: str, token: str, agent_id: str, reregister: Reregister, interval_s: float,
                  node_timeout_s: float, policy: RetryPolicy, load: LoadCallback | None,
                  status: Callable[[], Status | None], rng: random.Random,
-                 load_interval_s: float | None = None) -> None:
+                 load_interval_s: float | None = None, ssl_context: ssl.SSLContext | bool = True) -> None:
         self.base_url = base_url
+        self.ssl_context = ssl_context  # the client's, shared: a context may serve several threads' connections
         self.token = token
         self.agent_id = agent_id
         self.reregister = reregister
@@ -152,7 +154,7 @@ class Heartbeater:
         self._wake = asyncio.Event()
         self.state = HeartbeatState.RUNNING
         self._ready.set()
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.ssl_context)) as session:
             api = NodeApi(session, self.base_url, self.token, timeout_s=self.node_timeout_s)
             failures = 0
             beat_due = 0.0  # time.monotonic() at which the next heartbeat is due

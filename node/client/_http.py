@@ -62,8 +62,10 @@ class NodeApi:
         except asyncio.CancelledError:
             raise
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            hint = ("; give [client] ca_file (or $AGENT_REACH_CA_FILE) the CA that signed its certificate"
+                    if isinstance(exc, aiohttp.ClientConnectorCertificateError) else "")
             raise NodeUnreachable(f"node {self.base_url} did not answer {method} {path}: "
-                                  f"{type(exc).__name__}: {exc}") from exc
+                                  f"{type(exc).__name__}: {exc}{hint}") from exc
         try:
             decoded = orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError:

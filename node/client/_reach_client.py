@@ -34,6 +34,7 @@ from ._config import (
     ClientSettings,
     load_agent_config,
     registration_of,
+    tls_context,
 )
 from ._errors import ClientError
 from ._heartbeat import Heartbeater, HeartbeatStats, LoadCallback
@@ -88,6 +89,8 @@ class ReachClient:
         if isinstance(config, (str, Path)):
             config = load_agent_config(config)
         self.settings = (settings or (config.client if config is not None else ClientSettings())).with_options(options)
+        # what https is checked against: [client] ca_file (and a client certificate), else $AGENT_REACH_CA_FILE
+        self.ssl_context = tls_context(self.settings)
         url = node_url or (config.node.url if config is not None else None) or os.environ.get(URL_ENV, "").strip()
         if not url:
             raise AgentConfigError(f"give the node URL (node_url=, [node] url in the config, or ${URL_ENV})",
@@ -144,7 +147,7 @@ class ReachClient:
             return
         self.state = ClientState.STARTING
         try:
-            self._session = aiohttp.ClientSession()
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.ssl_context))
             self._api = NodeApi(self._session, self.node_url, self.token,
                                 timeout_s=self.settings.node_timeout_ms / 1000)
             self._reporter = Reporter(self._api, batch_size=self.settings.report_batch_size,
@@ -176,7 +179,8 @@ class ReachClient:
                 base_url=self.node_url, token=self.token, agent_id=agent_id, reregister=self._register_on,
                 interval_s=interval_ms / 1000, node_timeout_s=min(self.settings.node_timeout_ms, interval_ms) / 1000,
                 policy=self.retry_policy, load=self.load, status=lambda: self._status, rng=self.rng,
-                load_interval_s=(self.settings.load_report_interval_ms or 0) / 1000 or None)
+                load_interval_s=(self.settings.load_report_interval_ms or 0) / 1000 or None,
+                ssl_context=self.ssl_context)
             if self.settings.heartbeat_in_thread:
                 self._heartbeater.start_thread()
             else:
@@ -334,7 +338,8 @@ class ReachClient:
             raise AgentConfigError("call_verifier() needs this client's registration (the agent being called)",
                                    field="agent")
         return CallVerifier(self.node_url, agent_id=self.registration.agent_id,
-                            allowed_callers=self.registration.allowed_callers, **options)
+                            allowed_callers=self.registration.allowed_callers,
+                            **{"ssl_context": self.ssl_context, **options})
 
     # -- calls -------------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -46,8 +47,9 @@ import jwt
 import orjson
 from pydantic import ValidationError
 
-from ..core import BodyTooLarge, read_bounded
+from ..core import BodyTooLarge, ClientTlsSettings, read_bounded
 from ..core.models import KEY_ID_PATTERN, MAX_KEY_SET_BYTES, CallClaims, caller_may_call, key_region, usable_keys
+from ._config import tls_context
 from ._errors import ClientError
 
 __all__ = ["DEFAULT_KEYS_CACHE_TTL_S", "DEFAULT_LEEWAY_S", "DEFAULT_REFRESH_MIN_INTERVAL_S", "CallVerifier",
@@ -80,13 +82,16 @@ class CallVerifier:
 
     ``allowed_callers`` are the registration's patterns (empty: anyone). ``clock`` is monotonic
     seconds (the cache's), ``sleep`` what waits between two fetches; both are injectable.
+    ``ssl_context``: what an https node is checked against (``ReachClient.call_verifier()`` passes
+    its client's; None: ``$AGENT_REACH_CA_FILE``, else the system's store).
     """
 
     def __init__(self, node_url: str, *, agent_id: str, allowed_callers: Sequence[str] = (),
                  leeway_s: float = DEFAULT_LEEWAY_S, cache_ttl_s: float = DEFAULT_KEYS_CACHE_TTL_S,
                  refresh_min_interval_s: float = DEFAULT_REFRESH_MIN_INTERVAL_S,
                  timeout_s: float = DEFAULT_KEYS_TIMEOUT_S, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 ssl_context: ssl.SSLContext | bool | None = None) -> None:
         if leeway_s < 0 or cache_ttl_s <= 0 or refresh_min_interval_s < 0:
             raise ValueError("need leeway_s >= 0, cache_ttl_s > 0 and refresh_min_interval_s >= 0")
         self.keys_url = node_url.rstrip("/") + "/.well-known/jwks.json"
@@ -106,6 +111,8 @@ class CallVerifier:
         self._looked_up_kid: str | None = None
         self._lock = asyncio.Lock()
         self._session: aiohttp.ClientSession | None = None
+        # None: $AGENT_REACH_CA_FILE (and a client certificate's variables), else the system's store
+        self.ssl_context = tls_context(ClientTlsSettings()) if ssl_context is None else ssl_context
 
     async def __aenter__(self) -> CallVerifier:
         return self
@@ -217,7 +224,7 @@ class CallVerifier:
 
     async def _get(self, kid: str) -> Any:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.ssl_context))
         async with self._session.get(self.keys_url, params={"kid": kid}, timeout=self.timeout,
                                      allow_redirects=False) as response:
             raw = await read_bounded(response, MAX_KEY_SET_BYTES)

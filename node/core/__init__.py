@@ -1,7 +1,8 @@
 """What every room shares and none owns: the error tree, the envelope, the clock, bounded reads of
-another party's bytes, owned background tasks and the base of every room's settings (``Settings``).
-No I/O; the wire models are the sub-room :mod:`node.core.models`, the A2A card contract
-:mod:`node.core.a2a`.
+another party's bytes, owned background tasks, the base of every room's settings (``Settings``)
+and the TLS contexts every client and the node's server build from theirs (:mod:`node.core.tls`,
+which reads certificate files). No other I/O; the wire models are the sub-room
+:mod:`node.core.models`, the A2A card contract :mod:`node.core.a2a`.
 """
 
 from .bounded import BodyTooLarge, at_most, read_bounded
@@ -47,10 +48,23 @@ from .errors import (
 )
 from .settings import Settings
 from .tasks import cancel_and_wait, run_together
+from .tls import (
+    CA_FILE_ENV,
+    CLIENT_CERT_FILE_ENV,
+    CLIENT_KEY_FILE_ENV,
+    MINIMUM_TLS_VERSION,
+    ClientTlsSettings,
+    ServerTlsSettings,
+    TlsConfigError,
+)
 
 __all__ = [
     "BadRequest",
     "BodyTooLarge",
+    "CA_FILE_ENV",
+    "CLIENT_CERT_FILE_ENV",
+    "CLIENT_KEY_FILE_ENV",
+    "ClientTlsSettings",
     "Conflict",
     "DEFAULT_MAX_HOPS",
     "Envelope",
@@ -59,6 +73,7 @@ __all__ = [
     "Forbidden",
     "HopLimitExceeded",
     "MAX_HOPS_CEILING",
+    "MINIMUM_TLS_VERSION",
     "NoAgentAvailable",
     "NodeError",
     "NotFound",
@@ -73,9 +88,11 @@ __all__ = [
     "RouteEvents",
     "SearchUnavailable",
     "SendAccepted",
+    "ServerTlsSettings",
     "Settings",
     "StoreUnavailable",
     "TRACE_ID_PATTERN",
+    "TlsConfigError",
     "Trace",
     "TraceEvent",
     "Unauthorized",

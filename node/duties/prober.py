@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from ..core import NodeError, cancel_and_wait, now_ms
+from ..core import ClientTlsSettings, NodeError, cancel_and_wait, now_ms
 from ..core.models import AgentRecord, ChangeEvent, ChangeKind, Probe
 from ..store import RegionStore
 from ..trust import DEFAULT_EGRESS_POLICY, EgressDenied, EgressPolicy, egress_denial, egress_session
@@ -53,15 +53,17 @@ class Prober:
     """Schedules and runs probes; call :meth:`run` as a leader duty.
 
     ``egress``: the region's policy (``NodeConfig.egress``); the default allows public addresses only.
+    ``tls``: what an https probe URL is checked against (``NodeConfig`` is one: its ``ca_file``).
     """
 
     def __init__(self, store: RegionStore, cache: RegionCache, *,
                  max_concurrent: int = DEFAULT_MAX_CONCURRENT_PROBES,
-                 egress: EgressPolicy = DEFAULT_EGRESS_POLICY) -> None:
+                 egress: EgressPolicy = DEFAULT_EGRESS_POLICY, tls: ClientTlsSettings | None = None) -> None:
         self.store = store
         self.cache = cache
         self.max_concurrent = max_concurrent
         self.egress = egress
+        self.tls = tls or ClientTlsSettings()
         self.probes_run = 0
         self.flips = 0
         self._states: dict[tuple[str, str], ProbeState] = {}
@@ -76,7 +78,8 @@ class Prober:
         inflight: set[asyncio.Task[None]] = set()
         timeout = aiohttp.ClientTimeout(total=None)
         try:
-            async with egress_session(self.egress, timeout=timeout) as session:
+            tls = self.tls.client_ssl_context()
+            async with egress_session(self.egress, ssl_context=tls, timeout=timeout) as session:
                 while True:
                     now = now_ms()
                     while self._heap and self._heap[0][0] <= now:

@@ -141,7 +141,7 @@ class Proxy:
         self._closed = False
 
     async def start(self) -> None:
-        self.session = egress_session(self.egress)
+        self.session = egress_session(self.egress, ssl_context=self.node.config.client_ssl_context())
 
     async def aclose(self) -> None:
         """Cancel background deliveries and close the session. Idempotent."""

@@ -33,6 +33,7 @@ import functools
 import ipaddress
 import re
 import socket
+import ssl
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -390,13 +391,15 @@ class EgressConnector(aiohttp.TCPConnector):
     :func:`egress_denial` recovers the reason. Create it inside a running event loop.
 
     ``resolver``: the DNS resolver to check (default aiohttp's); it is closed with the connector.
+    ``ssl_context``: what https targets are checked against (``ClientTlsSettings.client_ssl_context()``:
+    the node's ``ca_file`` and client certificate; default the system's store).
     """
 
     def __init__(self, policy: EgressPolicy, *, resolver: AbstractResolver | None = None, limit: int = 100,
-                 limit_per_host: int = 0) -> None:
+                 limit_per_host: int = 0, ssl_context: ssl.SSLContext | bool = True) -> None:
         self._egress_resolver = _CheckingResolver(policy, resolver or aiohttp.DefaultResolver())
         super().__init__(resolver=self._egress_resolver, socket_factory=_guarded_socket(policy), limit=limit,
-                         limit_per_host=limit_per_host)
+                         limit_per_host=limit_per_host, ssl=ssl_context)
         self.policy = policy
 
     async def close(self, *, abort_ssl: bool = False) -> None:
@@ -406,13 +409,15 @@ class EgressConnector(aiohttp.TCPConnector):
             await self._egress_resolver.close()  # passed in, so TCPConnector does not close it
 
 
-def egress_session(policy: EgressPolicy, **session_options: Any) -> aiohttp.ClientSession:
+def egress_session(policy: EgressPolicy, *, ssl_context: ssl.SSLContext | bool = True,
+                   **session_options: Any) -> aiohttp.ClientSession:
     """A ClientSession for outbound calls: :class:`EgressConnector`, no cookie jar, no proxy from env.
 
     Cookies are dropped so one target cannot plant cookies the node would replay to another.
+    ``ssl_context``: as :class:`EgressConnector`'s.
     """
-    return aiohttp.ClientSession(connector=EgressConnector(policy), cookie_jar=aiohttp.DummyCookieJar(),
-                                 trust_env=False, **session_options)
+    return aiohttp.ClientSession(connector=EgressConnector(policy, ssl_context=ssl_context),
+                                 cookie_jar=aiohttp.DummyCookieJar(), trust_env=False, **session_options)
 
 
 # -- helpers ---------------------------------------------------------------------------------

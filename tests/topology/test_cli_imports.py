@@ -82,6 +82,7 @@ def test_an_operator_command_against_a_dead_node_loads_no_server_federation_or_m
 @pytest.mark.unit
 def test_the_names_stated_for_a_fast_start_are_node_s_own() -> None:
     from node.client import TOKEN_ENV, URL_ENV
+    from node.core import CA_FILE_ENV, CLIENT_CERT_FILE_ENV, CLIENT_KEY_FILE_ENV
     from node.core.models import NOT_IN_ONE_LINE
     from node.ops import LOG_FORMATS
     from node.trust import DEFAULT_TOKEN_TTL_S
@@ -90,6 +91,7 @@ def test_the_names_stated_for_a_fast_start_are_node_s_own() -> None:
 
     assert (nodenames.LOG_FORMATS, nodenames.TOKEN_ENV, nodenames.URL_ENV, nodenames.DEFAULT_TOKEN_TTL_S,
             nodenames.NOT_IN_ONE_LINE) == (LOG_FORMATS, TOKEN_ENV, URL_ENV, DEFAULT_TOKEN_TTL_S, NOT_IN_ONE_LINE)
+    assert nodenames.TLS_ENV == (CA_FILE_ENV, CLIENT_CERT_FILE_ENV, CLIENT_KEY_FILE_ENV)
     assert nodeurl._PACKAGED_TOPOLOGY.resolve() == DEFAULT_TOPOLOGY_FILE.resolve()
     assert nodeurl.local_node_url() == load_topology().regions[0].node_urls[0].rstrip("/")
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -40,8 +41,10 @@ class Gateway:
     """Verifies and forwards calls for one agent; ``start()`` listens, ``aclose()`` stops. Idempotent close."""
 
     def __init__(self, *, verifier: CallVerifier, upstream: str, listen: tuple[str, int], max_body_bytes: int,
-                 timeout_s: float, status: Callable[[], tuple[bool, bool]]) -> None:
+                 timeout_s: float, status: Callable[[], tuple[bool, bool]],
+                 ssl_context: ssl.SSLContext | bool = True) -> None:
         self.verifier = verifier
+        self.ssl_context = ssl_context  # an https upstream is checked against it (the agent's [client] ca_file)
         self.upstream = upstream.rstrip("/")
         self.listen = listen
         self.max_body_bytes = max_body_bytes
@@ -57,7 +60,7 @@ class Gateway:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._session = aiohttp.ClientSession()
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.ssl_context))
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, *self.listen).start()

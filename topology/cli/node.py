@@ -34,7 +34,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from node.config import DEFAULT_PORT, NodeConfig
-from node.core import NodeError, first_problem
+from node.core import NodeError, TlsConfigError, first_problem
 from node.core.models import TokenRole
 from node.envconfig import merge_settings, settings_from_env, variable_of
 from node.http import bound_port, serve
@@ -91,6 +91,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: a key generated in memory at every start; see README: Route credentials)")
     parser.add_argument("--print-admin-token", action="store_true",
                         help=f"print an admin token ({lifetime(DEFAULT_TOKEN_TTL_S)}, as 'token issue --admin') at start")
+    parser.add_argument("--tls-cert", metavar="FILE",
+                        help="serve https with this PEM certificate (its chain after it); needs --tls-key (default: "
+                             "the topology's or $AGENT_REACH_TLS_CERT_FILE, else plain http)")
+    parser.add_argument("--tls-key", metavar="FILE", help="the unencrypted PEM private key of --tls-cert")
+    parser.add_argument("--tls-client-ca", metavar="FILE",
+                        help="require client certificates signed by these PEM CAs (mutual TLS: peers, the SDK and "
+                             "the CLI then present one)")
+    parser.add_argument("--ca-file", metavar="FILE",
+                        help="PEM CAs this node trusts when it calls https peers, probes and agents (default: the "
+                             "topology's or $AGENT_REACH_CA_FILE, else the system's)")
     parser.add_argument("--drain-grace-ms", type=int, default=DEFAULT_DRAIN_GRACE_MS,
                         help=f"on SIGTERM/SIGINT, answer /readyz 503 this long before closing the listener "
                              f"(default {DEFAULT_DRAIN_GRACE_MS})")
@@ -136,7 +146,7 @@ def _run(args: argparse.Namespace) -> int:
     # Checked before anything starts (Redis, federation, the model): a busy port is one line
     # at once. serve() still reports a port taken in between.
     host, port = _listen_address(args, plan)
-    problem = workers_problem(workers=args.workers, redis_url=plan.redis_url, port=port)
+    problem = workers_problem(workers=args.workers, redis_url=plan.redis_url, port=port) or _tls_problem(args, plan)
     if problem is not None:
         console.error(problem)
         return 2
@@ -153,7 +163,7 @@ def _run(args: argparse.Namespace) -> int:
     except (DataDirError, EmbeddedServiceError, SigningKeyError) as exc:  # data dir or key file unusable
         console.error(str(exc))
         return 1
-    except TopologyError as exc:
+    except (TopologyError, TlsConfigError) as exc:
         console.error(str(exc))
         return 2
     except ValidationError as exc:  # a setting the node's config refuses (e.g. the region's name)
@@ -258,7 +268,8 @@ async def _start(args: argparse.Namespace, plan: _Plan,
         console.error(_describe_listen_error(config.host, config.port, exc))
         return None
     stack.push_async_callback(runner.cleanup)
-    line = (f"agent-reach node region={plan.region} url=http://{config.host}:{bound_port(runner)} "
+    scheme = "https" if config.serves_tls else "http"
+    line = (f"agent-reach node region={plan.region} url={scheme}://{config.host}:{bound_port(runner)} "
             f"redis={mask_url(redis_url)}{data_note}")
     return node, runner, drain, line
 
@@ -266,15 +277,38 @@ async def _start(args: argparse.Namespace, plan: _Plan,
 def _node_config(args: argparse.Namespace, plan: _Plan, redis_url: str) -> NodeConfig:
     """Flags > environment > topology file > defaults (the flags that add to a setting are applied after)."""
     if plan.topology is not None:
-        return plan.topology.node_config(plan.region, redis_url=redis_url, host=args.host, port=args.port,
-                                         overrides=plan.env)
-    settings = merge_settings({"host": "127.0.0.1", "port": DEFAULT_PORT}, plan.env)
-    settings.update(region=plan.region, redis_url=redis_url)
-    if args.host:
-        settings["host"] = args.host
-    if args.port is not None:
-        settings["port"] = args.port
-    return NodeConfig(**settings)
+        config = plan.topology.node_config(plan.region, redis_url=redis_url, host=args.host, port=args.port,
+                                           overrides=plan.env)
+    else:
+        settings = merge_settings({"host": "127.0.0.1", "port": DEFAULT_PORT}, plan.env)
+        settings.update(region=plan.region, redis_url=redis_url)
+        if args.host:
+            settings["host"] = args.host
+        if args.port is not None:
+            settings["port"] = args.port
+        config = NodeConfig(**settings)
+    tls = {setting: getattr(args, flag) for flag, setting in _TLS_FLAGS.items() if getattr(args, flag)}
+    return config.model_copy(update=tls) if tls else config
+
+
+_TLS_FLAGS = {"tls_cert": "tls_cert_file", "tls_key": "tls_key_file", "tls_client_ca": "tls_client_ca_file",
+              "ca_file": "ca_file"}
+_PLACEHOLDER_REDIS_URL = "redis://127.0.0.1:6379/0"  # the TLS check needs a config, not a Redis
+
+
+def _tls_problem(args: argparse.Namespace, plan: _Plan) -> str | None:
+    """Why the node's certificate, key or CA files cannot be used, or None: checked before anything
+    starts (workers included), so a wrong file is one line, not a node that never listens."""
+    try:
+        config = _node_config(args, plan, plan.redis_url or _PLACEHOLDER_REDIS_URL)
+    except (ValidationError, TopologyError):
+        return None  # said as ever once the node's config is built
+    try:
+        config.server_ssl_context()
+        config.client_ssl_context()
+    except TlsConfigError as exc:
+        return str(exc)
+    return None
 
 
 def _set_in(settings: dict[str, Any], location: tuple[str | int, ...]) -> bool:

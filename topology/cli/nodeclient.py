@@ -2,18 +2,25 @@
 them with one): one bearer token, JSON answers decoded, server-sent events read, and a failure
 as :class:`~topology.cli.operator.NodeAnswered` (the node's error) or
 :class:`~topology.cli.operator.Unreachable` (no HTTP answer).
+
+An https node is checked against ``$AGENT_REACH_CA_FILE`` (and shown
+``$AGENT_REACH_CLIENT_CERT_FILE``/``$AGENT_REACH_CLIENT_KEY_FILE`` when it requires a client
+certificate) through :class:`node.core.ClientTlsSettings`, imported only when one is set: without
+them the system's trust store, and a command that starts as light as before.
 """
 
 from __future__ import annotations
 
+import os
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
 import orjson
 
-from .nodenames import URL_ENV
-from .operator import DEFAULT_TIMEOUT_S, NodeAnswered, Unreachable
+from .nodenames import TLS_ENV, URL_ENV
+from .operator import DEFAULT_TIMEOUT_S, NodeAnswered, Unreachable, UsageError
 
 __all__ = ["NodeClient"]
 
@@ -28,7 +35,8 @@ class NodeClient:
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> NodeClient:
-        self._session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"})
+        self._session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"},
+                                              connector=aiohttp.TCPConnector(ssl=_ssl_from_environment()))
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -96,7 +104,25 @@ class NodeClient:
         raise NodeAnswered(f"the node answered {status} to {method} {path}", status=status)
 
     def _unreachable(self, exc: BaseException) -> str:
+        if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+            return (f"cannot reach the node at {self.url}: its certificate is not trusted "
+                    f"({exc.certificate_error}); set ${TLS_ENV[0]} to the CA bundle that signed it")
         reason = str(exc) or type(exc).__name__
         if isinstance(exc, TimeoutError):
             reason = f"no answer within {self.timeout_s:g} s"
         return f"cannot reach the node at {self.url}: {reason} (is it running? see --node, ${URL_ENV})"
+
+
+def _ssl_from_environment() -> ssl.SSLContext | bool:
+    """What https is checked against; raises :class:`UsageError` for a file that cannot be used."""
+    if not any(os.environ.get(variable, "").strip() for variable in TLS_ENV):
+        return True
+    from node.core import ClientTlsSettings, TlsConfigError  # pydantic: only for those who set TLS up
+
+    try:
+        return ClientTlsSettings().with_environment().client_ssl_context()
+    except TlsConfigError as exc:
+        raise UsageError(f"${_ENV_OF[exc.setting]}: {exc}") from None
+
+
+_ENV_OF = dict(zip(("ca_file", "client_cert_file", "client_key_file"), TLS_ENV))

@@ -71,10 +71,11 @@ class Sidecar:
             agent = config.agent
             self.gateway = Gateway(
                 verifier=CallVerifier(self.client.node_url, agent_id=agent.agent_id,
-                                      allowed_callers=agent.allowed_callers),
+                                      allowed_callers=agent.allowed_callers, ssl_context=self.client.ssl_context),
                 upstream=self.settings.upstream, listen=listen_address(agent.endpoints["primary"], self.settings.listen),
                 max_body_bytes=self.settings.max_body_bytes, timeout_s=config.client.read_timeout_ms / 1000,
-                status=lambda: (self._failures < self.settings.failure_threshold, self.status is Status.READY))
+                status=lambda: (self._failures < self.settings.failure_threshold, self.status is Status.READY),
+                ssl_context=self.client.ssl_context)
         self.state = SidecarState.NEW
         self.status = Status.UNREADY
         self.probes_run = 0
@@ -96,7 +97,8 @@ class Sidecar:
             return
         self.state = SidecarState.RUNNING
         try:
-            self._session = aiohttp.ClientSession()
+            # the agent's probes trust what the client trusts ([client] ca_file): an https agent's private CA
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.client.ssl_context))
             healthy = await self._probe_once()
             self.status = Status.READY if healthy else Status.UNREADY
             self._successes = self.settings.success_threshold if healthy else 0

@@ -44,6 +44,7 @@ def attach_federation(node: RegistryNode, topology: Topology, *, secret: bytes,
     config = topology.federation_config(node.region, bootstrap_servers=bootstrap_servers)
     if node.config.key_prefix != config.key_prefix:
         config = config.model_copy(update={"key_prefix": node.config.key_prefix})
-    federation = Federation(config, store=node.store, secret=secret)
+    federation = Federation(config, store=node.store, secret=secret,
+                            peer_ssl_context=node.config.client_ssl_context())  # peers' https: the node's ca_file
     federation.attach(node)
     return federation

@@ -39,6 +39,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine
@@ -304,6 +305,11 @@ class LocalCluster:
         """What runs where, one line per service; passwords in URLs are masked."""
         lines = []
         kafka = self.resolved.kafka.bootstrap_servers
+    def ssl_context(self, region: str) -> ssl.SSLContext | bool:
+        """What ``region``'s node is checked against over https: its ``ca_file`` and client
+        certificate (the topology's, else ``$AGENT_REACH_CA_FILE`` …), as its peers check it."""
+        return self.resolved.node_config(region).with_environment().client_ssl_context()
+
         lines.append(f"  kafka {mask_url(kafka)}{' (embedded)' if self.kafka else ''}  topics "
                      f"{self.resolved.kafka.topic_prefix}.changes.<region>")
         for region in self.resolved.regions:
@@ -358,7 +364,7 @@ class LocalCluster:
                                                   log_path=node.log_path, log_offset=log_offset),
                                        timeout_s=self.node_start_timeout_s,
                                        progress_interval_s=self.start_progress_interval_s, say=self._say_progress,
-                                       log_kept=not self._own_run_dir)
+                                       log_kept=not self._own_run_dir, ssl_context=self.ssl_context(node.region))
             except BaseException:
                 # A half-started node has nothing to drain; it must not linger as a second copy.
                 with contextlib.suppress(ProcessLookupError):

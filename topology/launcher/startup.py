@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,9 +77,11 @@ class NodeLaunch:
 
 
 async def wait_until_ready(launch: NodeLaunch, *, timeout_s: float | None, progress_interval_s: float,
-                           say: Callable[[str], None], log_kept: bool) -> None:
+                           say: Callable[[str], None], log_kept: bool,
+                           ssl_context: ssl.SSLContext | bool = True) -> None:
     """Poll ``launch``'s ``/readyz`` until it answers 200; ``say`` a progress line every
-    ``progress_interval_s`` meanwhile (none for a node ready sooner).
+    ``progress_interval_s`` meanwhile (none for a node ready sooner). An https node is checked
+    against ``ssl_context`` (the region's ``ca_file`` and client certificate).
 
     Raises :class:`LauncherError` when the process exits (its exit code, its own error line and
     the last lines of its log) or, with a ``timeout_s``, when it is not ready by then (one line;
@@ -87,7 +90,8 @@ async def wait_until_ready(launch: NodeLaunch, *, timeout_s: float | None, progr
     started = time.monotonic()
     next_progress = started + progress_interval_s
     unready: tuple[int, dict[str, object]] | None = None
-    async with aiohttp.ClientSession(timeout=_READYZ_TIMEOUT) as session:
+    async with aiohttp.ClientSession(timeout=_READYZ_TIMEOUT,
+                                     connector=aiohttp.TCPConnector(ssl=ssl_context)) as session:
         while True:
             returncode = launch.process.returncode
             if returncode is not None:
