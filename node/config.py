@@ -64,6 +64,7 @@ DEFAULT_HEADER_READ_TIMEOUT_MS = 10_000
 # so that the client, not the node, closes an idle connection and no request races the close.
 DEFAULT_KEEPALIVE_TIMEOUT_MS = 75_000
 DEFAULT_MAX_CONNECTIONS = 1_000
+DEFAULT_MAX_CONNECTIONS_PER_SOURCE = 250  # a quarter of the default cap: no one address takes it all
 DEFAULT_ERROR_LOG_INTERVAL_MS = 1_000
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
 DEFAULT_BODY_READ_TIMEOUT_MS = 30_000
@@ -81,7 +82,14 @@ class ServerLimits(Settings):
     keepalive_timeout_ms: int = Field(default=DEFAULT_KEEPALIVE_TIMEOUT_MS, ge=1,
                                       description="An idle keep-alive connection is closed after this long.")
     max_connections: int = Field(default=DEFAULT_MAX_CONNECTIONS, ge=1,
-                                 description="Open client connections; one more is answered 503 and closed.")
+                                 description="Open client connections; at the cap the oldest idle keep-alive "
+                                             "connection is closed for a new one, and only when none is idle "
+                                             "the new one is answered 503 and closed.")
+    max_connections_per_source: int = Field(
+        default=DEFAULT_MAX_CONNECTIONS_PER_SOURCE, ge=0,
+        description="Open connections one source address may hold; one more closes that source's oldest idle "
+                    "connection, or is answered 503. 0 = no share (behind a load balancer, whose address every "
+                    "connection has).")
     http_error_log_interval_ms: int = Field(
         default=DEFAULT_ERROR_LOG_INTERVAL_MS, ge=1,
         description="At most one log line per kind of malformed request (or refusal) per interval.")

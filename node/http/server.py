@@ -8,7 +8,10 @@ traceback. :class:`NodeRunner` is an :class:`aiohttp.web.AppRunner` whose connec
 * must deliver a complete request head within ``header_read_timeout_ms`` of connecting, or of
   the first byte of the next request on a keep-alive connection (408, then closed);
 * are closed after ``keepalive_timeout_ms`` idle between requests (aiohttp's own timer);
-* number at most ``max_connections``; one more is answered 503 and closed at once;
+* number at most ``max_connections``, at most ``max_connections_per_source`` from one address: a
+  new one over either closes the oldest idle keep-alive connection (of its own source, or of the
+  source holding the most), and only when none is idle is it answered 503 and closed at once
+  (:mod:`node.http.connections`);
 * get the node's JSON error shape for a malformed request (400, 414 for a request line that is
   too long, 431 for a header that is), logged as one warning line, at most one per kind per
   ``http_error_log_interval_ms``, with the count of lines left out.
@@ -53,6 +56,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from ..config import ServerLimits
 from ..core import BadRequest, NodeError
+from .connections import ConnectionTable, Refusal, source_of
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +131,10 @@ class _ServerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.servers: weakref.WeakSet[_NodeServer] = weakref.WeakSet()
         self.refused = Counter("agent_reach_http_connections_refused",
-                               "Connections answered 503 and closed because max_connections were open",
+                               "Connections answered 503 and closed: max_connections (or the source's share) "
+                               "were open, none of them idle", registry=registry)
+        self.evicted = Counter("agent_reach_http_connections_evicted",
+                               "Idle keep-alive connections closed to make room for a new connection",
                                registry=registry)
         self.head_timeouts = Counter("agent_reach_http_header_timeouts",
                                      "Connections closed because no complete request head arrived in time",
@@ -209,42 +216,61 @@ class _NodeServer(Server):
         self.metrics = metrics
         self.header_read_timeout_s = limits.header_read_timeout_ms / 1000
         self.throttle = _LogThrottle(log, interval_s=limits.http_error_log_interval_ms / 1000)
-        # Counted on connection_made/lost, which run one at a time on the loop, so the cap is exact
-        # even when a burst of accepts is queued; aiohttp's own table keeps a closed connection
-        # until its handler task ends.
-        self._open: set[RequestHandler] = set()
+        # Counted on connection_made/lost, which run one at a time on the loop, so the caps are
+        # exact even when a burst of accepts is queued; aiohttp's own table keeps a closed
+        # connection until its handler task ends.
+        self.table = ConnectionTable(max_connections=limits.max_connections,
+                                     max_per_source=limits.max_connections_per_source)
         self.head_timeout_response = _raw_response(RequestHeadTimeout(
             f"the request head did not arrive within {limits.header_read_timeout_ms} ms; "
             "send the request line and headers at once"), "Request Timeout")
-        self.refusal_response = _raw_response(TooManyConnections(
-            f"the node holds its maximum of {limits.max_connections} connections; retry shortly, "
-            "or reuse keep-alive connections"), "Service Unavailable", "Retry-After: 1")
+        self.refusal_responses = {
+            Refusal.NODE_FULL: _raw_response(TooManyConnections(
+                f"the node holds its maximum of {limits.max_connections} connections, none of them idle; retry "
+                "shortly, or reuse keep-alive connections"), "Service Unavailable", "Retry-After: 1"),
+            Refusal.SOURCE_FULL: _raw_response(TooManyConnections(
+                f"this address holds its share of {limits.max_connections_per_source} connections, none of them "
+                "idle; reuse keep-alive connections rather than opening more"), "Service Unavailable",
+                "Retry-After: 1"),
+        }
         metrics.servers.add(self)
 
     @property
     def open_connections(self) -> int:
-        return len(self._open)
+        return len(self.table)
 
     def __call__(self) -> RequestHandler:
         return _NodeRequestHandler(self, loop=self._loop, **self._kwargs)
 
     def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
         super().connection_made(handler, transport)
-        self._open.add(handler)
+        self.table.opened(handler, source_of(transport.get_extra_info("peername")))
 
     def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
-        self._open.discard(handler)
+        self.table.closed(handler)
         super().connection_lost(handler, exc)
 
-    def admits_another(self) -> bool:
-        return len(self._open) < self.limits.max_connections
+    def admit(self, transport: asyncio.BaseTransport) -> bool:
+        """Whether a new connection may open (closing an idle one to make room); refuses it if not."""
+        admission = self.table.admit(source_of(transport.get_extra_info("peername")))
+        if admission.refused is not None:
+            self.refuse(transport, admission.refused)
+            return False
+        if admission.evict is not None:
+            victim: RequestHandler = admission.evict  # type: ignore[assignment]
+            self.table.evicting(victim)
+            self.metrics.evicted.inc()
+            victim.force_close()
+        return True
 
-    def refuse(self, transport: asyncio.BaseTransport) -> None:
+    def refuse(self, transport: asyncio.BaseTransport, why: Refusal) -> None:
         self.metrics.refused.inc()
-        self.throttle.log(logging.WARNING, "connection_refused", "refused a connection from %s: "
-                          "max_connections (%d) are open", transport.get_extra_info("peername"), len(self._open))
+        peer = transport.get_extra_info("peername")
+        self.throttle.log(logging.WARNING, f"connection_refused_{why.value}", "refused a connection from %s (%s): "
+                          "%d open, %d from that address", peer, why.value, len(self.table),
+                          self.table.holds(source_of(peer)))
         if isinstance(transport, asyncio.WriteTransport):
-            transport.write(self.refusal_response)
+            transport.write(self.refusal_responses[why])
         transport.close()  # after the buffered 503 is flushed
 
     def head_timed_out(self, peer: object) -> None:
@@ -305,9 +331,8 @@ class _NodeRequestHandler(RequestHandler):
         self._when_lost: list[Callable[[], None]] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if not self._node_server.admits_another():
+        if not self._node_server.admit(transport):
             self._phase = _Phase.REFUSED
-            self._node_server.refuse(transport)
             return
         super().connection_made(transport)
         self._start_head()
@@ -354,6 +379,7 @@ class _NodeRequestHandler(RequestHandler):
         result = await super().finish_response(request, resp, start_time)
         if self._phase is _Phase.HANDLING and not self._messages:
             self._phase = _Phase.IDLE
+            self._node_server.table.idle(self)
         return result
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
@@ -381,6 +407,8 @@ class _NodeRequestHandler(RequestHandler):
     def _start_head(self) -> None:
         # One timer per connection, moved lazily like aiohttp's keep-alive timer: a request
         # that completes its head only clears the deadline, it does not cancel and reschedule.
+        if self._phase is _Phase.IDLE:
+            self._node_server.table.busy(self)
         self._phase = _Phase.READING_HEAD
         self._head_bytes = 0
         self._head_newline_at = -1
