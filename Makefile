@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[semantic,embedded,dev]'
 	touch $(STAMP)
 
+# make up ARGS='--any-port --demo': any option of `agent-reach up`.
 up: install
-	$(BIN)/agent-reach up $(TOPOLOGY)
+	$(BIN)/agent-reach up $(TOPOLOGY) $(ARGS)
 
 test: install browser promtool
 	$(BIN)/python -m pytest -q -p no:cacheprovider

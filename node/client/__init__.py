@@ -86,7 +86,8 @@ A→B→A loop stops at ``max_hops`` (5).
 The parts live in private modules: ``_reach_client`` (the facade), ``_options``
 (:class:`CallOptions`, the route request), ``_calls`` (the envelope as sent,
 :class:`CallResult`), ``_config`` (the agent TOML file and
-:class:`ClientSettings`), ``_errors`` (the tree above), ``_http`` (the node's API),
+:class:`ClientSettings`), ``_local`` (the node a client on this machine goes to by default:
+:func:`default_node_url`, reading what ``agent-reach up`` wrote), ``_errors`` (the tree above), ``_http`` (the node's API),
 ``_heartbeat``, ``_registration`` (registration with backoff), ``_reports`` (batched outcome
 reports), ``_tickets`` (the ticket cache); the attempt, the failover, the backoff and the breakers
 are the delivery room's (:mod:`node.delivery`, shared with the node's proxy); public here:
@@ -147,6 +148,13 @@ from ._errors import (
 )
 from ._heartbeat import HeartbeatStats
 from ._http import SendResult
+from ._local import (
+    DEFAULT_NODE_URL,
+    LOCAL_CLUSTER_FILE,
+    LocalClusterFile,
+    default_node_url,
+    running_local_cluster,
+)
 from ._options import CallOptions
 from ._reach_client import ClientState, ReachClient
 from .verifier import CallVerifier, CredentialRejected
@@ -176,6 +184,11 @@ __all__ = [
     "NodeSection",
     "TOKEN_ENV",
     "URL_ENV",
+    "DEFAULT_NODE_URL",
+    "default_node_url",
+    "LOCAL_CLUSTER_FILE",
+    "LocalClusterFile",
+    "running_local_cluster",
     "RetryPolicy",
     "load_agent_config",
     "parse_agent_config",

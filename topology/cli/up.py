@@ -5,6 +5,12 @@ names none, one node process per region, each child restarted if it dies on its 
 on stderr says what died). The embedded Redis data is kept in ``--data-dir`` (default
 ``~/.agent-reach/up/<topology name>/<region>/redis``) unless ``--ephemeral``.
 
+Ports: the topology's node URLs, or free ports with ``--any-port`` — also chosen, said in one
+line, when a node's port is taken. Either way the URLs are written, with where the secret comes
+from and an admin token, to ``~/.agent-reach/local.json`` while ``up`` runs
+(:func:`~topology.launcher.published_cluster`), where the SDK and the command line on this
+machine find the first region's node without ``$AGENT_REACH_URL``.
+
 Each node is waited for as long as its process runs — on a busy machine, importing and loading
 the model can take minutes — with a line on stderr every few seconds saying what it is doing
 (``waiting for region us-east (http://127.0.0.1:7101): loading the model… 12 s``); a node that
@@ -22,16 +28,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 
+from node.client import LOCAL_CLUSTER_FILE
 from node.core import NodeError
 from node.http import console_link
 from node.trust import SecretError, load_secret
 
 from ..demo import Demo, DemoError, start_demo
 from ..embedded import default_up_data_dir
-from ..launcher import LauncherError, LocalCluster
+from ..launcher import LauncherError, LocalCluster, busy_node_port, published_cluster
 from ..spec import DEFAULT_TOPOLOGY_FILE, Topology, TopologyError, load_topology
 from . import console
 from .options import add_log_format_option, add_secret_options, add_storage_options
@@ -56,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", nargs="?", default=None,
                         help=f"topology file (default: the packaged {DEFAULT_TOPOLOGY_FILE.name}, three regions)")
     parser.add_argument("--any-port", action="store_true",
-                        help="listen on free ports instead of the topology's node URLs")
+                        help="listen on free ports instead of the topology's node URLs (also chosen when one of "
+                             f"those is taken); clients on this machine find them in {LOCAL_CLUSTER_FILE}")
     parser.add_argument("--log-dir", metavar="DIR", help="keep node logs here (default: a temporary directory "
                                                          "removed on exit)")
     add_log_format_option(parser)
@@ -100,8 +109,14 @@ def _run(args: argparse.Namespace) -> int:
 
 async def _main(args: argparse.Namespace, topology: Topology, *, secret: bytes, source: str,
                 data_dir: Path | None) -> int:
+    any_port = args.any_port
+    if not any_port and (busy := busy_node_port(topology)) is not None:
+        console.say(f"agent-reach up: {busy}; listening on free ports instead (clients on this machine find them "
+                    f"in {LOCAL_CLUSTER_FILE})")
+        any_port = True
     async with StopSignals() as signals:
-        cluster = LocalCluster(topology, secret=secret, any_port=args.any_port,
+        published = contextlib.ExitStack()
+        cluster = LocalCluster(topology, secret=secret, any_port=any_port,
                                run_dir=Path(args.log_dir) if args.log_dir else None, data_dir=data_dir,
                                log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
                                log_format=args.log_format,
@@ -126,6 +141,14 @@ async def _main(args: argparse.Namespace, topology: Topology, *, secret: bytes, 
             console.say(f"  secret {source}")
             admin_token = cluster.admin_token()
             console.say(admin_token_line(admin_token))
+            try:
+                where = published.enter_context(published_cluster(
+                    topology=topology.name, nodes={name: cluster.url(name) for name in cluster.nodes},
+                    secret=source, admin_token=admin_token))
+            except LauncherError as exc:
+                console.error(str(exc))
+                return 1
+            console.say(f"  clients on this machine find these URLs and the token in {where} while up runs")
             for name in cluster.nodes:  # signed in: the token rides in the fragment, never sent to a server
                 console.say(f"  console {name}  {console_link(cluster.url(name), admin_token)}")
             if args.demo:
@@ -146,6 +169,7 @@ async def _main(args: argparse.Namespace, topology: Topology, *, secret: bytes, 
             console.error(f"supervision failed ({failure!r}); stopping everything")
             return 1
         finally:
+            published.close()  # clients stop being sent here first
             if demo is not None:
                 await demo.aclose(stop_timeout_s=UP_DEMO_STOP_TIMEOUT_S)
             await cluster.aclose()

@@ -69,10 +69,12 @@ from .supervisor import RestartPolicy, ServiceChild, Supervisor
 __all__ = [
     "DEFAULT_NODE_DRAIN_TIMEOUT_MS",
     "DEFAULT_NODE_STOP_TIMEOUT_S",
+    "TOPIC_KINDS",
     "ClusterState",
     "LauncherError",
     "LocalCluster",
     "NodeProcess",
+    "busy_node_port",
 ]
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,8 @@ DEFAULT_NODE_STOP_TIMEOUT_S = 10.0
 # What a stopping node gives its in-flight requests; nobody load-balances a local cluster, so
 # its nodes skip the drain grace (readiness 503 before the listener closes).
 DEFAULT_NODE_DRAIN_TIMEOUT_MS = 2_000
+# Each region's topics, {topic_prefix}.<kind>.<region> (federation.config's topic names; docs/events.md).
+TOPIC_KINDS = ("changes", "beacons", "summaries", "revocations")
 
 
 class ClusterState(enum.Enum):
@@ -301,17 +305,18 @@ class LocalCluster:
     def url(self, region: str) -> str:
         return self.nodes[region].url
 
-    def summary(self) -> str:
-        """What runs where, one line per service; passwords in URLs are masked."""
-        lines = []
-        kafka = self.resolved.kafka.bootstrap_servers
     def ssl_context(self, region: str) -> ssl.SSLContext | bool:
         """What ``region``'s node is checked against over https: its ``ca_file`` and client
         certificate (the topology's, else ``$AGENT_REACH_CA_FILE`` …), as its peers check it."""
         return self.resolved.node_config(region).with_environment().client_ssl_context()
 
+    def summary(self) -> str:
+        """What runs where, one line per service; passwords in URLs are masked."""
+        lines = []
+        kafka = self.resolved.kafka.bootstrap_servers
+        prefix = self.resolved.kafka.topic_prefix
         lines.append(f"  kafka {mask_url(kafka)}{' (embedded)' if self.kafka else ''}  topics "
-                     f"{self.resolved.kafka.topic_prefix}.changes.<region>")
+                     f"{prefix}.{{{','.join(TOPIC_KINDS)}}}.<region>")
         for region in self.resolved.regions:
             node = self.nodes[region.name]
             server = self.redis.get(region.name)
@@ -419,8 +424,9 @@ async def _all_or_none(starts: list[Coroutine[Any, Any, object]]) -> None:
             raise error
 
 
-def _check_ports_free(topology: Topology) -> None:
-    """Fail early, in one line, when a region's node port is taken (rather than in a node's log)."""
+def busy_node_port(topology: Topology) -> str | None:
+    """The first region whose node port is taken, in words (``port 7101 of region us-east
+    (http://127.0.0.1:7101) is in use``); None when every node can listen where its URL says."""
     for region in topology.regions:
         parts = urlsplit(region.node_urls[0])
         host, port = parts.hostname or "127.0.0.1", parts.port
@@ -432,9 +438,16 @@ def _check_ports_free(topology: Topology) -> None:
                 probe.bind((host, port))
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
-                    raise LauncherError(f"port {port} of region {region.name} ({region.node_urls[0]}) is in use; "
-                                        "stop what listens there, or run 'agent-reach up --any-port'") from exc
+                    return f"port {port} of region {region.name} ({region.node_urls[0]}) is in use"
                 # Any other problem (an address not on this machine …) is the node's to report.
+    return None
+
+
+def _check_ports_free(topology: Topology) -> None:
+    """Fail early, in one line, when a region's node port is taken (rather than in a node's log)."""
+    busy = busy_node_port(topology)
+    if busy is not None:
+        raise LauncherError(f"{busy}; stop what listens there, or run 'agent-reach up --any-port'")
 
 
 def _free_port() -> int:
