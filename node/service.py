@@ -57,7 +57,7 @@ from .parts import NodeParts, build_parts
 from .routing import AgentQuery, Decision, Searcher, SummaryOnlyLookups
 from .store import HeartbeatResult, stored_version
 from .trust import EgressDenied, Revocation, authorize_agent, may_see
-from .view import CacheState
+from .view import HTTP_HOLDER, CacheState
 
 log = logging.getLogger(__name__)
 
@@ -226,10 +226,13 @@ class RegistryNode:
                                     heartbeat_interval_ms=max(100, stored.lease_ttl_ms // 3))
         return response, created
 
-    async def heartbeat(self, agent_id: str, heartbeat: Heartbeat, caller: TokenClaims) -> HeartbeatResult:
+    async def heartbeat(self, agent_id: str, heartbeat: Heartbeat, caller: TokenClaims, *,
+                        session: bool = False) -> HeartbeatResult:
         """Renew the lease; a new status is a change of the record (a version, an event for
         peers), a new load is not (``node.store.loads``: load stays home). The API answers from the
-        result's version, lease and ``changed`` (``HeartbeatResponse``'s fields)."""
+        result's version, lease and ``changed`` (``HeartbeatResponse``'s fields). ``session``: a
+        renewal over a session (``node.http.sessions``), counted apart; an HTTP heartbeat is a sign
+        of life that clears a suspect mark (``node.view.suspects``)."""
         authorize_agent(caller, agent_id)
         now = now_ms()
         known = self.cache.index.get(agent_id)
@@ -249,7 +252,10 @@ class RegistryNode:
             self.cache.touch_lease(agent_id, result.lease_expires_at_ms)
         if load is not None:
             self.cache.index.set_load(agent_id, load)
-        self.metrics.count(self.metrics.heartbeats, "changed" if result.changed else "load" if load is not None else "lease")
+        if not session and agent_id in self.cache.index.suspects:
+            await self.cache.suspects.hold([agent_id], session=HTTP_HOLDER)
+        self.metrics.count(self.metrics.session_renewals if session else self.metrics.heartbeats,
+                           "changed" if result.changed else "load" if load is not None else "lease")
         return result
 
     async def report_load(self, agent_id: str, load: Load, caller: TokenClaims) -> LoadReportResponse:
@@ -314,7 +320,7 @@ class RegistryNode:
 
     def routable(self, record: AgentRecord) -> bool:
         """Would the router consider this record (local or remote), breakers aside?"""
-        if not record.routable_state:
+        if not record.routable_state or record.agent_id in self.cache.index.suspects:
             return False
         # Remote records carry no live lease: their home region deletes them when it ends.
         return record.region != self.region or record.lease_expires_at_ms > self.cache.routable_now_ms()

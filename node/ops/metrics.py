@@ -89,6 +89,9 @@ class NodeMetrics:
                                      registry=self.registry)
         self.heartbeats = Counter("agent_reach_heartbeats", "Heartbeats by effect",
                                   ["effect"], registry=self.registry).labels
+        self.session_renewals = Counter("agent_reach_session_renewals",
+                                        "Lease renewals over sessions (GET /v1/session) by effect; HTTP heartbeats "
+                                        "are agent_reach_heartbeats", ["effect"], registry=self.registry).labels
         self.load_reports = Counter("agent_reach_load_reports", "Load reports accepted (PUT …/load)",
                                     registry=self.registry)
         self.deregistrations = Counter("agent_reach_deregistrations", "Deregistrations", registry=self.registry)

@@ -321,9 +321,8 @@ class CandidateTables:
 
     def _screen(self, matched: Matched, source: Source, request: RouteRequest,
                 constraint: VersionConstraint | None, *, now_ms: int) -> _Screening:
-        """Drop what the request's version and labels exclude; sort the rest into routable,
-        ejected by a breaker, and rejected (counted by reason)."""
-        screening = _Screening()
+        """Drop what version, labels and tags exclude; sort the rest: routable, ejected, rejected (by reason)."""
+        screening, suspects, horizon = _Screening(), source.index.suspects, source.lease_horizon_ms
         for record, capability in matched:
             if constraint is not None and capability is not None and not constraint.accepts(capability.parsed_version):
                 screening.reject(record.agent_id, "incompatible_version")
@@ -341,7 +340,8 @@ class CandidateTables:
             changes_at = self.outcomes.next_change_ms(record.agent_id)
             if changes_at is not None:
                 screening.valid_until_ms = min(screening.valid_until_ms, changes_at)
-            problem = self.unroutable(record, now_ms=now_ms, lease_horizon_ms=source.lease_horizon_ms)
+            problem = "suspect" if record.agent_id in suspects else self.unroutable(record, now_ms=now_ms,
+                                                                                      lease_horizon_ms=horizon)
             if problem == "circuit_open":
                 screening.ejected.append((record, capability))
             elif problem is not None:

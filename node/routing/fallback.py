@@ -79,7 +79,8 @@ def semantic_levels(hits: Sequence[SemanticMatch], sources: Sequence[Source], *,
             if (record is None or record.agent_id in excluded or record.agent_id == caller.sub
                     or not record.semantic_fallback or not caller_allowed(record, caller)):
                 continue
-            if tables.unroutable(record, now_ms=now_ms, lease_horizon_ms=horizon):
+            if record.agent_id in source.index.suspects or tables.unroutable(record, now_ms=now_ms,
+                                                                             lease_horizon_ms=horizon):
                 continue
             candidates.append(Candidate(record=record, weight=tables.weight(record),
                                         target=route_target(record, source), capability=hit.capability,

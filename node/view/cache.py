@@ -28,6 +28,7 @@ from ..core import StoreUnavailable, now_ms
 from ..core.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Load
 from ..store import LoadFeed, RegionSnapshots, RegionStore, build, compact, holding, is_compact, share_load
 from .follower import FollowerState, StreamFollower
+from .suspects import SuspectList
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class AgentIndex:
     """Records of one region by agent_id and by capability name (no I/O)."""
 
     __slots__ = ("region", "records", "by_capability", "version", "generation", "capability_generation",
-                 "_changes", "_reset_generation")
+                 "suspects", "_changes", "_reset_generation")
 
     def __init__(self, region: str) -> None:
         self.region = region
@@ -58,6 +59,9 @@ class AgentIndex:
         # reader's table derived at an older generation must look at again (changes_since).
         self._changes: dict[str, deque[tuple[int, str]]] = {}
         self._reset_generation = 0
+        # Agents whose session dropped, with the record version they were suspected at
+        # (node.view.suspects): held, leased, not routable. A newer record is never suspect.
+        self.suspects: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.records)
@@ -79,8 +83,29 @@ class AgentIndex:
         self.records[record.agent_id] = record
         for capability in record.capabilities:
             self.by_capability.setdefault(capability.name, {})[record.agent_id] = record
+        if self.suspects and self.suspects.get(record.agent_id, record.version) < record.version:
+            del self.suspects[record.agent_id]  # registered again, or a new status: a sign of life
         self._bump(record)
         return previous
+
+    def suspect(self, agent_id: str, version: int) -> bool:
+        """Hold ``agent_id`` as suspect at record ``version`` (not routable, lease kept); True if
+        that changed anything (a change for the readers of ``changes_since``)."""
+        record = self.records.get(agent_id)
+        if record is None or record.version > version or agent_id in self.suspects:
+            return False
+        self.suspects[agent_id] = version
+        self._bump(record)
+        return True
+
+    def unsuspect(self, agent_id: str) -> bool:
+        """``agent_id`` is no longer suspect (it came back); True if it was."""
+        if self.suspects.pop(agent_id, None) is None:
+            return False
+        record = self.records.get(agent_id)
+        if record is not None:
+            self._bump(record)
+        return True
 
     def set_load(self, agent_id: str, load: Load) -> bool:
         """Set the live load of a held record (in place: load is soft state, ``node.store.loads``); True
@@ -93,6 +118,7 @@ class AgentIndex:
         return True
 
     def remove(self, agent_id: str) -> AgentRecord | None:
+        self.suspects.pop(agent_id, None)
         previous = self.records.pop(agent_id, None)
         if previous is not None:
             self._unindex(previous)
@@ -190,6 +216,8 @@ class AgentIndex:
         self._reset_generation = self.generation
         self.capability_generation.update(dict.fromkeys(self.by_capability, self.generation))
         self.version = version
+        self.suspects = {agent_id: suspected for agent_id, suspected in self.suspects.items()
+                         if (record := self.records.get(agent_id)) is not None and record.version <= suspected}
         return self._changes_from(old, self.records, version)
 
     def _changes_from(self, old: dict[str, AgentRecord], new: dict[str, AgentRecord],
@@ -242,6 +270,7 @@ class RegionCache(StreamFollower[ChangeEvent]):
         self.preserving = False
         self.lease_synced_at_ms = 0
         self.loads = LoadFeed(store, self.index.set_load)
+        self.suspects = SuspectList(store, self.index)
 
     def routable_now_ms(self) -> int:
         """Leases that ended before this instant are certainly over (see module docstring)."""
@@ -296,7 +325,8 @@ class RegionCache(StreamFollower[ChangeEvent]):
 
     def _background(self) -> dict[str, Coroutine[Any, Any, None]]:
         return {f"cache-leases-{self.store.region}": self._sync_leases(),
-                f"cache-loads-{self.store.region}": self.loads.run()}
+                f"cache-loads-{self.store.region}": self.loads.run(),
+                f"cache-suspects-{self.store.region}": self.suspects.run()}
 
     def _apply_stream_event(self, event: ChangeEvent) -> bool:
         current = self.index.get(event.agent_id)
