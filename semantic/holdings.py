@@ -3,8 +3,9 @@ built from them, kept in step.
 
 Per owner (agent) its documents, in order; from them two BM25 indexes (each capability, keyed by
 doc id; one agent-level text of every field, keyed by owner id), the spelling corrector's words,
-and, once an embedder is loaded, three vector indexes (capabilities, their example requests, the
-agent vector). A mutation replaces or forgets an owner in all of them at once, and the owner
+and, once the embedders are loaded, three vector indexes per model (capabilities, their example
+requests, the agent vector: :class:`ModelVectors`), each model's apart. Every model's indexes see
+the same upserts and removals in the same order, so a row names the same text in all of them. A mutation replaces or forgets an owner in all of them at once, and the owner
 layout the ranking reads (:class:`~semantic.ranking.OwnerLayout`) is rebuilt after it.
 
 The lexical indexes and the speller keep no term list per document: a replaced or removed text
@@ -25,7 +26,19 @@ from .lexical import LexicalIndex
 from .ranking import ExampleGroups, OwnerLayout
 from .spelling import SpellingCorrector
 
-__all__ = ["Holdings", "agent_vector"]
+__all__ = ["Holdings", "ModelVectors", "agent_vector"]
+
+
+class ModelVectors:
+    """One model's vectors: capabilities by doc id, example requests by example key
+    (``"<doc_id>\n<n>"``), agents by owner id."""
+
+    __slots__ = ("capabilities", "examples", "agents")
+
+    def __init__(self, dimension: int) -> None:
+        self.capabilities = VectorIndex(dimension=dimension)
+        self.examples = VectorIndex(dimension=dimension)
+        self.agents = VectorIndex(dimension=dimension)
 
 
 class Holdings:
@@ -33,7 +46,7 @@ class Holdings:
 
     Config (keyword-only): ``text_format`` (how capability documents are flattened for the
     embedder), ``bm25_k1``, ``bm25_b``, ``bm25_bigrams`` (:class:`LexicalIndex`). The vector
-    indexes exist only after :meth:`attach_vectors`. Not safe for concurrent use: the facade
+    indexes exist only after :meth:`attach_vectors`, one :class:`ModelVectors` per model. Not safe for concurrent use: the facade
     mutates it from one event loop, with no await inside a mutation.
     """
 
@@ -44,10 +57,8 @@ class Holdings:
                                                text_of=self._capability_text)
         self.agent_lexical = LexicalIndex(k1=bm25_k1, b=bm25_b, bigrams=bm25_bigrams, text_of=self._agent_text)
         self.speller = SpellingCorrector(text_of=self._agent_text)
-        self.capability_vectors: VectorIndex | None = None
-        self.agent_vectors: VectorIndex | None = None
+        self.models: list[ModelVectors] = []
         # Example requests: one vector each, keyed "<doc_id>\n<n>"; doc id -> its example keys.
-        self.example_vectors: VectorIndex | None = None
         self._example_keys: dict[str, tuple[str, ...]] = {}
         # Bumped by every mutation (vector rows and BM25 slots move): invalidates the caches below.
         self._version = 0
@@ -60,11 +71,22 @@ class Holdings:
         self._documents: dict[str, Document] = {}
         self._document_count = 0
 
-    def attach_vectors(self, dimension: int) -> None:
-        """Create the vector indexes (the embedder is loaded; nothing is indexed yet)."""
-        self.capability_vectors = VectorIndex(dimension=dimension)
-        self.agent_vectors = VectorIndex(dimension=dimension)
-        self.example_vectors = VectorIndex(dimension=dimension)
+    def attach_vectors(self, dimensions: Sequence[int]) -> None:
+        """Create each model's vector indexes (the embedders are loaded; nothing is indexed yet)."""
+        self.models = [ModelVectors(dimension) for dimension in dimensions]
+
+    # The first model's indexes: where the rows the layout reads are (every model's are the same).
+    @property
+    def capability_vectors(self) -> VectorIndex | None:
+        return self.models[0].capabilities if self.models else None
+
+    @property
+    def agent_vectors(self) -> VectorIndex | None:
+        return self.models[0].agents if self.models else None
+
+    @property
+    def example_vectors(self) -> VectorIndex | None:
+        return self.models[0].examples if self.models else None
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -158,8 +180,8 @@ class Holdings:
 
     # -- mutations -------------------------------------------------------------------------
 
-    def replace(self, owner_id: str, documents: Sequence[Document], vectors: np.ndarray | None) -> None:
-        """Hold ``documents`` (validated) as all of ``owner_id``'s, with their vectors in
+    def replace(self, owner_id: str, documents: Sequence[Document], vectors: Sequence[np.ndarray] | None) -> None:
+        """Hold ``documents`` (validated) as all of ``owner_id``'s, with each model's vectors in
         :meth:`embedding_texts` order (None: lexical only); an empty list forgets the owner."""
         self._version += 1
         new_ids = {document.doc_id for document in documents}
@@ -181,8 +203,8 @@ class Holdings:
                 self.capability_lexical.upsert(document.doc_id, lexical_text(document))
             else:  # a description is part of the agent-level document only
                 self.capability_lexical.remove(document.doc_id)
-                if self.capability_vectors is not None:
-                    self.capability_vectors.remove(document.doc_id)
+                for model in self.models:
+                    model.capabilities.remove(document.doc_id)
             self._documents[document.doc_id] = document  # the text the capability index now holds
         self._owner_docs[owner_id] = tuple(map(_held, documents))
         for document, held in zip(documents, self._owner_docs[owner_id]):
@@ -206,44 +228,48 @@ class Holdings:
     def _agent_text(self, owner_id: str) -> str:
         return agent_lexical_text(self.documents_of(owner_id))
 
-    def _store_vectors(self, owner_id: str, documents: Sequence[Document], vectors: np.ndarray) -> None:
+    def _store_vectors(self, owner_id: str, documents: Sequence[Document], vectors: Sequence[np.ndarray]) -> None:
         # Rows come in embedding_texts order: capabilities, then their examples, then descriptions.
-        if self.capability_vectors is None or self.agent_vectors is None or self.example_vectors is None:
-            return
+        if len(vectors) != len(self.models):
+            raise InvalidDocumentError(f"{len(vectors)} models' vectors for {len(self.models)} models' indexes")
         self._version += 1
         capabilities = [document for document in documents if document.capability is not None]
-        if capabilities:
-            self.capability_vectors.upsert_many([document.doc_id for document in capabilities],
-                                                vectors[: len(capabilities)])
+        capability_ids = [document.doc_id for document in capabilities]
+        for model, model_vectors in zip(self.models, vectors):
+            if capabilities:
+                model.capabilities.upsert_many(capability_ids, model_vectors[: len(capabilities)])
         row = len(capabilities)
         for document in capabilities:
             self._forget_examples(document.doc_id)
             if document.examples:
                 keys = tuple(f"{document.doc_id}\n{number}" for number in range(len(document.examples)))
-                self.example_vectors.upsert_many(keys, vectors[row : row + len(keys)])
+                for model, model_vectors in zip(self.models, vectors):
+                    model.examples.upsert_many(keys, model_vectors[row : row + len(keys)])
                 self._example_keys[document.doc_id] = keys
                 row += len(keys)
-        self.agent_vectors.upsert(owner_id, agent_vector(vectors))
+        for model, model_vectors in zip(self.models, vectors):
+            model.agents.upsert(owner_id, agent_vector(model_vectors))
 
     def _forget_examples(self, doc_id: str) -> None:
         keys = self._example_keys.pop(doc_id, ())
-        if keys and self.example_vectors is not None:
-            self.example_vectors.remove_many(keys)
+        if keys:
+            for model in self.models:
+                model.examples.remove_many(keys)
         self._version += 1
 
     def _forget_agent(self, owner_id: str) -> None:
         self._version += 1
         self.agent_lexical.remove(owner_id)
         self.speller.remove(owner_id)
-        if self.agent_vectors is not None:
-            self.agent_vectors.remove(owner_id)
+        for model in self.models:
+            model.agents.remove(owner_id)
 
     def _forget(self, doc_id: str) -> None:
         self.capability_lexical.remove(doc_id)  # first: its text is read back from the document
         self._documents.pop(doc_id, None)
         self._forget_examples(doc_id)  # bumps _version: capability rows move on removal too
-        if self.capability_vectors is not None:
-            self.capability_vectors.remove(doc_id)
+        for model in self.models:
+            model.capabilities.remove(doc_id)
 
 
 class _Description:

@@ -48,9 +48,17 @@ __all__ = [
     "STEMMER_ALGORITHM",
     "index_terms",
     "mostly_cjk",
+    "MAX_WORD_CHARS",
+    "MAX_QUERY_TERMS",
 ]
 
 DEFAULT_K1 = 1.2
+# Longer runs of letters or digits are no words (a pasted hash, a flood): not terms, and never
+# stemmed or cached (a 2,000-letter word would cost its stem and a cache entry per query).
+MAX_WORD_CHARS = 64
+# A query's distinct terms past this many are not scored (each costs a posting lookup; a 2,000-
+# character Chinese query has ~2,000 bigrams).
+MAX_QUERY_TERMS = 256
 DEFAULT_B = 0.75
 DEFAULT_BIGRAMS = True
 _INITIAL_SLOTS = 1024
@@ -129,7 +137,7 @@ def _terms(text: str) -> list[tuple[str, bool]]:
     for match in _TOKEN.finditer(spaced):
         word = match.group("word")
         if word is not None:
-            if len(word) > 1 and word not in _STOPWORDS:
+            if 1 < len(word) <= MAX_WORD_CHARS and word not in _STOPWORDS:
                 terms.append((stem(word), True))
             continue
         run = match.group("cjk")
@@ -353,7 +361,7 @@ class LexicalIndex:
 
     def score(self, query: str) -> LexicalScores:
         """BM25 of every document sharing a term with ``query`` (unordered)."""
-        terms = set(index_terms(query, bigrams=self._bigrams))
+        terms = set(list(dict.fromkeys(index_terms(query, bigrams=self._bigrams)))[:MAX_QUERY_TERMS])
         count = len(self._slot_of)
         if not terms or count == 0:
             return LexicalScores(

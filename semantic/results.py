@@ -29,10 +29,14 @@ __all__ = [
     "SearchTimings",
     "SUGGESTED_MIN_SCORE_HYBRID",
     "SUGGESTED_MIN_SCORE_LEXICAL",
+    "SUGGESTED_MIN_SCORE_HYBRID_CJK",
     "suggested_min_score",
 ]
 
 SUGGESTED_MIN_SCORE_HYBRID = 0.205
+# A query mostly in Chinese, Japanese or Korean is ranked by the multilingual encoder alone and
+# its BM25 coverage counts bigrams: its scores live on a scale of their own.
+SUGGESTED_MIN_SCORE_HYBRID_CJK = 0.205
 SUGGESTED_MIN_SCORE_LEXICAL = 0.07
 
 
@@ -77,6 +81,7 @@ class SearchResult:
     hits: list[SearchHit]
     timings: SearchTimings = field(default_factory=SearchTimings)
     corrected_query: str | None = None  # what was ranked, when spelling correction changed the query
+    mostly_cjk: bool = False  # the query is mostly Chinese, Japanese or Korean (its own hybrid threshold)
 
     @property
     def best(self) -> SearchHit | None:
@@ -86,4 +91,8 @@ class SearchResult:
     def suggested_threshold(self) -> float | None:
         """The score :attr:`best` needs to be trusted, by :attr:`ranking` (a mostly-Chinese query
         is ranked lexically even in hybrid mode); None for the diagnostic vector ranking."""
-        return None if self.ranking is Ranking.VECTOR else suggested_min_score(self.ranking)
+        if self.ranking is Ranking.VECTOR:
+            return None
+        if self.ranking is Ranking.HYBRID and self.mostly_cjk:
+            return SUGGESTED_MIN_SCORE_HYBRID_CJK
+        return suggested_min_score(self.ranking)

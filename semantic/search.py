@@ -81,8 +81,11 @@ from enum import Enum
 
 import numpy as np
 
+from .blend import QueryVectors, bounded_query, embeddable, encode_query, encoder_shares
 from .documents import DEFAULT_TEXT_FORMAT, Document, TextFormat, embedding_query
-from .embedder import Embedder, packaged_model_path
+from .embedder import Embedder
+from .cache import VectorCache
+from .encoders import DEFAULT_MODEL_ID, USE_MODEL_ID, encoder_for, packaged_model_path
 from .errors import EmbedderUnavailable, SearchClosedError
 from .holdings import Holdings
 from .lexical import DEFAULT_B, DEFAULT_BIGRAMS, DEFAULT_K1, mostly_cjk
@@ -110,6 +113,10 @@ __all__ = [
     "DEFAULT_AGENT_LEXICAL_WEIGHT",
     "DEFAULT_EXAMPLE_WEIGHT",
     "MAX_K",
+    "DEFAULT_ENCODERS",
+    "DEFAULT_ENCODER_WEIGHTS",
+    "default_embedders",
+    "default_encoder_weights",
     "SUGGESTED_MIN_SCORE_HYBRID",
     "SUGGESTED_MIN_SCORE_LEXICAL",
     "suggested_min_score",
@@ -122,6 +129,26 @@ DEFAULT_AGENT_VECTOR_WEIGHT = 0.7
 DEFAULT_AGENT_LEXICAL_WEIGHT = 1.0
 DEFAULT_EXAMPLE_WEIGHT = 0.5
 MAX_K = 1_000
+# The encoders a node ranks with unless told otherwise, and each one's share of the cosine
+# (module docstring: chosen on the tuning set).
+DEFAULT_ENCODERS = ("minilm", "usem3")
+DEFAULT_ENCODER_WEIGHTS = {DEFAULT_MODEL_ID: 0.6, USE_MODEL_ID: 0.4}
+
+
+def default_embedders(names: Sequence[str | None] = DEFAULT_ENCODERS, *,
+                      cache: VectorCache | None = None) -> list[Embedder]:
+    """One embedder per encoder name (:func:`~semantic.encoders.encoder_for`), sharing ``cache``
+    (keys name the model, so each model's vectors stay apart)."""
+    return [Embedder(encoder=encoder_for(name), cache=cache) for name in names]
+
+
+def default_encoder_weights(embedders: Sequence[Embedder]) -> list[float]:
+    """Each embedder's share of the cosine: the measured one for a model of the default pair
+    (when both are there), equal shares otherwise."""
+    model_ids = [getattr(embedder, "model_id", None) for embedder in embedders]
+    if len(embedders) > 1 and set(model_ids) == set(DEFAULT_ENCODER_WEIGHTS):
+        return [DEFAULT_ENCODER_WEIGHTS[model_id] for model_id in model_ids]  # type: ignore[index]
+    return [1.0] * len(embedders)
 
 
 class SearchState(Enum):
@@ -163,6 +190,8 @@ class SemanticSearch:
         self,
         *,
         embedder: Embedder | None = None,
+        embedders: Sequence[Embedder] | None = None,
+        encoder_weights: Sequence[float] | None = None,
         semantic_enabled: bool = True,
         vector_weight: float = DEFAULT_VECTOR_WEIGHT,
         agent_vector_weight: float = DEFAULT_AGENT_VECTOR_WEIGHT,
@@ -179,8 +208,16 @@ class SemanticSearch:
                                 agent_lexical=agent_lexical_weight, example=example_weight)
         self._holdings = Holdings(text_format=text_format, bm25_k1=bm25_k1, bm25_b=bm25_b, bm25_bigrams=bm25_bigrams)
         self._semantic_enabled = semantic_enabled
-        self._owns_embedder = embedder is None and semantic_enabled
-        self._embedder = embedder if embedder is not None or not semantic_enabled else Embedder()
+        if embedder is not None and embedders is not None:
+            raise ValueError("pass either embedder= or embedders=, not both")
+        given = [embedder] if embedder is not None else list(embedders) if embedders is not None else None
+        self._owns_embedder = given is None and semantic_enabled
+        self._embedders: list[Embedder] = (given if given is not None else default_embedders()) if semantic_enabled else []
+        if encoder_weights is None:
+            encoder_weights = default_encoder_weights(self._embedders)
+        if len(encoder_weights) != len(self._embedders) and self._embedders:
+            raise ValueError(f"{len(encoder_weights)} encoder weights for {len(self._embedders)} embedders")
+        self._shares = encoder_shares(encoder_weights) if self._embedders else ()
         self._correct_spelling = correct_spelling
         self._strip_request_openings = strip_request_openings
         self._mode = SearchMode.LEXICAL
@@ -210,7 +247,13 @@ class SemanticSearch:
 
     @property
     def embedder(self) -> Embedder | None:
-        return self._embedder
+        """The first of :attr:`embedders` (None without any)."""
+        return self._embedders[0] if self._embedders else None
+
+    @property
+    def embedders(self) -> list[Embedder]:
+        """The embedders whose vectors rank (those that loaded, once started), each model's apart."""
+        return list(self._embedders)
 
     async def __aenter__(self) -> SemanticSearch:
         await self.start()
@@ -220,38 +263,63 @@ class SemanticSearch:
         await self.aclose()
 
     async def start(self) -> None:
-        """Load the embedder (if enabled). Idempotent; never raises for a missing model."""
+        """Load the embedders (if enabled), side by side. Idempotent; never raises for a missing
+        model: one that cannot load is left out (and named in :attr:`unavailable_reason`), and
+        without any the facade serves lexically."""
         async with self._start_lock:
             if self._state is SearchState.CLOSED:
                 raise SearchClosedError("the search facade was closed; create a new one")
             if self._state is SearchState.READY:
                 return
-            if self._embedder is not None:
-                try:
-                    await self._embedder.load()
-                except EmbedderUnavailable as exc:
-                    self.unavailable_reason = str(exc)
-                    logger.warning("semantic search runs lexical-only: %s", exc)
-                else:
-                    # Nothing is indexed yet: every mutation starts the facade first.
-                    self._holdings.attach_vectors(self._embedder.dimension)
-                    self._mode = SearchMode.HYBRID
-                    # An embedder without a word list (a stand-in, a tokenizer without vocabulary)
-                    # leaves spelling correction off rather than guessing at typos.
-                    known_words = getattr(self._embedder, "known_words", None)
-                    self._holdings.speller.set_dictionary(known_words() if callable(known_words) else None)
+            if self._embedders:
+                await self._load_embedders()
+            if self._embedders:
+                # Nothing is indexed yet: every mutation starts the facade first.
+                self._holdings.attach_vectors([embedder.dimension for embedder in self._embedders])
+                self._mode = SearchMode.HYBRID
+                # An embedder without a word list (a stand-in, a tokenizer without vocabulary)
+                # leaves spelling correction off rather than guessing at typos.
+                for embedder in self._embedders:
+                    known_words = getattr(embedder, "known_words", None)
+                    words = known_words() if callable(known_words) else None
+                    if words:
+                        break
+                self._holdings.speller.set_dictionary(words)
             if self._mode is SearchMode.LEXICAL and self._correct_spelling:
                 # No model loaded: the packaged model's word list still tells typos, if installed.
                 self._holdings.speller.set_dictionary(_packaged_dictionary())
             self._state = SearchState.READY
 
+    async def _load_embedders(self) -> None:
+        outcomes = await asyncio.gather(*(embedder.load() for embedder in self._embedders), return_exceptions=True)
+        kept, shares, reasons = [], [], []
+        for embedder, share, outcome in zip(self._embedders, self._shares, outcomes):
+            if isinstance(outcome, EmbedderUnavailable):
+                reasons.append(str(outcome))
+                logger.warning("semantic search runs without %s: %s", getattr(embedder, "model_id", "a model"),
+                               outcome)
+                if self._owns_embedder:
+                    await embedder.aclose()
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                kept.append(embedder)
+                shares.append(share)
+        self._embedders = kept
+        self._shares = encoder_shares(shares) if kept else ()
+        if reasons:
+            self.unavailable_reason = "; ".join(reasons)
+            if not kept:
+                logger.warning("semantic search runs lexical-only")
+
     async def aclose(self) -> None:
-        """Close the embedder if this facade built it. Idempotent."""
+        """Close the embedders if this facade built them. Idempotent."""
         if self._state is SearchState.CLOSED:
             return
         self._state = SearchState.CLOSED
-        if self._owns_embedder and self._embedder is not None:
-            await self._embedder.aclose()
+        if self._owns_embedder:
+            for embedder in self._embedders:
+                await embedder.aclose()
 
     async def _ensure_started(self) -> None:
         if self._state is SearchState.CLOSED:
@@ -305,7 +373,7 @@ class SemanticSearch:
             offset = 0
             for owner_id, documents in documents_by_owner.items():
                 count = len(texts_by_owner[owner_id])
-                owner_vectors = None if vectors is None else vectors[offset : offset + count]
+                owner_vectors = None if vectors is None else [model[offset : offset + count] for model in vectors]
                 offset += count
                 if self._owner_generation.get(owner_id) != generations[owner_id]:
                     continue
@@ -330,10 +398,10 @@ class SemanticSearch:
             self._owner_generation[owner_id] = self._generation
         return self._holdings.remove(owner_id)
 
-    async def _encode(self, texts: Sequence[str]) -> np.ndarray | None:
-        if self._mode is not SearchMode.HYBRID or self._embedder is None or not texts:
+    async def _encode(self, texts: Sequence[str]) -> list[np.ndarray] | None:
+        if self._mode is not SearchMode.HYBRID or not self._embedders or not texts:
             return None
-        return await self._embedder.encode(texts)
+        return list(await asyncio.gather(*(embedder.encode(texts) for embedder in self._embedders)))
 
     # -- search ----------------------------------------------------------------------------
 
@@ -357,64 +425,66 @@ class SemanticSearch:
         if not 1 <= k <= MAX_K:
             raise ValueError(f"k must be within 1..{MAX_K}, got {k}")
         await self._ensure_started()
-        if self._mode is SearchMode.HYBRID:
-            chosen = Ranking(ranking) if ranking is not None else Ranking.HYBRID
-            if chosen is Ranking.HYBRID and self._unreadable(query):
-                chosen = Ranking.LEXICAL
-        else:
-            chosen = Ranking.LEXICAL
+        chosen = (Ranking(ranking) if ranking is not None else Ranking.HYBRID) if self._mode is SearchMode.HYBRID \
+            else Ranking.LEXICAL
         if not query.strip() or not self._holdings.owner_count:
             return SearchResult(query, self._mode, chosen, [])
 
         encode_started = time.perf_counter()
-        searched = self._holdings.speller.correct(query) if self._correct_spelling else query
-        query_vector: np.ndarray | None = None
-        if chosen is not Ranking.LEXICAL and self._embedder is not None and self._holdings.agent_vectors is not None:
-            embedded = embedding_query(searched) if self._strip_request_openings else searched
-            query_vector = (await self._embedder.encode([embedded]))[0]
+        bounded = bounded_query(query)
+        searched = self._holdings.speller.correct(bounded) if self._correct_spelling else bounded
+        vectors = QueryVectors(())
+        if chosen is not Ranking.LEXICAL and self._holdings.models:
+            embedded = embeddable(embedding_query(searched) if self._strip_request_openings else searched)
+            vectors = await encode_query(self._embedders, self._shares, embedded)
+            if not vectors and chosen is Ranking.VECTOR:  # the diagnostic ranking: every model, read or not
+                vectors = await encode_query(self._embedders, self._shares, embedded, every_model=True)
+            if not vectors:  # no model reads this query (nor is any free): only its words rank
+                chosen = Ranking.LEXICAL
         rank_started = time.perf_counter()
         # No await from here on: the indexes cannot change under the ranking.
-        hits = self._rank(searched, query_vector, k, chosen, allow)
+        hits = self._rank(searched, vectors, k, chosen, allow)
         finished = time.perf_counter()
         timings = SearchTimings(
             encode_ms=(rank_started - encode_started) * 1000.0,
             rank_ms=(finished - rank_started) * 1000.0,
         )
         return SearchResult(query, self._mode, chosen, hits, timings,
-                            corrected_query=searched if searched != query else None)
+                            corrected_query=searched if searched != query else None, mostly_cjk=mostly_cjk(bounded))
 
-    def _capability_cosines(self, query_vector: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Capability cosines, and each capability's or its closest example request's, whichever
-        is higher (:func:`~semantic.ranking.best_cosines`), by capability row."""
+    def _cosines(self, vectors: QueryVectors) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Agent cosines by agent row, capability cosines and each capability's or its closest
+        example request's, whichever is higher (:func:`~semantic.ranking.best_cosines`), by
+        capability row: each the share-weighted mean over the models that read the query."""
         holdings = self._holdings
-        if holdings.capability_vectors is None:
-            raise SearchClosedError("no capability vectors: the facade is not in hybrid mode")
-        cosines = holdings.capability_vectors.similarities(query_vector)
-        if holdings.example_vectors is None or not len(holdings.example_vectors):
-            return cosines, cosines
-        return cosines, best_cosines(cosines, holdings.example_vectors.similarities(query_vector),
-                                     holdings.example_rows())
-
-    def _unreadable(self, query: str) -> bool:
-        # An English-only model maps Chinese text to vectors that all look alike (cosines of 0.3
-        # and more between unrelated texts): for such a query only the words can rank.
-        embedder = self._embedder
-        return embedder is not None and getattr(embedder, "english_only", False) and mostly_cjk(query)
+        agents = capabilities = examples = None
+        for position, share, vector in vectors.parts:
+            model = holdings.models[position]
+            agent_part = share * model.agents.similarities(vector)
+            capability_part = share * model.capabilities.similarities(vector)
+            example_part = share * model.examples.similarities(vector) if len(model.examples) else None
+            agents = agent_part if agents is None else agents + agent_part
+            capabilities = capability_part if capabilities is None else capabilities + capability_part
+            if example_part is not None:
+                examples = example_part if examples is None else examples + example_part
+        if agents is None or capabilities is None:
+            raise SearchClosedError("no query vector: the facade is not in hybrid mode")
+        if examples is None:
+            return agents, capabilities, capabilities
+        return agents, capabilities, best_cosines(capabilities, examples, holdings.example_rows())
 
     def _rank(
         self,
         query: str,
-        query_vector: np.ndarray | None,
+        vectors: QueryVectors,
         k: int,
         ranking: Ranking,
         allow: Callable[[str], bool] | None,
     ) -> list[SearchHit]:
         holdings = self._holdings
         agent_cosines = capability_cosines = capability_best = None
-        if (query_vector is not None and holdings.agent_vectors is not None
-                and holdings.capability_vectors is not None):
-            agent_cosines = holdings.agent_vectors.similarities(query_vector)
-            capability_cosines, capability_best = self._capability_cosines(query_vector)
+        if vectors and ranking is not Ranking.LEXICAL:
+            agent_cosines, capability_cosines, capability_best = self._cosines(vectors)
         lexical = ranking is not Ranking.VECTOR
         signals = QuerySignals(
             agent_cosines=agent_cosines,

@@ -13,7 +13,8 @@ no agent uses, stay as typed instead of being bent towards a registered near nei
 Without a dictionary nothing is corrected: a rare word cannot be told from a typo.
 
 Two further rules keep corrections safe, both the usual ones of fuzzy search: words shorter than
-``MIN_WORD_LENGTH`` are left alone (one edit changes a short word into too many others), and the
+``MIN_WORD_LENGTH`` are left alone (one edit changes a short word into too many others; words
+longer than ``MAX_WORD_LENGTH`` are too, for cost), and the
 first letter must match (typos there are rare, and it halves the false corrections).
 """
 
@@ -26,9 +27,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-__all__ = ["SpellingCorrector", "MIN_WORD_LENGTH", "vocabulary_words", "read_vocabulary_file"]
+__all__ = ["SpellingCorrector", "MIN_WORD_LENGTH", "MAX_WORD_LENGTH", "vocabulary_words", "read_vocabulary_file"]
 
 MIN_WORD_LENGTH = 5
+# Longer words are left as typed: the candidates of a word of n letters are ~54n strings of n
+# letters (a 2,000-letter word: ~100,000 strings, 200 MB and most of a second).
+MAX_WORD_LENGTH = 30
 _SHARED_SETS_MAX = 100_000  # distinct word sets shared (beyond it the table starts again)
 _LETTERS = string.ascii_lowercase
 _WORD = re.compile(r"[A-Za-z]+")
@@ -136,7 +140,7 @@ class SpellingCorrector:
     def _correct_match(self, match: re.Match[str]) -> str:
         typed = match.group(0)
         word = typed.lower()
-        if len(word) < MIN_WORD_LENGTH or not self._looks_misspelt(word):
+        if not MIN_WORD_LENGTH <= len(word) <= MAX_WORD_LENGTH or not self._looks_misspelt(word):
             return typed
         candidates = [candidate for candidate in _edits(word)
                       if candidate[0] == word[0] and candidate in self._text_count]

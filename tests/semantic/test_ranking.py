@@ -33,6 +33,8 @@ class ConceptEmbedder:
     """Texts -> unit vectors of the concepts their words name (unknown words spread thinly)."""
 
     dimension = DIMENSION
+    model_id = "concepts"
+    english_only = False
 
     def __init__(self) -> None:
         self.encoded = 0
@@ -43,7 +45,7 @@ class ConceptEmbedder:
     async def aclose(self) -> None:
         return None
 
-    async def encode(self, texts: list[str]) -> np.ndarray:
+    async def encode(self, texts: list[str], *, queries: bool = False) -> np.ndarray:
         self.encoded += len(texts)
         vectors = np.zeros((len(texts), DIMENSION), dtype=np.float32)
         for row, text in enumerate(texts):

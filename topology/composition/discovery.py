@@ -282,7 +282,7 @@ class SemanticDiscovery:
             return allow is None or allow(record.region, record.agent_id)
 
         result = await self.search_index.search(_as_sentence(text), k, allowed)
-        threshold = suggested_min_score(result.ranking)  # the default ranking: hybrid or lexical, never vector
+        threshold = result.suggested_threshold or suggested_min_score(result.ranking)  # hybrid or lexical, never vector
         matches = []
         for hit in result.hits:
             region, _, agent_id = hit.owner_id.partition(_OWNER_SEPARATOR)
