@@ -65,7 +65,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..core import NodeError, Settings
 
-__all__ = ["HiredisPacking", "RedisConnectSettings", "RedisTarget", "RedisUrlError", "pack_with_hiredis",
+__all__ = ["HiredisPacking", "RedisConnectSettings", "RedisTarget", "RedisUrlError", "as_moved", "pack_with_hiredis",
            "parse_redis_url", "redis_client"]
 
 DEFAULT_REDIS_PORT = 6379
@@ -413,12 +413,26 @@ class _LocatedConnection(Connection):
         self.host, self.port = await self.locator.locate()
         await super()._connect()
 
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except ResponseError as exc:
+            raise as_moved(exc) from None
+
     async def disconnect(self, nowait: bool = False, error: Exception | None = None, failure_count: int | None = None,
                          health_check_failed: bool = False) -> None:
         if error is not None or health_check_failed:
             self.locator.forget((self.host, self.port))
         await super().disconnect(nowait=nowait, error=error, failure_count=failure_count,
                                  health_check_failed=health_check_failed)
+
+
+def as_moved(error: Exception) -> Exception:
+    """``error``, or — a script's write refused by a demoted primary (``Error running script …
+    -READONLY …``) — the :class:`ReadOnlyError` it is, so the retry reconnects to the new primary."""
+    if type(error) is ResponseError and "-READONLY " in str(error):
+        return ReadOnlyError(str(error))
+    return error
 
 
 class _LocatedSSLConnection(_LocatedConnection, SSLConnection):

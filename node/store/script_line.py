@@ -35,6 +35,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .connect import as_moved
+
 __all__ = ["ScriptLine", "Unreplicated"]
 
 Arg = str | bytes | int | float
@@ -164,7 +166,7 @@ class _Replies(asyncio.Protocol):
             if waiter.done():  # its caller gave up (cancelled): the reply is read and dropped
                 continue
             if isinstance(reply, Exception):
-                waiter.set_exception(reply)
+                waiter.set_exception(as_moved(reply))
             else:
                 waiter.set_result(reply)
 

@@ -118,3 +118,34 @@ async def test_with_wait_no_acknowledged_write_is_lost_in_a_failover() -> None:
             assert await _stored(node, seen.acknowledged) == set(seen.acknowledged)
         finally:
             await node.aclose()
+
+
+async def test_writes_follow_a_manual_failover_while_the_old_primary_still_runs() -> None:
+    # SENTINEL FAILOVER demotes a primary that is alive: the node's open connections stay up and
+    # its next script is refused with READONLY, which must send it to the new primary.
+    with SentinelGroup(replicas=1, sentinels=3, down_after_ms=1_000) as group:
+        node = await _node(group.url(), "switchover", lease_sync_interval_ms=100)
+        try:
+            await node.register(registration("lang.switch.before", lease_ttl_ms=120_000))
+            old_primary = group.current_primary()
+            group.sentinels[0].client().execute_command("SENTINEL", "FAILOVER", group.master_name)
+
+            def demoted() -> bool:
+                return (group.current_primary().port != old_primary.port
+                        and group.data_client(old_primary).info("replication")["role"] == "slave")
+
+            await wait_for(demoted, timeout_s=FAILOVER_DEADLINE_S, message="the old primary demoted")
+
+            async def written() -> bool:
+                status, _ = await node.call("POST", "/v1/agents",
+                                            json=registration("lang.switch.after", lease_ttl_ms=120_000))
+                return status in (200, 201)
+
+            await wait_for(written, timeout_s=FAILOVER_DEADLINE_S, message="a write on the new primary")
+            new_primary = group.data_client(group.current_primary())
+            assert new_primary.hget("ar:{switchover}:agents", "lang.switch.after") is not None
+            assert new_primary.hget("ar:{switchover}:agents", "lang.switch.before") is not None
+            status, body = await node.call("PUT", "/v1/agents/lang.switch.before/heartbeat", json={})
+            assert status == 200, body
+        finally:
+            await node.aclose()
