@@ -7,6 +7,11 @@ shape is accepted too — ``agent-reach up`` writes one with the embedded servic
 
     [kafka]                          # omit bootstrap_servers: `agent-reach up` embeds a broker
     topic_prefix = "agent-reach"
+    # security_protocol = "SASL_SSL"  # PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL (federation.security)
+    # sasl_mechanism = "SCRAM-SHA-512"
+    # sasl_username = "agent-reach"
+    # sasl_password_file = "/run/secrets/kafka-password"   # or sasl_password_env = "KAFKA_PASSWORD"
+    # ssl_cafile = "/etc/agent-reach/kafka-ca.pem"         # mutual TLS: ssl_certfile, ssl_keyfile too
 
     [federation]
     beacon_interval_ms = 1000
@@ -59,6 +64,7 @@ from federation.config import (
     FederationConfig,
     PeerConfig,
 )
+from federation.security import KafkaSecurity
 from node.config import NodeConfig
 from node.core import first_problem
 from node.core.models import REGION_PATTERN, TRANSPORT_PATTERN
@@ -82,6 +88,7 @@ __all__ = [
 
 DEFAULT_TOPOLOGY_FILE = Path(__file__).with_name("local.toml")
 _PLACEHOLDER_REDIS_URL = "redis://127.0.0.1:6379/0"
+KAFKA_ENV_PREFIX = "AGENT_REACH_KAFKA_"  # + a [kafka] key in capitals: Topology.with_kafka_env
 
 
 class _Model(BaseModel):
@@ -141,8 +148,10 @@ class RegionSpec(_Model):
         return parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)
 
 
-class KafkaSpec(_Model):
-    """The Kafka cluster the regions federate over (None = embedded broker under ``up``)."""
+class KafkaSpec(KafkaSecurity):
+    """The Kafka cluster the regions federate over (None = embedded broker under ``up``), and how its
+    clients encrypt and authenticate (the :class:`federation.security.KafkaSecurity` keys: secrets by file
+    or environment variable only, e.g. ``sasl_password_file``)."""
 
     bootstrap_servers: str | None = None
     topic_prefix: str = Field(default=DEFAULT_TOPIC_PREFIX, pattern=TOPIC_PREFIX_PATTERN)
@@ -311,8 +320,30 @@ class Topology(_Model):
             region=name,
             peers=[PeerConfig(region=peer.name, node_urls=peer.node_urls) for peer in self.peers_of(name)],
             bootstrap_servers=servers, topic_prefix=self.kafka.topic_prefix,
-            enable_idempotence=self.kafka.enable_idempotence, **self.federation.model_dump(), **extra,
+            enable_idempotence=self.kafka.enable_idempotence, security=self.kafka_security,
+            **self.federation.model_dump(), **extra,
         )
+
+    def with_kafka_env(self, environ: Mapping[str, str]) -> Topology:
+        """This topology with the ``[kafka]`` keys set in the environment as ``AGENT_REACH_KAFKA_<KEY>``
+        (``AGENT_REACH_KAFKA_SECURITY_PROTOCOL=SASL_SSL``, ``…_SASL_PASSWORD_FILE=/run/secrets/kafka``)
+        over the file's; an empty variable counts as unset. Raises ValueError naming the variable."""
+        variables = {key: f"{KAFKA_ENV_PREFIX}{key.upper()}" for key in KafkaSpec.model_fields}
+        found = {key: environ[name] for key, name in variables.items() if environ.get(name, "").strip()}
+        if not found:
+            return self
+        try:
+            kafka = KafkaSpec.model_validate({**self.kafka.model_dump(exclude_unset=True), **found})
+        except ValidationError as exc:
+            first = first_problem(exc)
+            where = variables[first.field] if first.field in found else f"{', '.join(variables[key] for key in found)}"
+            raise ValueError(f"{where}: {first.text}") from None
+        return self.model_copy(update={"kafka": kafka})
+
+    @property
+    def kafka_security(self) -> KafkaSecurity:
+        """The ``[kafka]`` section's TLS and SASL settings, as every region's Kafka clients use them."""
+        return KafkaSecurity.model_validate(self.kafka.model_dump(include=set(KafkaSecurity.model_fields)))
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2, exclude_defaults=True)

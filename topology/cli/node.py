@@ -33,6 +33,8 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
+from federation.errors import KafkaAccessDenied, KafkaSettingsInvalid
+from federation.kafka import check_access
 from node.config import DEFAULT_PORT, NodeConfig
 from node.core import NodeError, TlsConfigError, first_problem
 from node.core.models import TokenRole
@@ -89,8 +91,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--signing-key-file", metavar="FILE",
                         help="Ed25519 PEM key to sign route credentials with (created, mode 0600, when missing; "
                              "default: a key generated in memory at every start; see README: Route credentials)")
-    parser.add_argument("--print-admin-token", action="store_true",
-                        help=f"print an admin token ({lifetime(DEFAULT_TOKEN_TTL_S)}, as 'token issue --admin') at start")
     parser.add_argument("--tls-cert", metavar="FILE",
                         help="serve https with this PEM certificate (its chain after it); needs --tls-key (default: "
                              "the topology's or $AGENT_REACH_TLS_CERT_FILE, else plain http)")
@@ -101,6 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ca-file", metavar="FILE",
                         help="PEM CAs this node trusts when it calls https peers, probes and agents (default: the "
                              "topology's or $AGENT_REACH_CA_FILE, else the system's)")
+    parser.add_argument("--print-admin-token", action="store_true",
+                        help=f"print an admin token ({lifetime(DEFAULT_TOKEN_TTL_S)}, as 'token issue --admin') at start")
     parser.add_argument("--drain-grace-ms", type=int, default=DEFAULT_DRAIN_GRACE_MS,
                         help=f"on SIGTERM/SIGINT, answer /readyz 503 this long before closing the listener "
                              f"(default {DEFAULT_DRAIN_GRACE_MS})")
@@ -177,6 +179,12 @@ def _run(args: argparse.Namespace) -> int:
     except NodeError as exc:  # e.g. Redis unreachable at start: say so, without a traceback
         console.error(exc.message)
         return 1
+    except KafkaSettingsInvalid as exc:  # a CA file or password variable that is not there
+        console.error(str(exc))
+        return 2
+    except KafkaAccessDenied as exc:  # the broker refused our TLS, credentials or rights: say which
+        console.error(str(exc))
+        return 1
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
@@ -186,7 +194,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise ValueError("which region? give --region NAME (or set AGENT_REACH_REGION)")
     topology = None
     if args.topology:
-        topology = load_topology(args.topology)
+        topology = load_topology(args.topology).with_kafka_env(os.environ)  # AGENT_REACH_KAFKA_* over [kafka]
         topology.region(region)
     if args.drain_grace_ms < 0 or args.drain_timeout_ms < 0:
         raise ValueError("--drain-grace-ms and --drain-timeout-ms must be >= 0")
@@ -251,6 +259,11 @@ async def _start(args: argparse.Namespace, plan: _Plan,
     embedder = built.searcher.search_index.embedder if isinstance(built.searcher, SemanticDiscovery) else None
     if embedder is not None:
         embedder.on_loaded = freeze_long_lived  # loaded after start, once
+    if plan.topology is not None and len(plan.topology.regions) > 1:
+        # Before the node's duties start: a broker that refuses our TLS, password or rights is one
+        # line (KafkaAccessDenied) rather than every duty logging "Unable to bootstrap" first.
+        phase("checking the Kafka broker")
+        await check_access(plan.topology.federation_config(plan.region, bootstrap_servers=args.kafka))
     drain = Drain()
     built.extensions.append(drain.install)
     phase(f"loading the region's agents from Redis ({mask_url(redis_url)})")

@@ -44,6 +44,11 @@ How aiokafka 0.14 behaves against this broker (measured on loopback)
     ``end_offsets()`` below the applied offset means the broker lost data. Seek to the start
     and run anti-entropy. Publishers should re-run ``create_topics`` (tolerating error 36)
     on startup and after reconnecting.
+* Security: none usable. Tansu 0.6.0's ``--cert`` and ``--key`` refuse to be given together and
+  a lone ``--cert`` still serves plaintext; ``--authentication`` offers SCRAM only (PLAIN: "no
+  shared mechanism"), for users that ``tansu user create`` must add over an authenticated
+  connection: none exists on memory storage. Tests of TLS and SASL put a proxy in front
+  (``advertised_port``; ``tests/federation/kafka_gateway.py``).
 * Stopping: on SIGTERM Tansu waits about 5 s for connected clients; on SIGINT it exits at
   once, so ``EmbeddedKafka`` uses SIGINT. If the port is taken, Tansu exits with code 0 (a
   panic in a worker), so exit codes do not signal failure; the identity probe does.
@@ -107,9 +112,11 @@ class EmbeddedKafka(EmbeddedService):
     Arguments (keyword-only): ``port`` (None picks a free one, kept across restarts), ``bind``
     (listener address), ``startup_timeout_s``, ``stop_timeout_s`` (SIGINT grace before
     SIGKILL). Attributes once started: ``bootstrap_servers`` (``HOST:PORT``), ``host``,
-    ``port``, ``pid``, ``cluster_id``. All topics and records live in the broker's memory:
-    ``restart()`` yields an empty broker on the same address. See the module notes for how
-    aiokafka behaves against it.
+    ``port``, ``pid``, ``cluster_id``. ``advertised_port``: the port the broker tells clients to
+    connect to (default: its own), for a TLS or SASL proxy in front of it on the same host: clients
+    bootstrap through the proxy and, told its address in metadata, stay on it. All topics and
+    records live in the broker's memory: ``restart()`` yields an empty broker on the same
+    address. See the module notes for how aiokafka behaves against it.
     """
 
     _service_name = "Kafka broker"
@@ -124,8 +131,10 @@ class EmbeddedKafka(EmbeddedService):
         bind: str = DEFAULT_BIND_HOST,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
         stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
+        advertised_port: int | None = None,
     ) -> None:
         super().__init__(port=port, bind=bind, startup_timeout_s=startup_timeout_s, stop_timeout_s=stop_timeout_s)
+        self._advertised_port = advertised_port
         self._cluster_id = f"agent-reach-embedded-{uuid.uuid4().hex[:12]}"
 
     @property
@@ -146,7 +155,7 @@ class EmbeddedKafka(EmbeddedService):
             executable, "broker",
             "--cluster-id", self._cluster_id,
             "--listener-url", f"tcp://{host_in_url(self._bind)}:{port}",
-            "--advertised-listener-url", f"tcp://{host_in_url(self._host)}:{port}",
+            "--advertised-listener-url", f"tcp://{host_in_url(self._host)}:{self._advertised_port or port}",
             "--storage-engine", "memory://tansu/",
         ]
 
@@ -198,5 +207,5 @@ class EmbeddedKafka(EmbeddedService):
             broker_host = read_string()
             broker_port = read(">i")
             read_string()
-            advertised = advertised or (broker_host == self._host and broker_port == port)
+            advertised = advertised or (broker_host == self._host and broker_port == (self._advertised_port or port))
         return advertised and read_string() == self._cluster_id
