@@ -51,24 +51,19 @@ misses nobody serves); its first 134 queries could not tell blends or thresholds
   **0.968** / 0.964 / 0.958 (held-out rises to 0.977 at 0.7, blind falls to 0.920). Hybrid
   against its parts (vector / lexical): tuning 0.968 vs 0.956 / 0.830, blind 0.928 vs 0.899 /
   0.767, held-out 0.969 vs 0.973 / 0.735 (vector alone is one query ahead there).
-* Request openings stripped for the embedder: 0.966 -> 0.968 / 0.926 -> 0.928 / 0.969 both.
 * Example requests count in ``closest``; ``example_weight`` 0.5 now only lifts a capability by its
   closest example when the matched capability is chosen (capability@1 0.933 / 0.843 / 0.911,
   without the lift 0.933 / 0.836 / 0.911; the ranking is the same).
-* Spelling correction (:mod:`semantic.spelling`): without it 0.964 / 0.922 / 0.953.
+* Request openings stripped for the embedder (+0.002 / +0.002 / 0); without spelling: 0.964 / 0.922 / 0.953.
 * Fusion: reciprocal-rank fusion (k 10) and per-query z-score or min-max normalisation before
   the blend, vector shares 0.5-0.9 (third round), stayed below the linear blend on the tuning and
   the blind set (at best z-score at 0.9: 0.966 / 0.923 / 0.973), and give up the absolute score
-  the router's threshold needs; so did mean-centring the vectors and
-  a hubness penalty (each agent's mean cosine to its k nearest agents, CSLS-style: 0.953-0.962 /
-  0.905-0.910 on the first round's sets).
+  the router's threshold needs; so did mean-centring and a CSLS-style hubness penalty.
 
-Refusal thresholds are argued in :mod:`semantic.results`; what is held per owner and kept in
-step with the indexes, in :mod:`semantic.holdings`.
+Refusal thresholds: :mod:`semantic.results`; what is held per owner: :mod:`semantic.holdings`.
 
-The packaged model reads English only: a query mostly in Chinese, Japanese or Korean is ranked
-lexically (CJK character bigrams) even in hybrid mode, because that model's cosines between
-such texts are noise (0.3 and more between unrelated ones).
+Several encoders may be held (:mod:`semantic.encoders`, :mod:`semantic.blend`: MiniLM and
+multilingual USE by default); a query mostly in CJK leaves the English-only MiniLM out.
 """
 
 from __future__ import annotations
