@@ -112,8 +112,10 @@ async def test_a_token_revoked_in_one_region_is_refused_in_every_region(redis_ur
             await _refused_everywhere([nodes[a], nodes[c]], late)
 
             # A relay that starts sends its whole list first (a peer that missed records catches up).
-            status = trio.federations[c].revocation_relay.describe()
-            assert status["announced"] >= made[c] and status["failures"] == 0, status
+            relay_c = trio.federations[c].revocation_relay
+            await wait_for(lambda: relay_c.stats.announced >= made[c], timeout_s=10,
+                           message="c's relay announcing its whole list")
+            assert relay_c.stats.failures == 0, relay_c.describe()
             status, federation = await nodes[a].call("GET", "/v1/federation/status")
             assert status == 200 and federation["revocations"]["sent"] == made[a], federation["revocations"]
 
