@@ -119,7 +119,7 @@ async def test_peers_pull_snapshots_and_key_sets_over_tls(regions: Regions) -> N
                 return False
         return True
 
-    await wait_for(synced, timeout_s=60, message="every region's snapshots and peer keys, over https")
+    await wait_for(synced, timeout_s=120, message="every region's snapshots and peer keys, over https")
     for region in ("ra", "rb", "rc"):
         status = await regions.status(region)
         assert status["anti_entropy"]["failures"] == 0, status["anti_entropy"]

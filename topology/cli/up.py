@@ -110,7 +110,9 @@ def _run(args: argparse.Namespace) -> int:
 async def _main(args: argparse.Namespace, topology: Topology, *, secret: bytes, source: str,
                 data_dir: Path | None) -> int:
     any_port = args.any_port
-    if not any_port and (busy := busy_node_port(topology)) is not None:
+    # The packaged topology's ports are a convenience, so others are taken when they are busy; a
+    # topology file's ports are its author's: a busy one stays an error that names it.
+    if not any_port and args.file is None and (busy := busy_node_port(topology)) is not None:
         console.say(f"agent-reach up: {busy}; listening on free ports instead (clients on this machine find them "
                     f"in {LOCAL_CLUSTER_FILE})")
         any_port = True
