@@ -195,8 +195,11 @@ class Consumer:
             return end
         except SnapshotUnavailable as exc:
             start = (await consumer.beginning_offsets([partition]))[partition]
-            log.warning("region %s: cannot bootstrap from %s's snapshot (%s); reading its topic from offset %d",
-                        self.config.region, peer, exc, start)
+            log.warning("region %s: cannot bootstrap from %s's snapshot (%s); reading its topic from offset %d "
+                        "and pulling the snapshot again", self.config.region, peer, exc, start)
+            # The topic may no longer hold the peer's whole history (retention): the snapshot is
+            # still wanted, so the pull is retried (every anti_entropy_min_interval_ms) until it lands.
+            self.anti_entropy.request(peer, "bootstrap retry")
             return start
 
     async def _apply(self, partition: TopicPartition, records: Sequence[ConsumerRecord]) -> None:

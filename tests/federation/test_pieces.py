@@ -467,6 +467,30 @@ async def test_new_node_bootstraps_from_the_snapshot_followers_tail_and_restarts
             await pair.aclose()
 
 
+async def test_a_bootstrap_before_the_peer_node_listens_is_pulled_again_once_it_does(redis_url: str,
+                                                                                     region: str) -> None:
+    async with EmbeddedKafka() as kafka:
+        pair = Pair(redis_url, region, kafka.bootstrap_servers, secret=TEST_SECRET)
+        x, y = pair.names
+        try:
+            # y starts first: x's node does not listen yet, so y's bootstrap snapshot fails and y
+            # reads x's topic from its beginning instead, asking for the snapshot again.
+            _, federation_y = await pair.start(y)
+            await wait_for(lambda: federation_y.anti_entropy.stats.failures >= 1, timeout_s=10,
+                           message="y's bootstrap of x failing")
+            assert federation_y.anti_entropy.stats.runs == 0
+            node_x, _ = await pair.start(x)
+            await wait_for(lambda: federation_y.anti_entropy.stats.runs >= 1, timeout_s=10,
+                           message="y pulling x's snapshot once x's node listens")
+            assert federation_y.anti_entropy.stats.last_reason[x] == "bootstrap retry"
+            assert x not in federation_y.anti_entropy.stats.last_error
+            await node_x.register(registration("late.grp.a0", lease_ttl_ms=600_000))
+            await wait_for(lambda: federation_y.catalog.peer(x).index.get("late.grp.a0"), timeout_s=10,
+                           message="x's change reaching y over the topic")
+        finally:
+            await pair.aclose()
+
+
 def test_build_node_attaches_federation_only_with_peers(redis_url: str, region: str) -> None:
     single = Topology.model_validate({"kafka": {"bootstrap_servers": "127.0.0.1:1"},
                                       "regions": [{"name": region, "node_urls": ["http://127.0.0.1:1"],
