@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install browser promtool up test test-unit bench bench-resolve bench-federation bench-semantic bench-routing bench-peers bench-scale bench-federation-scale clean
+.PHONY: install browser promtool up test test-unit bench bench-resolve bench-federation bench-semantic bench-routing bench-peers bench-scale bench-federation-scale bench-cli clean
 
 install: $(STAMP)
 
@@ -47,7 +47,7 @@ promtool:
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } || \
 		echo "promtool not installed: tests/ops/test_metrics.py lints /metrics in Python only"
 
-bench: bench-resolve bench-federation bench-semantic bench-routing bench-peers bench-scale bench-federation-scale
+bench: bench-resolve bench-federation bench-semantic bench-routing bench-peers bench-scale bench-federation-scale bench-cli
 
 # wrk drives the resolve benchmark from a separate process; it comes from Debian's packages.
 bench-resolve: install
@@ -73,6 +73,9 @@ bench-semantic: install
 
 bench-routing: install
 	$(BIN)/python -m bench.routing
+
+bench-cli: install
+	$(BIN)/python -m bench.cli
 
 # N regions under heartbeat load, on the commit before issue 12 (exported to a temporary directory,
 # not a worktree) and on this tree; then the arithmetic of docs/SCALE.md.

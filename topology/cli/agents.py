@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     deregister.set_defaults(func=lambda args: run_operator(args, lambda client: _deregister(client, args)))
 
 
-async def _list(client: NodeClient, args: argparse.Namespace) -> int:
+def _list(client: NodeClient, args: argparse.Namespace) -> int:
     params = [("scope", args.scope)] + [("label", label) for label in args.label]
     if args.capability:
         params.append(("capability", args.capability))
@@ -53,7 +53,7 @@ async def _list(client: NodeClient, args: argparse.Namespace) -> int:
         params.append(("pattern", args.pattern))
     if args.routable:
         params.append(("routable", "true"))
-    answer = await client.call("GET", "/v1/agents", params=params)
+    answer = client.call("GET", "/v1/agents", params=params)
     if as_json(args, answer):
         return 0
     now = time.time() * 1000
@@ -65,8 +65,8 @@ async def _list(client: NodeClient, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _get(client: NodeClient, args: argparse.Namespace) -> int:
-    record = await client.call("GET", f"/v1/agents/{args.agent_id}")
+def _get(client: NodeClient, args: argparse.Namespace) -> int:
+    record = client.call("GET", f"/v1/agents/{args.agent_id}")
     if as_json(args, record):
         return 0
     facts = [("agent", record["agent_id"]), ("display name", record["display_name"] or "-"),
@@ -84,8 +84,8 @@ async def _get(client: NodeClient, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _deregister(client: NodeClient, args: argparse.Namespace) -> int:
-    answer = await client.call("DELETE", f"/v1/agents/{args.agent_id}")
+def _deregister(client: NodeClient, args: argparse.Namespace) -> int:
+    answer = client.call("DELETE", f"/v1/agents/{args.agent_id}")
     if not as_json(args, answer):
         print(shown(f"deregistered {answer['agent_id']} (region version {answer['version']})"))
     return 0

@@ -53,7 +53,7 @@ def add_search_arguments(search: argparse.ArgumentParser) -> None:
     search.set_defaults(func=lambda args: run_operator(args, lambda client: _search(client, args)))
 
 
-async def _resolve(client: NodeClient, args: argparse.Namespace) -> int:
+def _resolve(client: NodeClient, args: argparse.Namespace) -> int:
     selectors = [value for value in (args.capability, args.agent_id, args.pattern) if value]
     if len(selectors) != 1:
         raise UsageError("name exactly one of CAPABILITY, --agent-id or --pattern")
@@ -63,7 +63,7 @@ async def _resolve(client: NodeClient, args: argparse.Namespace) -> int:
     body = {name: value for name, value in body.items() if value is not None}
     if args.no_semantic:
         body["semantic"] = False
-    ticket = await client.call("POST", "/v1/resolve", body=body)
+    ticket = client.call("POST", "/v1/resolve", body=body)
     if as_json(args, ticket):
         return 0
     match = ticket["match"]
@@ -82,13 +82,13 @@ def _target(target: dict[str, Any]) -> list[str]:
     return [target["agent_id"], target["region"], locality, target["endpoint"]]
 
 
-async def _search(client: NodeClient, args: argparse.Namespace) -> int:
+def _search(client: NodeClient, args: argparse.Namespace) -> int:
     if not 1 <= args.k <= 100:
         raise UsageError("-k must be within 1..100")
     params = [("q", " ".join(args.query)), ("k", str(args.k)), ("scope", args.scope)]
     if args.routable:
         params.append(("routable", "true"))
-    answer = await client.call("GET", "/v1/search", params=params)
+    answer = client.call("GET", "/v1/search", params=params)
     if as_json(args, answer):
         return 0
     print(shown(f"{len(answer['hits'])} agents ({answer['mode']} ranking, {answer['took_ms']:.1f} ms)"))

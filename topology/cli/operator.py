@@ -1,17 +1,18 @@
 """What the operator commands share (``agents``, ``resolve``, ``search``, ``watch``, ``token
 revoke``): the node and token options, the exit codes (:mod:`.exitcodes`), running a command
 with a client of the node's v1 API (:class:`~topology.cli.nodeclient.NodeClient`, imported only
-then: aiohttp's client is most of such a command's start) and how answers are printed — a table
-for people, ``--json`` for scripts.
+then) and how answers are printed — a table for people, ``--json`` for scripts.
+
+A command is a plain function of the client: one request and its answer need no event loop
+(``watch``, which follows a stream, runs its own, :func:`~topology.cli.runtime.run`).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import console
@@ -26,7 +27,6 @@ from .exitcodes import (
 )
 from .nodenames import TOKEN_ENV
 from .nodeurl import add_node_option, node_url
-from .runtime import run
 
 if TYPE_CHECKING:
     from .nodeclient import NodeClient
@@ -84,7 +84,7 @@ def token_of(args: argparse.Namespace) -> str:
     return token
 
 
-def run_operator(args: argparse.Namespace, command: Callable[[NodeClient], Awaitable[int | None]]) -> int:
+def run_operator(args: argparse.Namespace, command: Callable[[NodeClient], int | None]) -> int:
     """Run ``command`` with a client of the node the options name; errors become exit codes."""
     try:
         token = token_of(args)
@@ -92,15 +92,12 @@ def run_operator(args: argparse.Namespace, command: Callable[[NodeClient], Await
 
         from .nodeclient import NodeClient
 
-        async def main() -> int | None:
-            async with NodeClient(url, token, timeout_s=args.timeout_s) as client:
-                return await command(client)
-
-        return int(run(main()) or EXIT_OK)
+        with NodeClient(url, token, timeout_s=args.timeout_s) as client:
+            return int(command(client) or EXIT_OK)
     except OperatorError as exc:
         console.error(console.shown(exc))  # one line: a node's message may quote what others sent it
         return exc.exit_code
-    except (KeyboardInterrupt, asyncio.CancelledError):
+    except KeyboardInterrupt:
         return EXIT_INTERRUPTED
 
 

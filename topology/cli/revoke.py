@@ -67,8 +67,8 @@ def _named(args: argparse.Namespace) -> dict[str, Any]:
     return {"jti": args.jti, "exp": args.exp}
 
 
-async def _revoke(client: NodeClient, args: argparse.Namespace) -> int:
-    answer = await client.call("POST", REVOKE_PATH, body=_named(args))
+def _revoke(client: NodeClient, args: argparse.Namespace) -> int:
+    answer = client.call("POST", REVOKE_PATH, body=_named(args))
     if args.json:
         print_json(answer)
     else:

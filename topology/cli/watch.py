@@ -33,7 +33,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--since", type=int, metavar="VERSION", help="replay this region's changes after VERSION first")
     parser.add_argument("--count", type=int, metavar="N", help="stop after N changes (exit 0)")
     add_operator_options(parser, json_help="one JSON object per line: {\"event\": …, \"data\": …}")
-    parser.set_defaults(func=lambda args: run_operator(args, lambda client: _watch(client, args)))
+    parser.set_defaults(func=lambda args: run_operator(args, lambda client: _follow(client, args)))
+
+
+def _follow(client: NodeClient, args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .runtime import run
+
+    try:
+        return run(_watch(client, args))
+    except asyncio.CancelledError:  # Ctrl-C cancelled the stream
+        raise KeyboardInterrupt from None
 
 
 async def _watch(client: NodeClient, args: argparse.Namespace) -> int:
