@@ -1,5 +1,7 @@
 """The README's first hour, run as written: its agent and caller programs, unchanged, against a
-real node (with search attached, lexical), and its agent TOML through the config parser.
+real node (with search attached, lexical), and its agent TOML through the config parser; and the
+whole first hour — agent, caller, the HTTP examples and the operator commands — after a plain
+``up`` on a machine whose packaged ports 7101–7103 are taken, with no ``$AGENT_REACH_URL``.
 
 The blocks are the fenced ones after a ``<!-- readme-test: NAME -->`` line; the agent reads its
 node, token and port from the environment, as the README's commands give them.
@@ -8,13 +10,19 @@ node, token and port from the environment, as the README's commands give them.
 from __future__ import annotations
 
 import asyncio
+import errno
+import json
 import os
 import re
 import signal
+import socket
+import subprocess
 import sys
+import time
 import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
@@ -106,3 +114,136 @@ async def test_the_readme_agent_and_caller_run_as_written(node: RunningNode, tmp
         if agent.returncode is None:
             agent.kill()
             await agent.wait()
+
+
+# -- The first hour on a machine whose packaged ports are taken --------------------------------
+
+PACKAGED_PORTS = (7101, 7102, 7103)
+UP_READY_DEADLINE_S = 240.0  # three nodes loading the model on a loaded two-core machine
+STEP_DEADLINE_S = 90.0
+
+
+def test_make_up_passes_args_to_up() -> None:
+    repository = README.parent
+    dry_run = subprocess.run(["make", "-n", "--no-print-directory", "up", "ARGS=--any-port --demo"], cwd=repository,
+                             capture_output=True, text=True, timeout=30, check=True)
+    assert dry_run.stdout.rstrip().splitlines()[-1].split() == [".venv/bin/agent-reach", "up", "--any-port", "--demo"]
+
+
+class _FirstHour:
+    """A newcomer's machine: a fresh ``$HOME`` (no secret yet), ``.venv`` where the README's
+    commands look, no ``$AGENT_REACH_URL`` and the programs saved beside it, as the README says."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        (home / ".venv").symlink_to(Path(sys.executable).parent.parent)
+        for name, body in readme_blocks().items():
+            (home / name).write_text(body)
+        names = ("AGENT_REACH_URL", "AGENT_REACH_TOKEN", "AGENT_REACH_SECRET", "AGENT_REACH_SECRET_FILE")
+        self.env = {**{k: v for k, v in os.environ.items() if k not in names}, "HOME": str(home)}
+
+    async def start(self, *argv: str, stderr: int = asyncio.subprocess.STDOUT, **env: str,
+                    ) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(*argv, cwd=self.home, env={**self.env, **env},
+                                                    stdout=asyncio.subprocess.PIPE, stderr=stderr)
+
+    async def run(self, *argv: str, **env: str) -> str:
+        """Its stdout and stderr together; it must exit 0."""
+        process = await self.start(*argv, **env)
+        output, _ = await asyncio.wait_for(process.communicate(), STEP_DEADLINE_S)
+        assert process.returncode == 0, (argv, output.decode())
+        return output.decode()
+
+    async def token(self, *how: str) -> str:
+        """``agent-reach token issue HOW``'s token (its stdout; what it says about it goes to stderr)."""
+        process = await self.start(".venv/bin/agent-reach", "token", "issue", *how, stderr=asyncio.subprocess.PIPE)
+        token, said = await asyncio.wait_for(process.communicate(), STEP_DEADLINE_S)
+        assert process.returncode == 0, said.decode()
+        return token.decode().strip()
+
+
+async def _stop(process: asyncio.subprocess.Process, deadline_s: float = 30) -> None:
+    if process.returncode is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            await asyncio.wait_for(process.wait(), deadline_s)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+
+async def _ready(up: asyncio.subprocess.Process) -> str:
+    """What ``up`` printed until it was ready (raises with its output when it exited first)."""
+    assert up.stdout is not None
+    printed: list[str] = []
+    deadline = time.monotonic() + UP_READY_DEADLINE_S
+    while not printed or not printed[-1].startswith("Ctrl-C stops everything"):
+        line = await asyncio.wait_for(up.stdout.readline(), max(0.1, deadline - time.monotonic()))
+        if not line:
+            raise AssertionError("agent-reach up exited while starting:\n" + "".join(printed))
+        printed.append(line.decode())
+    return "".join(printed)
+
+
+@pytest.mark.timeout(600)
+async def test_the_first_hour_runs_unchanged_after_a_plain_up_with_7101_to_7103_taken(tmp_path: Path) -> None:
+    taken = []
+    for port in PACKAGED_PORTS:
+        holder = socket.socket()
+        try:
+            holder.bind(("127.0.0.1", port))
+            holder.listen()
+        except OSError as exc:  # another program of this machine holds it already: taken all the same
+            assert exc.errno == errno.EADDRINUSE, exc
+        taken.append(holder)
+    machine = _FirstHour(tmp_path)
+    up = await machine.start(".venv/bin/agent-reach", "--log-level", "WARNING", "up")  # what `make up` runs
+    agent = None
+    try:
+        printed = await _ready(up)
+        assert "listening on free ports instead" in printed, printed
+        nodes = json.loads((tmp_path / ".agent-reach" / "local.json").read_text())["nodes"]
+        assert list(nodes) == ["us-east", "us-west", "eu-west"]
+        assert not {urlsplit(url).port for url in nodes.values()} & set(PACKAGED_PORTS), nodes
+
+        # Step 3 and 4: the agent and the caller as written, their tokens as the README issues them.
+        agent = await machine.start(".venv/bin/python", "agent.py", AGENT_PORT=str(free_port()),
+                                    AGENT_REACH_TOKEN=await machine.token("--agent", AGENT_ID))
+        assert agent.stdout is not None
+        line = (await asyncio.wait_for(agent.stdout.readline(), STEP_DEADLINE_S)).decode()
+        assert line.startswith(f"{AGENT_ID} serves "), line
+        admin = await machine.token("--admin")
+        await wait_for(lambda: _searchable(machine, admin), timeout_s=STEP_DEADLINE_S, interval_s=0.5,
+                       message="the agent indexed")
+        printed = await machine.run(".venv/bin/python", "caller.py",
+                                    AGENT_REACH_TOKEN=await machine.token("--caller", "demo.report.cli"))
+        assert (f"answered by {AGENT_ID} in us-east (exact match): "
+                "{'summary': 'Agent-Reach routes calls.', 'caller': 'demo.report.cli'}") in printed, printed
+        assert f"found {AGENT_ID} (" in printed, printed
+
+        # Step 6 on the ports up chose (the README says where to read them), /v1/send included.
+        http = readme_blocks()["http.sh"]
+        for number, url in zip(PACKAGED_PORTS, nodes.values()):
+            http = http.replace(f"localhost:{number}", url)
+        printed = await machine.run("bash", "-ec", http)
+        assert '"payload":{"summary":"The node calls the agent."' in printed, printed
+
+        # The operator commands, unchanged: they find the node through up's file.
+        printed = await machine.run("bash", "-ec", "set -o pipefail\n" + readme_blocks()["operator.sh"],
+                                    LEAKED_TOKEN=await machine.token("--caller", "leaked.script"))
+        assert f"\n{AGENT_ID}\n" in printed and f"deregistered {AGENT_ID}" in printed, printed
+        assert "revoked in region us-east" in printed and "ticket " in printed, printed
+    finally:
+        for process in (agent, up):
+            if process is not None:
+                await _stop(process)
+        for holder in taken:
+            holder.close()
+    assert up.returncode == 0
+
+
+async def _searchable(machine: _FirstHour, admin: str) -> bool:
+    process = await machine.start(".venv/bin/agent-reach", "search", "summarize a long text", "--json",
+                                  AGENT_REACH_TOKEN=admin)
+    output, _ = await asyncio.wait_for(process.communicate(), STEP_DEADLINE_S)
+    return process.returncode == 0 and AGENT_ID in output.decode()
