@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[semantic,embedded,dev]'
+	$(BIN)/pip install --quiet -e '.[semantic,embedded,dev,otel]'
 	touch $(STAMP)
 
 # make up ARGS='--any-port --demo': any option of `agent-reach up`.

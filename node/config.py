@@ -4,7 +4,8 @@ are in the names.
 :class:`NodeConfig` inherits each room's settings object — :class:`~node.store.StoreSettings`,
 :class:`~node.view.ViewSettings`, :class:`~node.duties.DutySettings`,
 :class:`~node.trust.TrustSettings`, :class:`~node.routing.RoutingSettings`,
-:class:`~node.delivery.BreakerSettings` and the HTTP face's below — so each setting is defined
+:class:`~node.delivery.BreakerSettings`, :class:`~node.ops.TelemetrySettings` (OpenTelemetry) and the HTTP
+face's below — so each setting is defined
 once, in the room that uses it, and keeps one flat name: the keyword (``NodeConfig(ticket_ttl_ms=…)``),
 the topology file's ``[node]`` key and the variable ``AGENT_REACH_TICKET_TTL_MS``
 (:mod:`node.envconfig`). A room may take the whole config as its own settings type. TLS — how the
@@ -25,6 +26,7 @@ from .core import ClientTlsSettings, ServerTlsSettings, Settings
 from .core.models import REGION_PATTERN
 from .delivery import BreakerSettings, DeliverySettings
 from .duties import DutySettings
+from .ops import TelemetrySettings
 from .routing import RoutingSettings
 from .store import StoreSettings, parse_redis_url
 from .trust import TrustSettings
@@ -172,8 +174,8 @@ class ProxySettings(DeliverySettings):
 
 # pydantic lists a model's fields from its last base to its first, then its own: the bases are
 # written in the reverse of the order docs/configuration.md shows the settings in.
-class NodeConfig(HttpSettings, BreakerSettings, RoutingSettings, TrustSettings, DutySettings, ViewSettings,
-                 StoreSettings, ClientTlsSettings, ServerTlsSettings, NodeIdentity):
+class NodeConfig(TelemetrySettings, HttpSettings, BreakerSettings, RoutingSettings, TrustSettings, DutySettings,
+                 ViewSettings, StoreSettings, ClientTlsSettings, ServerTlsSettings, NodeIdentity):
     """Everything a node needs; build it with keywords (``NodeConfig(region="eu", redis_url=…)``)."""
 
     allowed_transports: list[str] | None = Field(default=None, description="None = any transport.")

@@ -1,7 +1,7 @@
 """``NodeParts``: the collaborators of one region's node, built together from its configuration.
 
 :func:`build_parts` is the node's half of composition: it builds the store, cache, router,
-duties, keys, revocation list, decision log, metrics and watch hub from a :class:`NodeConfig`
+duties, keys, revocation list, decision log, metrics, spans and watch hub from a :class:`NodeConfig`
 and wires them to one another (the sweeper and prober as the leader's duties, the watch hub fed
 by the cache, the gauges read from each part). What a deployment adds — federation, semantic
 discovery — is attached by the composition root (``topology.composition.build_node``), which
@@ -18,7 +18,7 @@ from .core import now_ms
 from .core.models import compat
 from .delivery import OutcomeTracker
 from .duties import Leadership, Prober, Sweeper, new_node_id
-from .ops import LoopWatch, NodeMetrics
+from .ops import LoopWatch, NodeMetrics, NodeTracing
 from .routing import DecisionLog, Router
 from .store import RegionStore
 from .trust import RegionKeys, RevocationList, Signer
@@ -46,6 +46,7 @@ class NodeParts:
     revocations: RevocationList
     decisions: DecisionLog
     loop_watch: LoopWatch
+    tracing: NodeTracing
 
 
 def build_parts(config: NodeConfig, *, secret: bytes) -> NodeParts:
@@ -70,7 +71,9 @@ def build_parts(config: NodeConfig, *, secret: bytes) -> NodeParts:
     sweeper = Sweeper(store, interval_ms=config.sweep_interval_ms, max_expire_fraction=config.max_expire_fraction,
                       protect_min_agents=config.protect_min_agents,
                       protection_max_hold_ms=config.protection_max_hold_ms)
-    prober = Prober(store, cache, max_concurrent=config.max_concurrent_probes, egress=config.egress, tls=config)
+    tracing = NodeTracing(config, region=config.region, node_id=node_id)
+    prober = Prober(store, cache, max_concurrent=config.max_concurrent_probes, egress=config.egress, tls=config,
+                    spans=tracing.spans)
     leadership.add_duty("sweeper", sweeper.run)
     leadership.add_duty("prober", prober.run)
     watch = WatchHub(streams_per_caller=config.watch_streams_per_caller, write_timeout_ms=config.watch_write_timeout_ms)
@@ -80,7 +83,8 @@ def build_parts(config: NodeConfig, *, secret: bytes) -> NodeParts:
         node_id=node_id, signer=signer, store=store, cache=cache, outcomes=outcomes, keys=keys, router=router,
         leadership=leadership, sweeper=sweeper, prober=prober, watch=watch, metrics=metrics,
         revocations=RevocationList.of(store, poll_interval_ms=config.revocation_poll_interval_ms),
-        decisions=DecisionLog(config.decision_log, region=config.region), loop_watch=LoopWatch(metrics.registry))
+        decisions=DecisionLog(config.decision_log, region=config.region), loop_watch=LoopWatch(metrics.registry),
+        tracing=tracing)
     _register_gauges(parts)
     return parts
 

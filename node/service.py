@@ -111,6 +111,7 @@ class RegistryNode:
         self.revocations = parts.revocations
         self.decisions = parts.decisions
         self.loop_watch = parts.loop_watch
+        self.tracing = parts.tracing
         self.summary_only = SummaryOnlyLookups(self.router, visible=self.visible)
         self.extensions: list[Extension] = []
         self.searcher: Searcher | None = None
@@ -151,6 +152,7 @@ class RegistryNode:
         await self.cache.aclose()
         await self.store.aclose()
         self.decisions.close()
+        await self.tracing.aclose()
 
     def begin_drain(self) -> None:
         """Report not-ready from now on (load balancers stop sending) while requests are still served."""

@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from ..core import Envelope, SendAccepted, looks_like_envelope
+from ..core import TRACEPARENT, Envelope, SendAccepted, TraceParent, current_context, looks_like_envelope
 from ..core.a2a import CardRegistration
 from ..core.models import CredentialRequest, Heartbeat, IssuedCredential, Load, RegisterResponse, Registration, compat
 from ._errors import NodeUnreachable, node_error
@@ -50,6 +50,9 @@ class NodeApi:
         """The decoded JSON answer; raises :class:`NodeUnreachable` or the node's error."""
         data = None
         headers = self.headers
+        context = current_context()  # the program's span, when it traces: the node's span joins it
+        if context is not None:
+            headers = {**headers, TRACEPARENT: context.header()}
         if body is not None:
             data = wire_json(body) if isinstance(body, BaseModel) else orjson.dumps(body)
             headers = {**headers, "Content-Type": "application/json"}
@@ -105,7 +108,8 @@ class NodeApi:
         url = f"{self.base_url}/v1/send"
         try:
             async with self.session.post(url, data=envelope.to_json(), params=query,
-                                         headers={**self.headers, "Content-Type": "application/json"},
+                                         headers={**self.headers, "Content-Type": "application/json",
+                                                  **_trace_headers(envelope)},
                                          timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 raw = await resp.read()
                 status = resp.status
@@ -124,6 +128,12 @@ class NodeApi:
         accepted = compat.read_python(SendAccepted, body) if status == 202 else None
         return SendResult(status=status, body=body, envelope=as_envelope(body), agent_id=agent,
                           duplicate=duplicate or bool(accepted and accepted.duplicate), accepted=accepted)
+
+
+def _trace_headers(envelope: Envelope) -> dict[str, str]:
+    """The W3C ``traceparent`` header of the context ``envelope`` carries, if any."""
+    context = TraceParent.parse(envelope.extensions.get(TRACEPARENT))
+    return {TRACEPARENT: context.header()} if context is not None else {}
 
 
 def as_envelope(body: Any) -> Envelope | None:

@@ -20,7 +20,8 @@ from urllib.parse import quote
 
 import aiohttp
 
-from ..core import Envelope, NoAgentAvailable, NodeError, Policy, RouteEvent, RouteEventKind, Trace, UnknownAgent, epoch_ms
+from ..core import (Envelope, NoAgentAvailable, NodeError, Policy, RouteEvent, RouteEventKind, SpanKind, Trace,
+                    UnknownAgent, application_spans, carried, epoch_ms)
 from ..core.a2a import CardRegistration
 from ..core.models import (CredentialRequest, OutcomeReport, RegisterResponse, Registration, RouteRequest, RouteTarget,
                            RouteTicket, Scope, SearchResponse, Status, compat)
@@ -374,19 +375,24 @@ class ReachClient:
                                     expire_at_ms=epoch_ms() + int(overall_s * 1000))
         elif capability is None and agent_id is None and pattern is None:
             capability, agent_id, pattern = prepared_route(envelope)
-        envelope = forwarded(envelope, max_hops=settings.max_hops)
-        idempotent = envelope.idempotent or idempotent
-        request = options.route_request(capability=capability, agent_id=agent_id, pattern=pattern,
-                                        trace_id=envelope.trace_id, conversation_id=conversation_of(envelope, options),
-                                        client_semantic=settings.semantic)
-        delivery = await deliver(
-            envelope, Failover(request, resolve=self._resolve, breakers=self._target_breakers, issue=self._issue,
-                               draw=self.draw_rng),
-            session=self._open_session, limits=settings.attempt_limits(owner="this client's"), deadline=deadline,
-            pacing=Pacing(self.retry_policy, self.rng, clock=self.clock, sleep=self._backoff),
-            max_attempts=settings.max_attempts if idempotent else 1,
-            on_attempt=lambda tried: self._after_attempt(envelope, tried))
-        return call_result(envelope, delivery, idempotent=idempotent, overall_s=overall_s)
+        with application_spans().invoke_agent(envelope, kind=SpanKind.CLIENT) as span:  # when the program traces
+            envelope = carried(forwarded(envelope, max_hops=settings.max_hops), span.context)
+            idempotent = envelope.idempotent or idempotent
+            request = options.route_request(capability=capability, agent_id=agent_id, pattern=pattern,
+                                            trace_id=envelope.trace_id,
+                                            conversation_id=conversation_of(envelope, options),
+                                            client_semantic=settings.semantic)
+            delivery = await deliver(
+                envelope, Failover(request, resolve=self._resolve, breakers=self._target_breakers, issue=self._issue,
+                                   draw=self.draw_rng),
+                session=self._open_session, limits=settings.attempt_limits(owner="this client's"), deadline=deadline,
+                pacing=Pacing(self.retry_policy, self.rng, clock=self.clock, sleep=self._backoff),
+                max_attempts=settings.max_attempts if idempotent else 1,
+                on_attempt=lambda tried: self._after_attempt(envelope, tried))
+            result = call_result(envelope, delivery, idempotent=idempotent, overall_s=overall_s)
+            span.set("gen_ai.agent.id", result.agent_id)
+            span.set("agent_reach.attempts", len(result.attempts))
+            return result
 
     async def send(self, envelope: Envelope, *, delivery: str = "sync", version: str | None = None,
                    scope: Scope | str | None = None, options: CallOptions | None = None) -> SendResult:
@@ -403,7 +409,13 @@ class ReachClient:
         given = {name: value for name, value in (("version", version), ("scope", scope)) if value}
         query = {"delivery": delivery, **options_for("send", options, given).proxy_query()}
         timeout_s = self.settings.request_timeout_ms / 1000
-        return await self._require_api().send(envelope, query=query, timeout_s=timeout_s)
+        api = self._require_api()
+        with application_spans().invoke_agent(envelope, kind=SpanKind.CLIENT) as span:  # when the program traces
+            result = await api.send(carried(envelope, span.context), query=query, timeout_s=timeout_s)
+            span.set("gen_ai.agent.id", result.agent_id)
+            if result.status >= 400:
+                span.fail(f"the agent answered {result.status}")
+            return result
 
     # -- internals ---------------------------------------------------------------------------
 

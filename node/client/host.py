@@ -18,6 +18,9 @@ by hand, and this host keeps for a handler ``async def handle(envelope) -> resul
   while :attr:`AgentHost.ready`, else 503.
 * Registration with :class:`~node.client.ReachClient` (``host.client``, also the way to call other
   agents), heartbeats carrying ``inflight`` on their own thread, deregistration on exit.
+* When the program set up OpenTelemetry, each call served is a span ``invoke_agent {agent_id}``,
+  a child of the W3C ``traceparent`` it came with (header, else the envelope's), current while
+  the handler runs (:mod:`node.core.tracing`).
 
 This module loads ``aiohttp.web``; ``from node.client import …`` does not import it.
 """
@@ -32,7 +35,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from pydantic import ValidationError
 
-from ..core import Envelope, NodeError
+from ..core import Envelope, NodeError, SpanKind, application_spans, carried, traceparent_of
 from ..core.models import Load, Registration, compat
 from ._reach_client import ReachClient
 from .verifier import CallVerifier, CredentialRejected
@@ -157,12 +160,19 @@ class AgentHost:
         if caller is not None:  # who calls is what the credential says, not what the envelope claims
             envelope = envelope.model_copy(update={"source_agent": caller.sub})
         self.inflight += 1
-        try:
-            result = await self.handler(envelope)
-        except HandlerRejected as exc:
-            return web.json_response(exc.body(), status=exc.status)
-        finally:
-            self.inflight -= 1
+        # The agent's span, when the program traces: a child of the hop that delivered the call, and
+        # current while the handler runs, so the calls it makes (envelope.child()) are its children.
+        with application_spans().invoke_agent(envelope, kind=SpanKind.SERVER, parent=traceparent_of(
+                envelope, request.headers), name=self.agent_id, **{"gen_ai.agent.id": self.agent_id,
+                                                                   "agent_reach.caller": envelope.source_agent}) as span:
+            envelope = carried(envelope, span.context)
+            try:
+                result = await self.handler(envelope)
+            except HandlerRejected as exc:
+                span.fail(f"{exc.status} {exc.code}")
+                return web.json_response(exc.body(), status=exc.status)
+            finally:
+                self.inflight -= 1
         self.handled += 1
         body = envelope.reply(result).to_json()
         self._answers[answer_key] = body

@@ -1,7 +1,8 @@
 """What every room shares and none owns: the error tree, the envelope, the clock, bounded reads of
 another party's bytes, owned background tasks, the base of every room's settings (``Settings``)
 and the TLS contexts every client and the node's server build from theirs (:mod:`node.core.tls`,
-which reads certificate files). No other I/O; the wire models are the sub-room
+which reads certificate files) and the W3C trace context and OpenTelemetry spans every hop shares
+(:mod:`node.core.tracing`). No other I/O; the wire models are the sub-room
 :mod:`node.core.models`, the A2A card contract :mod:`node.core.a2a`.
 """
 
@@ -57,6 +58,19 @@ from .tls import (
     ServerTlsSettings,
     TlsConfigError,
 )
+from .tracing import (
+    NO_SPANS,
+    TRACEPARENT,
+    Span,
+    SpanKind,
+    Spans,
+    TraceParent,
+    application_spans,
+    carried,
+    current_context,
+    invoke_agent_attributes,
+    traceparent_of,
+)
 
 __all__ = [
     "BadRequest",
@@ -74,6 +88,7 @@ __all__ = [
     "HopLimitExceeded",
     "MAX_HOPS_CEILING",
     "MINIMUM_TLS_VERSION",
+    "NO_SPANS",
     "NoAgentAvailable",
     "NodeError",
     "NotFound",
@@ -88,24 +103,34 @@ __all__ = [
     "RouteEvents",
     "SearchUnavailable",
     "SendAccepted",
+    "Span",
+    "SpanKind",
+    "Spans",
     "ServerTlsSettings",
     "Settings",
     "StoreUnavailable",
+    "TRACEPARENT",
     "TRACE_ID_PATTERN",
     "TlsConfigError",
     "Trace",
     "TraceEvent",
+    "TraceParent",
     "Unauthorized",
     "UnknownAgent",
     "ValidationFailed",
+    "application_spans",
     "at_most",
     "cancel_and_wait",
+    "carried",
+    "current_context",
     "epoch_ms",
     "first_problem",
+    "invoke_agent_attributes",
     "looks_like_envelope",
     "now_ms",
     "problems",
     "raw_payload",
     "read_bounded",
     "run_together",
+    "traceparent_of",
 ]

@@ -83,7 +83,8 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from ..core import PASSTHROUGH, BodyTooLarge, Envelope, NoAgentAvailable, NodeError, raw_payload, read_bounded
+from ..core import (PASSTHROUGH, TRACEPARENT, BodyTooLarge, Envelope, NoAgentAvailable, NodeError, TraceParent,
+                    raw_payload, read_bounded)
 from ..core.models import Outcome, RouteRequest, RouteTarget, RouteTicket
 from .a2a_wire import A2A_JSON_TYPES, UnsupportedBinding, a2a_request, jsonrpc_result
 from .retry import RetryPolicy, Sleep
@@ -173,6 +174,9 @@ async def attempt(session: aiohttp.ClientSession, target: RouteTarget, envelope:
     headers = {"Content-Type": content_type, "X-Reach-Trace-Id": envelope.trace_id,
                "X-Reach-Envelope-Id": envelope.id, "X-Reach-Hop-Count": str(envelope.hop_count),
                **(wire.headers if wire is not None else {})}
+    context = TraceParent.parse(envelope.extensions.get(TRACEPARENT))  # W3C trace context, for the agent's tracer
+    if context is not None:
+        headers[TRACEPARENT] = context.header()
     if target.credential is not None:
         headers["Authorization"] = f"Bearer {target.credential}"
     timeout = aiohttp.ClientTimeout(total=remaining_s, sock_connect=limits.connect_timeout_s,

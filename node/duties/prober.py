@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from ..core import ClientTlsSettings, NodeError, cancel_and_wait, now_ms
+from ..core import (NO_SPANS, TRACEPARENT, ClientTlsSettings, NodeError, SpanKind, Spans, TraceParent, cancel_and_wait,
+                    now_ms)
 from ..core.models import AgentRecord, ChangeEvent, ChangeKind, Probe
 from ..store import RegionStore
 from ..trust import DEFAULT_EGRESS_POLICY, EgressDenied, EgressPolicy, egress_denial, egress_session
@@ -54,12 +55,15 @@ class Prober:
 
     ``egress``: the region's policy (``NodeConfig.egress``); the default allows public addresses only.
     ``tls``: what an https probe URL is checked against (``NodeConfig`` is one: its ``ca_file``).
+    ``spans``: each probe a ``probe {kind}`` span (the node's OpenTelemetry tracer, if any).
     """
 
     def __init__(self, store: RegionStore, cache: RegionCache, *,
                  max_concurrent: int = DEFAULT_MAX_CONCURRENT_PROBES,
-                 egress: EgressPolicy = DEFAULT_EGRESS_POLICY, tls: ClientTlsSettings | None = None) -> None:
+                 egress: EgressPolicy = DEFAULT_EGRESS_POLICY, tls: ClientTlsSettings | None = None,
+                 spans: Spans = NO_SPANS) -> None:
         self.store = store
+        self.spans = spans
         self.cache = cache
         self.max_concurrent = max_concurrent
         self.egress = egress
@@ -128,7 +132,11 @@ class Prober:
         return None if state is None else state.last_error
 
     async def _probe(self, session: aiohttp.ClientSession, record: AgentRecord, kind: str, probe: Probe) -> None:
-        error = await self._probe_error(session, kind, probe)
+        with self.spans.start(f"probe {kind}", kind=SpanKind.CLIENT, attributes={
+                "gen_ai.agent.id": record.agent_id, "agent_reach.probe.kind": kind, "url.full": probe.url}) as span:
+            error = await self._probe_error(session, kind, probe, span.context)
+            if error is not None:
+                span.fail(error)
         self.probes_run += 1
         state = self._states.get((record.agent_id, kind))
         if state is None:
@@ -179,11 +187,13 @@ class Prober:
                                                at_ms=result.record.updated_at_ms, record=result.record))
 
 
-    async def _probe_error(self, session: aiohttp.ClientSession, kind: str, probe: Probe) -> str | None:
+    async def _probe_error(self, session: aiohttp.ClientSession, kind: str, probe: Probe,
+                           context: TraceParent | None) -> str | None:
+        headers = {TRACEPARENT: context.header()} if context is not None else None
         try:
             self.egress.check_url(probe.url)
             async with session.get(probe.url, timeout=aiohttp.ClientTimeout(total=probe.timeout_ms / 1000),
-                                   allow_redirects=False) as response:
+                                   allow_redirects=False, headers=headers) as response:
                 listening = probe.accept == "listening" and response.status < 500
                 if not (listening or 200 <= response.status < 300):
                     return f"{kind} probe answered HTTP {response.status}"

@@ -20,7 +20,8 @@ import time
 import orjson
 from aiohttp import web
 
-from ..core import BadRequest, Forbidden, NodeError, RouteEvent, RouteEventKind, ValidationFailed, now_ms
+from ..core import (TRACEPARENT, BadRequest, Forbidden, NodeError, RouteEvent, RouteEventKind, SpanKind, TraceParent,
+                    ValidationFailed, now_ms)
 from ..core.a2a import AGENT_CARD_PATH, AGENT_CARD_ROUTE, CardRegistration
 from ..core.models import (
     KEY_ID_PATTERN,
@@ -175,13 +176,22 @@ async def resolve(request: web.Request) -> web.Response:
     node, caller, weights = _node(request), _caller(request), query_flag(request, "weights")  # old SDKs: no weights
     remote = query_flag(request, "remote")  # forwarded from another region (federation.forward)
     route_request = await parse_body(request, RouteRequest)
-    try:
-        decision = await node.decide(route_request, caller)
-    except NodeError as exc:
-        node.metrics.count(node.metrics.resolves, "none", "none", "none")
-        if route_request.trace_id:
-            await _trace_decision(request, route_request.trace_id, caller, result=exc.code, detail=exc.message)
-        raise
+    context = TraceParent.parse(request.headers.get(TRACEPARENT))  # W3C: a request without trace_id takes its trace
+    if context is not None and route_request.trace_id is None:
+        route_request = route_request.model_copy(update={"trace_id": context.trace_id})
+    wanted = route_request.capability or route_request.agent_id or route_request.pattern
+    with node.tracing.spans.start(f"resolve {wanted}", kind=SpanKind.SERVER, parent=context,
+                                  trace_id=route_request.trace_id, attributes={
+                                      "agent_reach.region": node.region, "agent_reach.caller": caller.sub}) as span:
+        try:
+            decision = await node.decide(route_request, caller)
+        except NodeError as exc:
+            node.metrics.count(node.metrics.resolves, "none", "none", "none")
+            span.fail(exc.code)
+            if route_request.trace_id:
+                await _trace_decision(request, route_request.trace_id, caller, result=exc.code, detail=exc.message)
+            raise
+        span.set("gen_ai.agent.id", decision.target.target["agent_id"])
     node.metrics.resolve_seconds.observe(time.perf_counter() - started)
     node.metrics.count(node.metrics.resolves, "ok", decision.match["kind"], decision.target.target["locality"])
     if route_request.trace_id:

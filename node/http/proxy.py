@@ -54,10 +54,14 @@ from ..core import (
     RouteEvent,
     RouteEventKind,
     SendAccepted,
+    Span,
+    SpanKind,
     StoreUnavailable,
     ValidationFailed,
     cancel_and_wait,
+    carried,
     now_ms,
+    traceparent_of,
 )
 from ..core.models import (
     CredentialRequest,
@@ -157,6 +161,7 @@ class Proxy:
     async def handle_send(self, request: web.Request) -> web.Response:
         caller: TokenClaims = request[CALLER]
         envelope = await parse_body(request, Envelope)
+        envelope = carried(envelope, traceparent_of(envelope, request.headers))  # the caller's W3C context travels on
         delivery = request.query.get("delivery", "sync")
         if delivery not in ("sync", "callback"):
             raise ValidationFailed("delivery must be sync or callback", field="delivery")
@@ -266,7 +271,15 @@ class Proxy:
 
     async def _deliver(self, envelope: Envelope, route: RouteRequest, caller: TokenClaims,
                        events: list[RouteEvent]) -> Answer:
-        """Route and deliver with failover for idempotent envelopes; raises DeliveryFailed."""
+        """Route and deliver with failover for idempotent envelopes; raises DeliveryFailed. The node's
+        span of it (``invoke_agent``, each attempt a ``delivery`` event) is the parent of the agent's."""
+        with self.node.tracing.spans.invoke_agent(envelope, kind=SpanKind.SERVER, parent=traceparent_of(envelope),
+                                                  **{"agent_reach.region": self.node.region,
+                                                     "agent_reach.caller": caller.sub}) as span:
+            return await self._deliver_in(span, carried(envelope, span.context), route, caller, events)
+
+    async def _deliver_in(self, span: Span, envelope: Envelope, route: RouteRequest, caller: TokenClaims,
+                          events: list[RouteEvent]) -> Answer:
         started = time.monotonic()
         budget_s = self.settings.request_timeout_ms / 1000
         remaining_ms = envelope.remaining_ms(now_ms=now_ms())
@@ -279,6 +292,8 @@ class Proxy:
 
         def on_attempt(tried: Tried) -> None:
             self._after_attempt(tried, envelope, caller, events, failures)
+            span.event("delivery", {"gen_ai.agent.id": tried.pick.target.agent_id, "agent_reach.attempt": tried.index,
+                                    "agent_reach.outcome": tried.outcome.value, "http.response.status_code": tried.status})
 
         async def issue(ticket: RouteTicket, target: RouteTarget) -> str:
             request = CredentialRequest(signature=ticket.signature, agent_id=target.agent_id)
@@ -293,6 +308,7 @@ class Proxy:
         answered = delivery.answered
         if answered is not None and answered.answer is not None:
             target, answer = answered.pick.target, answered.answer
+            span.set("gen_ai.agent.id", target.agent_id)
             events.append(self._event(RouteEventKind.OUTCOME, envelope, caller, target=target, result="delivered",
                                       status=answer.status, latency_ms=(time.monotonic() - started) * 1000))
             return Answer(answer.status, answer.content_type, answer.body, headers={
