@@ -162,9 +162,9 @@ class AgentHost:
         self.inflight += 1
         # The agent's span, when the program traces: a child of the hop that delivered the call, and
         # current while the handler runs, so the calls it makes (envelope.child()) are its children.
-        with application_spans().invoke_agent(envelope, kind=SpanKind.SERVER, parent=traceparent_of(
-                envelope, request.headers), name=self.agent_id, **{"gen_ai.agent.id": self.agent_id,
-                                                                   "agent_reach.caller": envelope.source_agent}) as span:
+        attributes = {"gen_ai.agent.id": self.agent_id, "agent_reach.caller": envelope.source_agent}
+        with application_spans().invoke_agent(envelope, kind=SpanKind.SERVER, name=self.agent_id, **attributes,
+                                              parent=traceparent_of(envelope, request.headers)) as span:
             envelope = carried(envelope, span.context)
             try:
                 result = await self.handler(envelope)

@@ -293,7 +293,8 @@ class Proxy:
         def on_attempt(tried: Tried) -> None:
             self._after_attempt(tried, envelope, caller, events, failures)
             span.event("delivery", {"gen_ai.agent.id": tried.pick.target.agent_id, "agent_reach.attempt": tried.index,
-                                    "agent_reach.outcome": tried.outcome.value, "http.response.status_code": tried.status})
+                                    "agent_reach.outcome": tried.outcome.value,
+                                    "http.response.status_code": tried.status})
 
         async def issue(ticket: RouteTicket, target: RouteTarget) -> str:
             request = CredentialRequest(signature=ticket.signature, agent_id=target.agent_id)

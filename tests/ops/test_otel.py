@@ -77,6 +77,8 @@ async def main():
         result = await reach.send(Envelope(operation="{OPERATION}", payload={{"text": "hello"}}))
         assert result.status == 200 and result.envelope is not None, (result.status, result.body)
         print(result.envelope.trace_id, result.envelope.payload, flush=True)
+        called = await reach.call("{OPERATION}", {{"text": "direct"}})  # resolve, then straight to the agent
+        print(called.trace_id, called.payload, flush=True)
 
 asyncio.run(main())
 provider.shutdown()
@@ -173,8 +175,10 @@ async def test_one_call_through_sdk_node_and_agent_is_one_trace_of_three_spans(
                                 CALLER_TOKEN=node.token("demo.report.otel", TokenRole.CALLER), **endpoint)
         out, err = await asyncio.wait_for(caller.communicate(), 60)
         assert caller.returncode == 0, err.decode()
-        trace_id, answer = out.decode().split(" ", 1)
+        lines = out.decode().splitlines()
+        (trace_id, answer), (direct_trace_id, direct_answer) = (line.split(" ", 1) for line in lines)
         assert len(trace_id) == 32 and int(trace_id, 16) and "'echo': {'text': 'hello'}" in answer
+        assert direct_trace_id != trace_id and "'echo': {'text': 'direct'}" in direct_answer
 
         spans = await wait_for(lambda: len(receiver.of(trace_id)) >= 3 and receiver.of(trace_id), timeout_s=30,
                                message="three spans of the call's trace")
@@ -193,6 +197,18 @@ async def test_one_call_through_sdk_node_and_agent_is_one_trace_of_three_spans(
         assert calling.attributes["gen_ai.agent.id"] == AGENT_ID  # learnt from the node's answer
         assert routing.attributes["agent_reach.caller"] == "demo.report.otel" and routing.events == ["delivery"]
         assert routing.attributes["agent_reach.region"] == region
+
+        # A direct call: the caller's span is the parent of the node's resolve and of the agent's span.
+        direct = await wait_for(lambda: len(receiver.of(direct_trace_id)) >= 3 and receiver.of(direct_trace_id),
+                                timeout_s=30, message="three spans of the direct call's trace")
+        assert len(direct) == 3, direct
+        by_service = {span.service: span for span in direct}
+        calling, resolving, serving = by_service["caller"], by_service["agent-reach-node"], by_service["agent"]
+        assert (calling.name, resolving.name, serving.name) == (
+            f"invoke_agent {OPERATION}", f"resolve {OPERATION}", f"invoke_agent {AGENT_ID}")
+        assert (calling.parent_span_id, resolving.parent_span_id, serving.parent_span_id) == (
+            "", calling.span_id, calling.span_id)
+        assert calling.attributes["gen_ai.agent.id"] == AGENT_ID
 
         # The node's resolve joins the trace the request's traceparent names, under its span.
         parent = TraceParent(trace_id, "00f067aa0ba902b7")
