@@ -255,6 +255,25 @@ class SentinelGroup(_Group):
     def data_client(self, process: RedisProcess) -> redis.Redis:
         return self._data_client(process, self._auth)
 
+    def restart_as_replica(self, process: RedisProcess) -> None:
+        """Start a killed data server again as a replica of the current primary (empty: nothing is
+        saved) and wait until it is in sync and every sentinel counts it as a healthy replica."""
+        primary = self.current_primary()
+        process.lines = [line for line in process.lines if not line.startswith("replicaof ")]
+        process.lines.append(f"replicaof 127.0.0.1 {primary.port}")
+        process.start()
+        _until(lambda: self.data_client(process).info("replication").get("master_link_status") == "up",
+               f"restarted replica {process.port} in sync")
+
+        def healthy(sentinel: RedisProcess) -> bool:
+            replicas = sentinel.client().sentinel_slaves(MASTER_NAME)
+            return len(replicas) >= len(self.replicas) and not any(
+                replica["is_sdown"] or replica["is_odown"] or replica.get("master-link-status") != "ok"
+                for replica in replicas)
+
+        _until(lambda: all(healthy(sentinel) for sentinel in self.sentinels),
+               f"every sentinel counting {process.port} as a healthy replica")
+
 
 @contextlib.contextmanager
 def sentinel_group(**options: object) -> Iterator[SentinelGroup]:
