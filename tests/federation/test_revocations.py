@@ -144,13 +144,14 @@ async def test_token_revoke_needs_no_topology_and_never_asks_another_clusters_no
         asked.append(f"{request.method} {request.path}")
         return web.json_response({"error": "unauthorized", "message": "not this cluster's token"}, status=401)
 
-    stranger, stranger_url = await serve_routes(web.route("*", "/{tail:.*}", elsewhere))
+    strangers = [await serve_routes(web.route("*", "/{tail:.*}", elsewhere)) for _ in range(3)]
     async with EmbeddedKafka() as kafka:
         trio = Trio(redis_url, region, kafka.bootstrap_servers)
         a, b, c = trio.names
-        other_cluster = tmp_path / "other.toml"
+        other_cluster = tmp_path / "other.toml"  # a valid topology: the same region names, its own nodes
         other_cluster.write_text('name = "other"\n' + "".join(
-            f'[[regions]]\nname = "{name}"\nnode_urls = ["{stranger_url}"]\n' for name in trio.names))
+            f'[[regions]]\nname = "{name}"\nnode_urls = ["{url}"]\n'
+            for name, (_, url) in zip(trio.names, strangers, strict=True)))
         try:
             nodes = {name: await trio.start(name) for name in trio.names}
             await wait_for(lambda: all(trio.federations[name].revocation_relay.state.value == "relaying"
@@ -165,7 +166,8 @@ async def test_token_revoke_needs_no_topology_and_never_asks_another_clusters_no
             assert asked == []  # the other cluster's node was never asked
         finally:
             await trio.aclose()
-            await stranger.cleanup()
+            for runner, _ in strangers:
+                await runner.cleanup()
 
 
 async def test_a_peer_token_lives_minutes_and_once_revoked_reads_no_snapshot(redis_url: str, region: str) -> None:
