@@ -73,6 +73,10 @@ DEFAULT_SENTINEL_PORT = 26379
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_POOL_TIMEOUT_S = 5.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
+# A reply later than this fails the command (and is retried on a new connection): a server that
+# accepts connections but never answers (a wrong port, a stalled proxy) ends the node's start in
+# one line instead of hanging it. Every blocking read here (XREAD BLOCK) waits 1 s by default.
+DEFAULT_SOCKET_TIMEOUT_S = 5.0
 DEFAULT_WAIT_TIMEOUT_MS = 1_000
 LOCATE_TIMEOUT_S = 1.0  # one sentinel or cluster node asked where the data is; then the next
 # Replies that say the region's data is now elsewhere (or about to be): reconnect and look again.
@@ -202,7 +206,8 @@ def redis_client(url: str, *, key_base: str, settings: RedisConnectSettings | No
 
 
 def _connection_kwargs(target: RedisTarget, settings: RedisConnectSettings) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"socket_connect_timeout": DEFAULT_CONNECT_TIMEOUT_S, "socket_keepalive": True,
+    kwargs: dict[str, Any] = {"socket_connect_timeout": DEFAULT_CONNECT_TIMEOUT_S,
+                              "socket_timeout": DEFAULT_SOCKET_TIMEOUT_S, "socket_keepalive": True,
                               **target.options, "db": target.db}
     files = {"ssl_ca_certs": settings.redis_ca_file, "ssl_certfile": settings.redis_cert_file,
              "ssl_keyfile": settings.redis_key_file}

@@ -5,9 +5,12 @@ start-up line with an exit code."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import ssl
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -107,6 +110,41 @@ def test_the_node_command_ends_a_bad_redis_url_in_one_line(url: str, code: int, 
     lines = out.stderr.strip().splitlines()
     assert out.returncode == code and len(lines) == 1 and lines[0].startswith("error: "), out
     assert says in lines[0], lines[0]
+
+
+@pytest.fixture
+def silent_server() -> int:  # type: ignore[misc]
+    """A port that accepts connections and never answers (a wrong port, a stalled proxy)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                held.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    thread.join(timeout=5)
+    for connection in [*held, listener]:
+        connection.close()
+
+
+@pytest.mark.parametrize("scheme", ["redis://127.0.0.1:{port}/0", "rediss://127.0.0.1:{port}/0",
+                                    "redis+sentinel://127.0.0.1:{port}/primary/0"])
+def test_a_redis_that_accepts_and_never_answers_ends_the_start_in_one_line(scheme: str, silent_server: int,
+                                                                           tmp_path: Path) -> None:
+    # Bounded by the command's timeout: a start that hangs fails the test with TimeoutExpired.
+    out = subprocess.run([*CLI, "node", "--region", "cli", "--port", "0", "--no-semantic", "--create-secret",
+                          "--secret-file", str(tmp_path / "secret"), "--redis", scheme.format(port=silent_server)],
+                         capture_output=True, text=True, timeout=90, env={"HOME": str(tmp_path), "PATH": "/usr/bin"})
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out
+    assert lines[0].startswith("error: Redis of region cli cannot be reached: ") and "Timeout" in lines[0], lines[0]
 
 
 # -- a Redis Cluster --------------------------------------------------------------------------
