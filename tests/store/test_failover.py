@@ -16,7 +16,6 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -43,11 +42,9 @@ class Failover:
 
 
 async def write_through_the_kill(node: RunningNode, group: SentinelGroup, *, before: int,
-                                 prefix: str = "lang.failover", capability: str = "translate.text",
-                                 alongside: Callable[[], Awaitable[None]] | None = None) -> Failover:
+                                 prefix: str = "lang.failover", capability: str = "translate.text") -> Failover:
     """Register ``before`` agents, kill the primary, and go on registering (and resolving the first
-    agent, asking /readyz and awaiting ``alongside``) until a write is acknowledged again; bounded
-    by the deadline."""
+    agent, and asking /readyz) until a write is acknowledged again; bounded by the deadline."""
     seen = Failover()
     for index in range(before):
         await node.register(registration(f"{prefix}.a{index}", capability=capability, lease_ttl_ms=120_000))
@@ -64,8 +61,6 @@ async def write_through_the_kill(node: RunningNode, group: SentinelGroup, *, bef
         seen.resolves += 1
         if (await node.call("GET", "/readyz"))[0] == 503:
             seen.unready_seen = True
-        if alongside is not None:
-            await alongside()
         agent_id = f"{prefix}.a{index}"
         status, body = await node.call("POST", "/v1/agents",
                                        json=registration(agent_id, capability=capability, lease_ttl_ms=120_000))
