@@ -18,12 +18,13 @@ from redis.crc import key_slot
 
 from node.config import NodeConfig
 from node.service import RegistryNode
+from node.core import StoreUnavailable
 from node.store import RedisUrlError, RegionStore, parse_redis_url, redis_client
 from topology.embedded import EmbeddedRedis
 
 from ..conftest import TEST_SECRET
 from ..helpers import RunningNode, registration, start_node
-from .redis_deployments import RedisCluster, RedisProcess, free_port, tls_files
+from .redis_deployments import RedisCluster, RedisProcess, SentinelGroup, free_port, tls_files
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -210,6 +211,39 @@ async def test_a_node_authenticates_as_an_acl_user(tmp_path: Path) -> None:
             await _node(f"redis://app:wrong@127.0.0.1:{server.port}/0", "acl")
     finally:
         server.stop()
+
+
+async def test_a_node_asks_sentinels_that_require_a_password_with_the_sentinel_password_file(
+        tmp_path: Path) -> None:
+    with SentinelGroup(replicas=1, sentinels=3, sentinel_password="sentinel-pass") as group:
+        # Without the sentinels' password: one line naming the refusal, exit 1.
+        out = subprocess.run([*CLI, "node", "--region", "sentauth", "--port", "0", "--no-semantic", "--create-secret",
+                              "--secret-file", str(tmp_path / "secret"), "--redis", group.url()],
+                             capture_output=True, text=True, timeout=90, env={"HOME": str(tmp_path), "PATH": "/usr/bin"})
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 1 and len(lines) == 1, out
+        assert "no sentinel names the primary" in lines[0], lines[0]
+        assert "requires a password: set redis_sentinel_password_file" in lines[0], lines[0]
+        # A wrong one: said as such.
+        password_file = tmp_path / "sentinel-password"
+        password_file.write_text("not-the-pass\n")
+        with pytest.raises(StoreUnavailable, match="refused the password of redis_sentinel_password_file"):
+            await _node(group.url(), "sentauth", redis_sentinel_password_file=str(password_file))
+        # The right one, in a file: the node finds the primary and serves.
+        password_file.write_text("sentinel-pass\n")
+        node = await _node(group.url(), "sentauth", redis_sentinel_password_file=str(password_file))
+        try:
+            await _serves_writes(node, "lang.sentauth.one")
+        finally:
+            await node.aclose()
+    assert "sentinel-pass" not in out.stderr + out.stdout
+
+
+@pytest.mark.unit
+def test_a_sentinel_password_file_needs_a_sentinel_url(tmp_path: Path) -> None:
+    settings = NodeConfig(region="eu", redis_url="redis://10.0.0.5/0", redis_sentinel_password_file=str(tmp_path / "p"))
+    with pytest.raises(RedisUrlError, match="redis_sentinel_password_file is set but the Redis URL names no sentinels"):
+        redis_client(settings.redis_url, key_base="ar:{eu}", settings=settings)
 
 
 async def test_a_node_reaches_redis_over_tls_with_a_ca_and_a_client_certificate(tmp_path: Path) -> None:

@@ -77,6 +77,7 @@ def test_the_production_topology_is_valid_and_builds_every_region() -> None:
         assert (config.host, config.port, config.access_log, config.decision_log) == ("0.0.0.0", 7101, True, "stdout")
         assert config.advertise_url == region.node_urls[0] and config.advertise_url.startswith("https://")
         assert config.redis_password_file == f"{_credentials(region.name)}/redis-password"
+        assert config.redis_sentinel_password_file == f"{_credentials(region.name)}/sentinel-password"
         assert config.redis_ca_file and config.redis_wait_replicas == 1
         # TLS: served with a certificate and the key from the credentials, client certificates
         # required; as a client of its peers the node trusts a CA bundle and presents its own.
