@@ -8,6 +8,12 @@ how much of the machine's HTTP capacity the router keeps. The node runs with --n
 measures routing, and indexing 10k agents' descriptions in the background would compete for the
 same two cores (bench/semantic.py measures search).
 
+Over https too, in the same run (``--no-tls`` skips it): a second node serves the same region
+with a certificate made for the run (``openssl``), and each node is driven with keep-alive and
+with ``Connection: close`` (a TCP connection, and a TLS handshake, per request), so the
+handshake's cost shows beside TLS's steady-state cost. The ratios printed are https over http in
+the same mode; the node's CPU time per request says the same where the shared machine skews req/s.
+
 Run from the repository root: `make bench-resolve` (installs wrk if absent) or `.venv/bin/python -m bench.resolve`.
 """
 
@@ -25,6 +31,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import ssl
 import urllib.request
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -75,7 +82,7 @@ WRK_SCRIPT = textwrap.dedent("""
     local capabilities = %d
     wrk.method = "POST"
     wrk.headers["Content-Type"] = "application/json"
-    wrk.headers["Authorization"] = "Bearer %s"
+    wrk.headers["Authorization"] = "Bearer %s"%s
     request = function()
         local body = string.format('{"capability":"cap.c%%d"}', math.random(0, capabilities - 1))
         return wrk.format(nil, "/v1/resolve", nil, body)
@@ -94,9 +101,10 @@ def free_port() -> int:
 
 def wait_http(url: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
+    context = ssl._create_unverified_context() if url.startswith("https:") else None  # the run's own certificate
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(url, timeout=1) as response:
+            with urllib.request.urlopen(url, timeout=1, context=context) as response:
                 if response.status == 200:
                     return
         except OSError:
@@ -124,9 +132,11 @@ async def populate(redis_url: str, agents: int, *, lease_ttl_ms: int = 3_600_000
     await store.aclose()
 
 
-def resolve_script(token: str) -> str:
-    """The wrk script posting a resolve of a random capability with ``token``."""
-    return WRK_SCRIPT % (CAPABILITIES, token) + WRK_REPORT
+def resolve_script(token: str, *, keep_alive: bool = True) -> str:
+    """The wrk script posting a resolve of a random capability with ``token`` (without
+    ``keep_alive``: ``Connection: close``, so wrk opens a connection per request)."""
+    close = "" if keep_alive else '\nwrk.headers["Connection"] = "close"'
+    return WRK_SCRIPT % (CAPABILITIES, token, close) + WRK_REPORT
 
 
 def run_wrk(url: str, lua: str, *, seconds: int, connections: int, cpu_of: Sequence[int] = ()) -> dict[str, float]:
@@ -208,11 +218,40 @@ def line(label: str, figures: dict[str, float]) -> str:
             f"non-2xx {int(figures['NON2XX'])}" + (f"   server cpu {figures['CPU_US']:.1f} us/req" if "CPU_US" in figures else ""))
 
 
+def make_certificate(directory: Path) -> list[str]:
+    """A self-signed certificate for 127.0.0.1 (wrk does not check it): the node's TLS flags."""
+    cert, key = directory / "node.pem", directory / "node.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=30)
+    return ["--tls-cert", str(cert), "--tls-key", str(key)]
+
+
+def drive_node(redis_url: str, token: str, args: argparse.Namespace, *, tls: list[str]) -> dict[str, dict[str, float]]:
+    """Start a node (over https with ``tls``) and drive it with and without keep-alive."""
+    port = free_port()
+    env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
+    node = spawn([str(Path(sys.executable).with_name("agent-reach")), "--log-level", "WARNING", "node",
+                  "--region", REGION, "--redis", redis_url, "--port", str(port), "--no-semantic", *tls], env=env)
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    figures = {}
+    try:
+        wait_http(f"{url}/readyz")
+        for mode, keep_alive in (("keep-alive", True), ("close", False)) if args.tls else (("keep-alive", True),):
+            script = resolve_script(token, keep_alive=keep_alive)
+            run_wrk(url, script, seconds=2, connections=args.connections)  # warm-up
+            figures[mode] = run_wrk(url, script, seconds=args.seconds, connections=args.connections, cpu_of=[node.pid])
+    finally:
+        stop(node)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--agents", type=int, nargs="+", default=[1_000, 10_000])
+    parser.add_argument("--no-tls", dest="tls", action="store_false", help="skip the https runs")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: `make bench-resolve` installs it (apt-get install wrk)")
@@ -226,21 +265,21 @@ def main() -> None:
     redis = EmbeddedRedis()
     redis.start_sync()
     try:
-        for agents in args.agents:
-            asyncio.run(populate(redis.url, agents))
-            port = free_port()
-            env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
-            node = spawn([str(Path(sys.executable).with_name("agent-reach")), "--log-level", "WARNING", "node",
-                          "--region", REGION, "--redis", redis.url, "--port", str(port), "--no-semantic"], env=env)
-            try:
-                wait_http(f"http://127.0.0.1:{port}/readyz")
-                url = f"http://127.0.0.1:{port}"
-                run_wrk(url, resolve_script(token), seconds=2, connections=args.connections)  # warm-up
-                figures = run_wrk(url, resolve_script(token), seconds=args.seconds, connections=args.connections)
-            finally:
-                stop(node)
-            print(line(f"resolve @ {agents:,} agents", figures)
-                  + f"   ratio {figures['RPS'] / base['RPS']:.2f}")
+        with tempfile.TemporaryDirectory(prefix="bench-tls-") as directory:
+            tls = make_certificate(Path(directory)) if args.tls else []
+            for agents in args.agents:
+                asyncio.run(populate(redis.url, agents))
+                plain = drive_node(redis.url, token, args, tls=[])
+                print(line(f"resolve @ {agents:,} agents", plain["keep-alive"])
+                      + f"   ratio {plain['keep-alive']['RPS'] / base['RPS']:.2f}")
+                if tls:
+                    secure = drive_node(redis.url, token, args, tls=tls)
+                    for mode in ("keep-alive", "close"):
+                        if mode == "close":
+                            print(line(f"  http, {mode}", plain[mode]))
+                        print(line(f"  https, {mode}", secure[mode])
+                              + f"   https/http {secure[mode]['RPS'] / plain[mode]['RPS']:.2f}"
+                              f" (cpu {secure[mode]['CPU_US'] / plain[mode]['CPU_US']:.2f}x)")
     finally:
         redis.stop_sync()
 

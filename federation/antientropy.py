@@ -57,16 +57,20 @@ class AntiEntropyStats:
 class AntiEntropy:
     """Snapshot pulls and reconciles for one region's replica; an async context manager.
 
-    ``token`` returns a bearer token the peers accept (a peer token of the cluster secret).
+    ``token`` returns a bearer token the peers accept (a peer token of the cluster secret);
+    ``renew_token``, called when a peer refuses it (401: revoked, or ended), mints the next one,
+    which the pull is tried again with once.
     """
 
     def __init__(self, config: FederationConfig, *, catalog: PeerCatalog, replica_store: ReplicaStore,
-                 token: Callable[[], str], ssl_context: ssl.SSLContext | bool = True) -> None:
+                 token: Callable[[], str], ssl_context: ssl.SSLContext | bool = True,
+                 renew_token: Callable[[], object] | None = None) -> None:
         self.config = config
         self.ssl_context = ssl_context  # what a peer's https node is checked against
         self.catalog = catalog
         self.replica_store = replica_store
         self.token = token
+        self.renew_token = renew_token
         self.stats = AntiEntropyStats()
         self._pending: dict[str, str] = {}
         self._last_attempt: dict[str, float] = {}
@@ -193,10 +197,19 @@ class AntiEntropy:
         if self._session is None:
             raise SnapshotUnavailable("anti-entropy is not started: use it as an async context manager")
         problems = []
-        for url in self.config.peer(peer).node_urls:
+        urls = list(self.config.peer(peer).node_urls)
+        renewed = self.renew_token is None
+        while urls:
+            url = urls.pop(0)
             try:
                 async with self._session.get(url.rstrip("/") + SNAPSHOT_PATH,
                                              headers={"Authorization": f"Bearer {self.token()}"}) as response:
+                    if response.status == 401 and not renewed:  # revoked or ended: once more with a new one
+                        renewed = True
+                        self.renew_token()  # type: ignore[misc]
+                        urls.insert(0, url)
+                        problems.append(f"{url}: HTTP 401 {(await response.read())[:200]!r} (token renewed)")
+                        continue
                     if response.status != 200:
                         problems.append(f"{url}: HTTP {response.status} {(await response.read())[:200]!r}")
                         continue

@@ -85,7 +85,8 @@ class Federation:
         self.revocation_relay: RevocationRelay | None = None
         self.peer_token = SelfToken(signer, f"federation:{config.region}", TokenRole.PEER)
         self.anti_entropy = AntiEntropy(config, catalog=self.catalog, replica_store=self.replica_store,
-                                        token=self.peer_token.current, ssl_context=peer_ssl_context)
+                                        token=self.peer_token.current, renew_token=self.peer_token.renew,
+                                        ssl_context=peer_ssl_context)
         self.publisher = Publisher(config, store=store, replica_store=self.replica_store)
         self.consumer = Consumer(config, catalog=self.catalog, replica_store=self.replica_store,
                                  anti_entropy=self.anti_entropy)

@@ -10,7 +10,8 @@ URLs (:func:`parse_redis_url`)::
     rediss+sentinel://…                           the same, TLS to the sentinels and the servers
 
 ``user:password`` is a Redis ACL user (``default`` when only a password is given), for the data
-servers; the sentinels are asked without credentials. Query options are redis-py's
+servers; the sentinels are asked with ``redis_sentinel_password_file``'s password when they
+require one (their ``requirepass``), else without credentials. Query options are redis-py's
 (``socket_timeout``, ``ssl_check_hostname`` …); the TLS files and a password file are node settings
 (:class:`RedisConnectSettings`).
 
@@ -73,6 +74,10 @@ DEFAULT_SENTINEL_PORT = 26379
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_POOL_TIMEOUT_S = 5.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
+# A reply later than this fails the command (and is retried on a new connection): a server that
+# accepts connections but never answers (a wrong port, a stalled proxy) ends the node's start in
+# one line instead of hanging it. Every blocking read here (XREAD BLOCK) waits 1 s by default.
+DEFAULT_SOCKET_TIMEOUT_S = 5.0
 DEFAULT_WAIT_TIMEOUT_MS = 1_000
 LOCATE_TIMEOUT_S = 1.0  # one sentinel or cluster node asked where the data is; then the next
 # Replies that say the region's data is now elsewhere (or about to be): reconnect and look again.
@@ -102,6 +107,9 @@ class RedisConnectSettings(Settings):
     redis_password_file: str | None = Field(
         default=None, description="File holding the Redis password (of the URL's ACL user, or 'default'); "
                                   "keeps it out of the URL.")
+    redis_sentinel_password_file: str | None = Field(
+        default=None, description="File holding the password the sentinels require (their requirepass); needs a "
+                                  "redis+sentinel:// URL. Unset: the sentinels are asked without one.")
     redis_wait_replicas: int = Field(
         default=0, ge=0, description="Replicas that must confirm each agent write (register, heartbeat, deregister, "
                                      "expiry) before it is acknowledged (Redis WAIT); 0 = acknowledged once the "
@@ -181,7 +189,9 @@ def redis_client(url: str, *, key_base: str, settings: RedisConnectSettings | No
         probe = {key: value for key, value in kwargs.items() if key.startswith("ssl_") or key.startswith("socket_")}
         locator: _Locator
         if target.kind == "sentinel":
-            locator = _SentinelLocator(target.addresses, str(target.master_name), probe_class, probe)
+            sentinel_password = _password_from(settings.redis_sentinel_password_file, "redis_sentinel_password_file")
+            locator = _SentinelLocator(target.addresses, str(target.master_name), probe_class,
+                                       {**probe, **({"password": sentinel_password} if sentinel_password else {})})
         else:
             credentials = {key: kwargs[key] for key in ("username", "password") if key in kwargs}
             locator = _SlotLocator(target.addresses[0], key_slot(key_base.encode()), probe_class,
@@ -202,7 +212,8 @@ def redis_client(url: str, *, key_base: str, settings: RedisConnectSettings | No
 
 
 def _connection_kwargs(target: RedisTarget, settings: RedisConnectSettings) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"socket_connect_timeout": DEFAULT_CONNECT_TIMEOUT_S, "socket_keepalive": True,
+    kwargs: dict[str, Any] = {"socket_connect_timeout": DEFAULT_CONNECT_TIMEOUT_S,
+                              "socket_timeout": DEFAULT_SOCKET_TIMEOUT_S, "socket_keepalive": True,
                               **target.options, "db": target.db}
     files = {"ssl_ca_certs": settings.redis_ca_file, "ssl_certfile": settings.redis_cert_file,
              "ssl_keyfile": settings.redis_key_file}
@@ -219,21 +230,29 @@ def _connection_kwargs(target: RedisTarget, settings: RedisConnectSettings) -> d
     if "ssl_keyfile" in kwargs and "ssl_certfile" not in kwargs:
         raise RedisUrlError("redis_key_file is set without redis_cert_file: give both (the client certificate "
                             "and its key)", field="redis_cert_file")
-    password = target.password
-    if settings.redis_password_file is not None:
-        try:
-            password = Path(settings.redis_password_file).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise RedisUrlError(f"redis_password_file {settings.redis_password_file!r} cannot be read: {exc}",
-                                field="redis_password_file") from None
-        if not password:
-            raise RedisUrlError(f"redis_password_file {settings.redis_password_file!r} is empty: write the "
-                                "password in it", field="redis_password_file")
+    if settings.redis_sentinel_password_file is not None and target.kind != "sentinel":
+        raise RedisUrlError("redis_sentinel_password_file is set but the Redis URL names no sentinels: use "
+                            "redis+sentinel:// (or rediss+sentinel://), or drop the setting",
+                            field="redis_sentinel_password_file")
+    password = _password_from(settings.redis_password_file, "redis_password_file") or target.password
     if password is not None:
         kwargs["password"] = password
     if target.username is not None:
         kwargs["username"] = target.username
     return kwargs
+
+
+def _password_from(path: str | None, setting: str) -> str | None:
+    """The password in the file ``path`` names (``setting``'s value); None without one."""
+    if path is None:
+        return None
+    try:
+        password = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RedisUrlError(f"{setting} {path!r} cannot be read: {exc}", field=setting) from None
+    if not password:
+        raise RedisUrlError(f"{setting} {path!r} is empty: write the password in it", field=setting)
+    return password
 
 
 def _query_options(url: str, query: str) -> dict[str, Any]:
@@ -325,7 +344,7 @@ class _SentinelLocator(_Locator):
                 reply = await _ask(self._probe_class, self._probe, sentinel,
                                    "SENTINEL", "get-master-addr-by-name", self._master_name)
             except (RedisError, OSError) as exc:
-                problems.append(f"{sentinel[0]}:{sentinel[1]}: {exc}")
+                problems.append(f"{sentinel[0]}:{sentinel[1]}: {self._refusal(exc)}")
                 continue
             if reply:
                 self._sentinels.remove(sentinel)  # the one that answered is asked first next time
@@ -334,6 +353,15 @@ class _SentinelLocator(_Locator):
             problems.append(f"{sentinel[0]}:{sentinel[1]} knows no master {self._master_name!r}")
         raise RedisConnectionError(f"no sentinel names the primary of {self._master_name!r} "
                                    f"({'; '.join(problems)})")
+
+    def _refusal(self, error: Exception) -> str:
+        """``error`` said plainly when it is the sentinel refusing to talk without (the right) password."""
+        text = str(error)
+        if "WRONGPASS" in text or "invalid password" in text or "invalid username-password" in text:
+            return "refused the password of redis_sentinel_password_file"
+        if "NOAUTH" in text or "must be called with the client already authenticated" in text:
+            return "requires a password: set redis_sentinel_password_file"
+        return text
 
 
 class _SlotLocator(_Locator):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -37,18 +38,23 @@ class Trio:
     """Three federated regions a, b, c in this process (one Redis, distinct regions)."""
 
     def __init__(self, redis_url: str, region: str, bootstrap_servers: str, *, discovery: bool = False,
-                 replicate_depth: int = 1) -> None:
+                 replicate_depth: int = 1, redis_urls: Mapping[str, str] | None = None,
+                 node: Mapping[str, Any] | None = None, federation: Mapping[str, Any] | None = None) -> None:
+        """``redis_urls`` gives a region its own Redis (else ``redis_url``); ``node`` and
+        ``federation`` add or replace settings."""
         self.discovery = discovery  # lexical search attached, as topology.build_node does
         self.names = a, b, c = (f"{region}-a", f"{region}-b", f"{region}-c")
+        redis_urls = redis_urls or {}
         self.topology = Topology.model_validate({
             "kafka": {"bootstrap_servers": bootstrap_servers, "topic_prefix": f"test-{region}"},
             "federation": {"beacon_interval_ms": 100, "stale_after_ms": 1_500, "anti_entropy_min_interval_ms": 100,
                            "request_timeout_ms": 1_000, "summary_interval_ms": 100, "replicate_depth": replicate_depth,
-                           "forward_timeout_ms": FORWARD_TIMEOUT_MS},
+                           "forward_timeout_ms": FORWARD_TIMEOUT_MS, **(federation or {})},
             "node": {"leader_ttl_ms": 600, "sweep_interval_ms": 100, "lease_sync_interval_ms": 100,
-                     "semantic_enabled": False},
-            "regions": [{"name": name, "node_urls": [f"http://127.0.0.1:{free_port()}"], "redis_url": redis_url,
-                         "prefer": prefer, "policy": {"egress": {"allow": ["loopback"]}}}
+                     "semantic_enabled": False, **(node or {})},
+            "regions": [{"name": name, "node_urls": [f"http://127.0.0.1:{free_port()}"],
+                         "redis_url": redis_urls.get(name, redis_url), "prefer": prefer,
+                         "policy": {"egress": {"allow": ["loopback"]}}}
                         for name, prefer in ((a, [b, c]), (b, [a, c]), (c, [a, b]))],
         })
         self.running: dict[str, RunningNode] = {}

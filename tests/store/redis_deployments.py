@@ -133,8 +133,9 @@ class _Group:
         self.directory = Path(self._tmp.name)
         self.processes: list[RedisProcess] = []
 
-    def _start(self, port: int, lines: list[str], *, sentinel: bool = False) -> RedisProcess:
-        process = RedisProcess(port, self.directory, lines, sentinel=sentinel)
+    def _start(self, port: int, lines: list[str], *, sentinel: bool = False,
+               auth: tuple[str, str] | None = None) -> RedisProcess:
+        process = RedisProcess(port, self.directory, lines, sentinel=sentinel, auth=auth)
         self.processes.append(process)
         return process.start()
 
@@ -198,15 +199,18 @@ class SentinelGroup(_Group):
 
     ``down_after_ms`` is how long the primary must be silent before a sentinel calls it down; the
     failover follows within about a second here. ``requirepass``/``acl_lines`` configure the data
-    servers (the replicas authenticate to the primary with ``masterauth``/``masteruser``).
+    servers (the replicas authenticate to the primary with ``masterauth``/``masteruser``);
+    ``sentinel_password`` makes the sentinels require one (``requirepass``, and ``sentinel-pass``
+    between them).
     """
 
     def __init__(self, *, replicas: int = 1, sentinels: int = 3, down_after_ms: int = 1_000,
                  failover_timeout_ms: int = 3_000, data_lines: tuple[str, ...] = (),
-                 auth: tuple[str, str] | None = None) -> None:
+                 auth: tuple[str, str] | None = None, sentinel_password: str | None = None) -> None:
         super().__init__()
         self.master_name = MASTER_NAME
         self._auth = auth
+        self._sentinel_password = sentinel_password
         self._guarded(lambda: self._set_up(replicas, sentinels, down_after_ms, failover_timeout_ms, data_lines, auth))
 
     def _set_up(self, replicas: int, sentinels: int, down_after_ms: int, failover_timeout_ms: int,
@@ -225,7 +229,10 @@ class SentinelGroup(_Group):
                  f"sentinel parallel-syncs {MASTER_NAME} 1"]
         if auth:
             watch += [f"sentinel auth-user {MASTER_NAME} {auth[0]}", f"sentinel auth-pass {MASTER_NAME} {auth[1]}"]
-        self.sentinels = [self._start(free_port(), watch, sentinel=True) for _ in range(sentinels)]
+        if self._sentinel_password:
+            watch += [f"requirepass {self._sentinel_password}", f"sentinel sentinel-pass {self._sentinel_password}"]
+        login = ("default", self._sentinel_password) if self._sentinel_password else None
+        self.sentinels = [self._start(free_port(), watch, sentinel=True, auth=login) for _ in range(sentinels)]
         _until(lambda: all(self._sees_replicas(sentinel) for sentinel in self.sentinels),
                "every sentinel seeing the replicas and the other sentinels")
 
@@ -254,6 +261,25 @@ class SentinelGroup(_Group):
 
     def data_client(self, process: RedisProcess) -> redis.Redis:
         return self._data_client(process, self._auth)
+
+    def restart_as_replica(self, process: RedisProcess) -> None:
+        """Start a killed data server again as a replica of the current primary (empty: nothing is
+        saved) and wait until it is in sync and every sentinel counts it as a healthy replica."""
+        primary = self.current_primary()
+        process.lines = [line for line in process.lines if not line.startswith("replicaof ")]
+        process.lines.append(f"replicaof 127.0.0.1 {primary.port}")
+        process.start()
+        _until(lambda: self.data_client(process).info("replication").get("master_link_status") == "up",
+               f"restarted replica {process.port} in sync")
+
+        def healthy(sentinel: RedisProcess) -> bool:
+            replicas = sentinel.client().sentinel_slaves(MASTER_NAME)
+            return len(replicas) >= len(self.replicas) and not any(
+                replica["is_sdown"] or replica["is_odown"] or replica.get("master-link-status") != "ok"
+                for replica in replicas)
+
+        _until(lambda: all(healthy(sentinel) for sentinel in self.sentinels),
+               f"every sentinel counting {process.port} as a healthy replica")
 
 
 @contextlib.contextmanager

@@ -5,9 +5,12 @@ start-up line with an exit code."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import ssl
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,12 +18,13 @@ from redis.crc import key_slot
 
 from node.config import NodeConfig
 from node.service import RegistryNode
+from node.core import StoreUnavailable
 from node.store import RedisUrlError, RegionStore, parse_redis_url, redis_client
 from topology.embedded import EmbeddedRedis
 
 from ..conftest import TEST_SECRET
 from ..helpers import RunningNode, registration, start_node
-from .redis_deployments import RedisCluster, RedisProcess, free_port, tls_files
+from .redis_deployments import RedisCluster, RedisProcess, SentinelGroup, free_port, tls_files
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -109,6 +113,41 @@ def test_the_node_command_ends_a_bad_redis_url_in_one_line(url: str, code: int, 
     assert says in lines[0], lines[0]
 
 
+@pytest.fixture
+def silent_server() -> int:  # type: ignore[misc]
+    """A port that accepts connections and never answers (a wrong port, a stalled proxy)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                held.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    thread.join(timeout=5)
+    for connection in [*held, listener]:
+        connection.close()
+
+
+@pytest.mark.parametrize("scheme", ["redis://127.0.0.1:{port}/0", "rediss://127.0.0.1:{port}/0",
+                                    "redis+sentinel://127.0.0.1:{port}/primary/0"])
+def test_a_redis_that_accepts_and_never_answers_ends_the_start_in_one_line(scheme: str, silent_server: int,
+                                                                           tmp_path: Path) -> None:
+    # Bounded by the command's timeout: a start that hangs fails the test with TimeoutExpired.
+    out = subprocess.run([*CLI, "node", "--region", "cli", "--port", "0", "--no-semantic", "--create-secret",
+                          "--secret-file", str(tmp_path / "secret"), "--redis", scheme.format(port=silent_server)],
+                         capture_output=True, text=True, timeout=90, env={"HOME": str(tmp_path), "PATH": "/usr/bin"})
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out
+    assert lines[0].startswith("error: Redis of region cli cannot be reached: ") and "Timeout" in lines[0], lines[0]
+
+
 # -- a Redis Cluster --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -172,6 +211,39 @@ async def test_a_node_authenticates_as_an_acl_user(tmp_path: Path) -> None:
             await _node(f"redis://app:wrong@127.0.0.1:{server.port}/0", "acl")
     finally:
         server.stop()
+
+
+async def test_a_node_asks_sentinels_that_require_a_password_with_the_sentinel_password_file(
+        tmp_path: Path) -> None:
+    with SentinelGroup(replicas=1, sentinels=3, sentinel_password="sentinel-pass") as group:
+        # Without the sentinels' password: one line naming the refusal, exit 1.
+        out = subprocess.run([*CLI, "node", "--region", "sentauth", "--port", "0", "--no-semantic", "--create-secret",
+                              "--secret-file", str(tmp_path / "secret"), "--redis", group.url()],
+                             capture_output=True, text=True, timeout=90, env={"HOME": str(tmp_path), "PATH": "/usr/bin"})
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 1 and len(lines) == 1, out
+        assert "no sentinel names the primary" in lines[0], lines[0]
+        assert "requires a password: set redis_sentinel_password_file" in lines[0], lines[0]
+        # A wrong one: said as such.
+        password_file = tmp_path / "sentinel-password"
+        password_file.write_text("not-the-pass\n")
+        with pytest.raises(StoreUnavailable, match="refused the password of redis_sentinel_password_file"):
+            await _node(group.url(), "sentauth", redis_sentinel_password_file=str(password_file))
+        # The right one, in a file: the node finds the primary and serves.
+        password_file.write_text("sentinel-pass\n")
+        node = await _node(group.url(), "sentauth", redis_sentinel_password_file=str(password_file))
+        try:
+            await _serves_writes(node, "lang.sentauth.one")
+        finally:
+            await node.aclose()
+    assert "sentinel-pass" not in out.stderr + out.stdout
+
+
+@pytest.mark.unit
+def test_a_sentinel_password_file_needs_a_sentinel_url(tmp_path: Path) -> None:
+    settings = NodeConfig(region="eu", redis_url="redis://10.0.0.5/0", redis_sentinel_password_file=str(tmp_path / "p"))
+    with pytest.raises(RedisUrlError, match="redis_sentinel_password_file is set but the Redis URL names no sentinels"):
+        redis_client(settings.redis_url, key_base="ar:{eu}", settings=settings)
 
 
 async def test_a_node_reaches_redis_over_tls_with_a_ca_and_a_client_certificate(tmp_path: Path) -> None:

@@ -5,19 +5,23 @@ promoted, and — with ``redis_wait_replicas`` — no acknowledged write is lost
 Redis replicates asynchronously: without ``redis_wait_replicas`` a registration acknowledged in
 the instant before the kill may not have reached the replica that is promoted. The first test
 therefore asserts only what holds then (writes resume, reads served, readiness honest) and
-prints how many acknowledged writes were lost; the second asserts that none is, with WAIT.
+prints how many acknowledged writes were lost; the second asserts that none is, with WAIT. The
+last makes that window wide and certain (replicas paused and cut off) to show what each setting
+trades: acknowledged writes lost without WAIT, writes refused with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 
 import pytest
 
 from ..helpers import RunningNode, registration, wait_for
-from .redis_deployments import SentinelGroup
+from .redis_deployments import RedisProcess, SentinelGroup
 from .test_connect import _node
 
 pytestmark = pytest.mark.timeout(180)
@@ -34,15 +38,17 @@ class Failover:
     unready_seen: bool = False
     resolves: int = 0
     resume_s: float | None = None  # from the kill to the first acknowledged write
+    killed: RedisProcess | None = None  # the primary killed
 
 
-async def _write_through_the_kill(node: RunningNode, group: SentinelGroup, *, before: int) -> Failover:
+async def write_through_the_kill(node: RunningNode, group: SentinelGroup, *, before: int,
+                                 prefix: str = "lang.failover", capability: str = "translate.text") -> Failover:
     """Register ``before`` agents, kill the primary, and go on registering (and resolving the first
     agent, and asking /readyz) until a write is acknowledged again; bounded by the deadline."""
     seen = Failover()
     for index in range(before):
-        await node.register(registration(f"lang.failover.a{index}", lease_ttl_ms=120_000))
-        seen.acknowledged.append(f"lang.failover.a{index}")
+        await node.register(registration(f"{prefix}.a{index}", capability=capability, lease_ttl_ms=120_000))
+        seen.acknowledged.append(f"{prefix}.a{index}")
     old_primary = group.current_primary()
     old_primary.kill()
     killed_at = time.monotonic()
@@ -50,13 +56,14 @@ async def _write_through_the_kill(node: RunningNode, group: SentinelGroup, *, be
     while seen.resume_s is None:
         if time.monotonic() - killed_at > FAILOVER_DEADLINE_S:
             raise AssertionError(f"no write acknowledged {FAILOVER_DEADLINE_S} s after the kill ({seen})")
-        status, ticket = await node.resolve(capability="translate.text")
-        assert status == 200 and ticket["target"]["agent_id"].startswith("lang.failover."), (status, ticket)
+        status, ticket = await node.resolve(capability=capability)
+        assert status == 200 and ticket["target"]["agent_id"].startswith(f"{prefix}."), (status, ticket)
         seen.resolves += 1
         if (await node.call("GET", "/readyz"))[0] == 503:
             seen.unready_seen = True
-        agent_id = f"lang.failover.a{index}"
-        status, body = await node.call("POST", "/v1/agents", json=registration(agent_id, lease_ttl_ms=120_000))
+        agent_id = f"{prefix}.a{index}"
+        status, body = await node.call("POST", "/v1/agents",
+                                       json=registration(agent_id, capability=capability, lease_ttl_ms=120_000))
         if status in (200, 201):
             seen.acknowledged.append(agent_id)
             seen.resume_s = time.monotonic() - killed_at
@@ -66,15 +73,16 @@ async def _write_through_the_kill(node: RunningNode, group: SentinelGroup, *, be
             await asyncio.sleep(0.02)  # pacing the writer, not synchronising: the loop polls the outcome
         index += 1
     assert group.current_primary().port != old_primary.port
+    seen.killed = old_primary
     return seen
 
 
-async def _stored(node: RunningNode, agent_ids: list[str]) -> set[str]:
+async def present(node: RunningNode, agent_ids: list[str]) -> set[str]:
     """The agents of ``agent_ids`` the (new) primary holds."""
     return {agent_id for agent_id in agent_ids if await node.node.store.get(agent_id) is not None}
 
 
-async def _ready_again(node: RunningNode) -> None:
+async def ready_again(node: RunningNode) -> None:
     async def ready() -> bool:
         return (await node.call("GET", "/readyz"))[0] == 200
 
@@ -85,10 +93,10 @@ async def test_a_node_on_sentinel_survives_sigkill_of_its_primary() -> None:
     with SentinelGroup(replicas=1, sentinels=3, down_after_ms=1_000) as group:
         node = await _node(group.url(), "failover", lease_sync_interval_ms=100)
         try:
-            seen = await _write_through_the_kill(node, group, before=20)
-            await _ready_again(node)
+            seen = await write_through_the_kill(node, group, before=20)
+            await ready_again(node)
             assert seen.unready_seen and seen.refused > 0, seen
-            stored = await _stored(node, seen.acknowledged)
+            stored = await present(node, seen.acknowledged)
             lost = [agent_id for agent_id in seen.acknowledged if agent_id not in stored]
             print(f"failover: first write {seen.resume_s:.2f} s after SIGKILL; {seen.refused} writes refused (503),"
                   f" {seen.resolves} resolves served; acknowledged writes lost: {len(lost)} of"
@@ -110,12 +118,12 @@ async def test_with_wait_no_acknowledged_write_is_lost_in_a_failover() -> None:
         node = await _node(group.url(), "failover-wait", lease_sync_interval_ms=100, redis_wait_replicas=1,
                            redis_wait_timeout_ms=500)
         try:
-            seen = await _write_through_the_kill(node, group, before=20)
-            await _ready_again(node)
+            seen = await write_through_the_kill(node, group, before=20)
+            await ready_again(node)
             assert seen.unready_seen and seen.refused > 0, seen
             print(f"failover with WAIT 1: first write {seen.resume_s:.2f} s after SIGKILL; {seen.refused} writes"
                   f" refused; {seen.resolves} resolves served")
-            assert await _stored(node, seen.acknowledged) == set(seen.acknowledged)
+            assert await present(node, seen.acknowledged) == set(seen.acknowledged)
         finally:
             await node.aclose()
 
@@ -147,5 +155,68 @@ async def test_writes_follow_a_manual_failover_while_the_old_primary_still_runs(
             assert new_primary.hget("ar:{switchover}:agents", "lang.switch.before") is not None
             status, body = await node.call("PUT", "/v1/agents/lang.switch.before/heartbeat", json={})
             assert status == 200, body
+        finally:
+            await node.aclose()
+
+
+LAGGED = 5  # registrations made while no replica receives the primary's stream
+
+
+def _pause(process: RedisProcess, pause: bool) -> None:
+    assert process.process is not None
+    os.kill(process.process.pid, signal.SIGSTOP if pause else signal.SIGCONT)
+
+
+@pytest.mark.parametrize("wait_replicas", [0, 1])
+async def test_what_redis_wait_replicas_trades_when_the_primary_dies_ahead_of_its_replicas(
+        wait_replicas: int) -> None:
+    """The window asynchronous replication leaves, made wide and certain: the replicas are paused
+    and cut off from the primary (as a congested link or a resync would), registrations are made,
+    the primary is killed and the replicas resumed, so the promoted one never received them.
+
+    With ``redis_wait_replicas = 0`` (the default) those registrations were acknowledged (201)
+    and are gone after the failover (an agent learns it at its next heartbeat: 404, register
+    again). With ``1`` each was answered 503 instead (the write waited
+    ``redis_wait_timeout_ms`` for a replica and said it might be lost), so nothing acknowledged is
+    missing; the price is that latency on every write, and no writes at all while no replica
+    follows the primary."""
+    region = f"wait{wait_replicas}"
+    with SentinelGroup(replicas=2, sentinels=3, down_after_ms=1_000) as group:
+        node = await _node(group.url(), region, lease_sync_interval_ms=100, redis_wait_replicas=wait_replicas,
+                           redis_wait_timeout_ms=300)
+        try:
+            await node.register(registration(f"lang.{region}.kept", lease_ttl_ms=120_000))
+            primary = group.current_primary()
+            for replica in group.replicas:
+                _pause(replica, True)
+            try:
+                group.data_client(primary).execute_command("CLIENT", "KILL", "TYPE", "replica")
+                lagged = [f"lang.{region}.lag{index}" for index in range(LAGGED)]
+                answers = await asyncio.gather(*(node.call("POST", "/v1/agents", json=registration(
+                    agent_id, lease_ttl_ms=120_000)) for agent_id in lagged))
+                primary.kill()
+            finally:
+                for replica in group.replicas:
+                    _pause(replica, False)
+            acknowledged = [agent_id for agent_id, (status, _) in zip(lagged, answers, strict=True)
+                            if status in (200, 201)]
+            await wait_for(lambda: group.current_primary().port != primary.port, timeout_s=FAILOVER_DEADLINE_S,
+                           message="a replica promoted")
+            await ready_again(node)
+            kept = await present(node, [f"lang.{region}.kept", *lagged])
+            print(f"\nredis_wait_replicas={wait_replicas}: {len(acknowledged)} of {LAGGED} lagged registrations "
+                  f"acknowledged, {len([a for a in acknowledged if a not in kept])} of them lost in the failover; "
+                  f"answers {sorted({status for status, _ in answers})}")
+            assert f"lang.{region}.kept" in kept  # replicated before the pause: survives either way
+            if wait_replicas == 0:
+                assert acknowledged == lagged  # acknowledged at once ...
+                assert not kept & set(lagged)  # ... and lost with the primary,
+                # from the node's memory too; the agent's next heartbeat is told to register again.
+                status, body = await node.call("PUT", f"/v1/agents/{lagged[0]}/heartbeat", json={})
+                assert status == 404 and "register again" in body["message"], (status, body)
+            else:
+                assert acknowledged == []  # none acknowledged: nothing acknowledged is missing
+                assert all(status == 503 and body["error"] == "store_unavailable"
+                           and "redis_wait_replicas" in body["message"] for status, body in answers), answers
         finally:
             await node.aclose()
