@@ -111,6 +111,7 @@ class RegistryNode:
         self.revocations = parts.revocations
         self.decisions = parts.decisions
         self.loop_watch = parts.loop_watch
+        self.budgets = parts.budgets
         self.summary_only = SummaryOnlyLookups(self.router, visible=self.visible)
         self.extensions: list[Extension] = []
         self.searcher: Searcher | None = None
@@ -131,6 +132,7 @@ class RegistryNode:
             await self.cache.start()
             await self.keys.start()
             await self.revocations.start()
+            await self.budgets.start()
             await self.leadership.start()
             self.loop_watch.start()
         except BaseException:
@@ -146,6 +148,7 @@ class RegistryNode:
         self.state = NodeState.CLOSED
         await self.loop_watch.aclose()
         await self.leadership.aclose()
+        await self.budgets.aclose()
         await self.revocations.aclose()
         await self.keys.aclose()
         await self.cache.aclose()

@@ -60,7 +60,7 @@ from .plumbing import (
 from .proxy import PROXY_KEY, install_proxy_routes
 from .server import NodeRunner
 from .snapshot_stream import stream_snapshot
-from .traces import TRACES_KEY
+from .traces import TRACES_KEY, charged
 from .watch_stream import end_watches, watch
 
 __all__ = ["PUBLIC_PATHS", "ROUTES", "bound_port", "build_app", "guard", "public_path", "serve"]
@@ -175,6 +175,10 @@ async def resolve(request: web.Request) -> web.Response:
     node, caller, weights = _node(request), _caller(request), query_flag(request, "weights")  # old SDKs: no weights
     remote = query_flag(request, "remote")  # forwarded from another region (federation.forward)
     route_request = await parse_body(request, RouteRequest)
+    if route_request.capability:
+        node.budgets.spend(caller, route_request.capability)
+    if route_request.trace_id:
+        request.app[TRACES_KEY].refuse_if_over(charged(caller))
     try:
         decision = await node.decide(route_request, caller)
     except NodeError as exc:
@@ -196,7 +200,7 @@ async def _trace_decision(request: web.Request, trace_id: str, caller: TokenClai
     """A direct-mode routing decision joins the caller's trace (only when it names one)."""
     event = RouteEvent(event=RouteEventKind.DECISION, at_ms=now_ms(), trace_id=trace_id, mode="direct",
                        caller=caller.sub, **fields)
-    await request.app[TRACES_KEY].append([event])
+    await request.app[TRACES_KEY].append([event], charge=charged(caller))
 
 
 async def reports(request: web.Request) -> web.Response:
