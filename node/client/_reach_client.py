@@ -20,12 +20,14 @@ from urllib.parse import quote
 
 import aiohttp
 
-from ..core import Envelope, NoAgentAvailable, NodeError, Policy, RouteEvent, RouteEventKind, Trace, UnknownAgent, epoch_ms
+from ..core import (HOP_HEADER, Envelope, NoAgentAvailable, NodeError, Policy, RouteEvent, RouteEventKind, Trace,
+                    UnknownAgent, epoch_ms)
 from ..core.a2a import CardRegistration
 from ..core.models import (CredentialRequest, OutcomeReport, RegisterResponse, Registration, RouteRequest, RouteTarget,
                            RouteTicket, Scope, SearchResponse, Status, compat)
 from ..delivery import BreakerState, ClientBreakers, Failover, OutcomeTracker, Pacing, Sleep, Tried, deliver
-from ._calls import CallResult, attempt_error, call_result, conversation_of, forwarded, new_envelope, prepared_route
+from ._calls import (INCOMING, CallResult, attempt_error, call_result, carried, conversation_of, forwarded, new_envelope,
+                     prepared_route)
 from ._config import (
     TOKEN_ENV,
     URL_ENV,
@@ -374,7 +376,7 @@ class ReachClient:
                                     expire_at_ms=epoch_ms() + int(overall_s * 1000))
         elif capability is None and agent_id is None and pattern is None:
             capability, agent_id, pattern = prepared_route(envelope)
-        envelope = forwarded(envelope, max_hops=settings.max_hops)
+        envelope = forwarded(carried(envelope), max_hops=settings.max_hops)
         idempotent = envelope.idempotent or idempotent
         request = options.route_request(capability=capability, agent_id=agent_id, pattern=pattern,
                                         trace_id=envelope.trace_id, conversation_id=conversation_of(envelope, options),
@@ -398,12 +400,16 @@ class ReachClient:
         no semantic fallback) raise :class:`ValidationFailed` rather than be dropped, and its
         delivery and envelope fields are the node's and the envelope's here. Raises the node's
         error (``hop_limit_exceeded``, ``envelope_expired``, ``delivery_failed`` …) as a
-        :class:`NodeError`.
+        :class:`NodeError`. Sent from an :class:`AgentHost` handler, the envelope carries at least
+        the hop count of the delivery being handled, and the node's stamp of it goes back
+        (``X-Reach-Hop``): a fresh envelope does not restart a loop's count.
         """
         given = {name: value for name, value in (("version", version), ("scope", scope)) if value}
         query = {"delivery": delivery, **options_for("send", options, given).proxy_query()}
         timeout_s = self.settings.request_timeout_ms / 1000
-        return await self._require_api().send(envelope, query=query, timeout_s=timeout_s)
+        incoming = INCOMING.get()  # sent from a handler: the node's stamp of what it handles goes back
+        stamp = {HOP_HEADER: incoming.stamp} if incoming is not None and incoming.stamp else {}
+        return await self._require_api().send(carried(envelope), query=query, timeout_s=timeout_s, headers=stamp)
 
     # -- internals ---------------------------------------------------------------------------
 

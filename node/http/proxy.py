@@ -3,7 +3,9 @@
 ``POST /v1/send`` (body: an :class:`~node.core.envelope.Envelope`; query ``delivery=sync|callback``,
 optional ``version`` and ``scope``):
 
-1. **Refusals first.** ``hop_count`` at or beyond the maximum (default 5) is refused with 422
+1. **Refusals first.** ``hop_count`` — the highest of the envelope's, the ``X-Reach-Hop`` stamp
+   the sender got with the delivery it acts on, and the trace's ledger (:mod:`node.http.hops`):
+   an agent can raise it, never lower it — at or beyond the maximum (default 5) is refused with 422
    ``hop_limit_exceeded`` — an A→B→A loop dies after five hops instead of storming; an envelope
    past ``expire_at_ms`` is refused with 410 ``envelope_expired`` (no ghost messages).
 2. **Once per id** (:mod:`node.store.once`). A repeated envelope id — concurrent or later, on this
@@ -12,15 +14,15 @@ optional ``version`` and ``scope``):
 3. **Route and deliver** with the SDK's attempt and failover (:mod:`node.delivery.attempts`, where
    the rules are written down): the router picks the target (``target_agent`` as agent_id or
    pattern, else ``operation`` as the capability; ``extensions.conversation_id`` for affinity);
-   the node POSTs the envelope with ``hop_count + 1``, ``source_agent`` set from the caller's
+   the node POSTs the envelope with ``hop_count + 1`` (and its stamp), ``source_agent`` set from the caller's
    token and the target's route credential (``Authorization: Bearer``, naming the caller, as on a
    direct call), through its egress-checked session. Idempotent envelopes fail over, others get one
    attempt. A target's 4xx is passed through as its answer. Outcomes feed the router's breakers.
    **Passthrough** targets get the raw payload, and their answer is returned as is.
 4. **Callbacks.** ``delivery=callback`` answers 202 at once and sends the result (or a
    ``reach.delivery_failed`` event) to the sending agent's *registered* ``callback_endpoint`` —
-   never to an address found in the payload, and only for an agent token (a caller token named
-   like an agent is not that agent). At most ``max_background`` such deliveries are in flight,
+   never to an address found in the payload, and only for an agent (or admin) token: a caller
+   token named like an agent is not that agent. At most ``max_background`` such deliveries are in flight,
    at most ``max_background_per_caller`` of one tenant (token role and subject): one tenant's
    slow endpoint fills its own share, not the pool.
 5. **Route events.** Every decision, delivery attempt, outcome, duplicate, refusal and callback
@@ -78,6 +80,7 @@ from ..service import RegistryNode
 from ..store import Answer, DeliveryInProgress, OnceCache
 from ..trust import EgressDenied, EgressPolicy, egress_denial, egress_session, tenant_of
 from .plumbing import CALLER, json_response, parse_body, validation_error
+from .hops import HOP_HEADER, HopLedger
 from .proxy_results import described, result_envelope
 from .traces import TraceLog, charged, install_trace_routes
 
@@ -137,6 +140,8 @@ class Proxy:
         self.limits = self.settings.attempt_limits(owner="the proxy's")
         self.rng = rng or random.Random()
         self.traces = traces  # api.py's direct-mode decisions still reach the log through here
+        self.hops = HopLedger(traces.redis, signer=node.signer, prefix=traces.prefix, region=node.region,
+                              ttl_ms=self.settings.trace_ttl_ms)
         self.once = OnceCache.of(node.store, node_id=node.node_id, ttl_ms=self.settings.idempotency_ttl_ms,
                                  pending_ttl_ms=self.settings.request_timeout_ms + _CLAIM_GRACE_MS,
                                  max_body_bytes=self.settings.idempotency_max_body_bytes)
@@ -166,6 +171,7 @@ class Proxy:
         if delivery not in ("sync", "callback"):
             raise ValidationFailed("delivery must be sync or callback", field="delivery")
         route = self._route_request(envelope, request)
+        envelope = await self.hops.counted(envelope, caller.sub, request.headers.get(HOP_HEADER))
         if route.capability:
             self.node.budgets.spend(caller, route.capability)
         self.traces.refuse_if_over(charged(caller))
@@ -252,7 +258,7 @@ class Proxy:
         raise refusal
 
     def _callback_endpoint(self, caller: TokenClaims) -> str:
-        record = self.node.find(caller.sub) if caller.role is TokenRole.AGENT else None
+        record = self.node.find(caller.sub) if caller.role in (TokenRole.AGENT, TokenRole.ADMIN) else None
         if record is None or not record.callback_endpoint:
             raise NoCallbackEndpoint(f"{caller.role.value} {caller.sub!r} has no registered callback_endpoint; send "
                                      "with the token of an agent registered with one (results never go to an "
@@ -295,7 +301,13 @@ class Proxy:
         failures: list[dict[str, Any]] = []
 
         async def decide(request: RouteRequest, *, fresh: bool) -> RouteTicket:
-            return await self._decide(request, first=not fresh, envelope=envelope, caller=caller, events=events)
+            ticket = await self._decide(request, first=not fresh, envelope=envelope, caller=caller, events=events)
+            await self.hops.delivering(envelope.trace_id, envelope.hop_count + 1,
+                                       [ticket.target.agent_id, *(other.agent_id for other in ticket.alternates)])
+            return ticket
+
+        def stamp(target: RouteTarget) -> dict[str, str]:
+            return {HOP_HEADER: self.hops.stamp(envelope.trace_id, envelope.hop_count + 1, target.agent_id)}
 
         def on_attempt(tried: Tried) -> None:
             self._after_attempt(tried, envelope, caller, events, failures)
@@ -309,7 +321,7 @@ class Proxy:
             Failover(route, resolve=decide, issue=issue),
             session=self._require_session, limits=self.limits, pacing=Pacing(self.policy, self.rng),
             max_attempts=self.settings.max_attempts if envelope.idempotent else 1, deadline=started + budget_s,
-            on_attempt=on_attempt, guard=self.guard)
+            on_attempt=on_attempt, guard=self.guard, stamp=stamp)
         answered = delivery.answered
         if answered is not None and answered.answer is not None:
             target, answer = answered.pick.target, answered.answer

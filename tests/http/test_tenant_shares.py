@@ -145,6 +145,10 @@ async def test_one_tenants_slow_callbacks_leave_the_pool_to_others(node_factory:
         _, refused, headers = await send(node, Envelope(operation="slow.work", payload={}), token=hostile,
                                          delivery="callback")
         assert refused["error"] == "background_full" and "Retry-After" in headers, refused
+        # a caller token named like the agent does not get the agent's callbacks
+        status, body, _ = await send(node, Envelope(operation="slow.work", payload={}), delivery="callback",
+                                     token=node.token("tenant.two.app", TokenRole.CALLER))
+        assert status == 422 and body["error"] == "no_callback_endpoint", body
     finally:
         slow.gate.set()
         await wait_for(lambda: len(results.received) == 6, timeout_s=30, message="every accepted callback")
