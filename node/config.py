@@ -65,6 +65,7 @@ DEFAULT_HEADER_READ_TIMEOUT_MS = 10_000
 DEFAULT_KEEPALIVE_TIMEOUT_MS = 75_000
 DEFAULT_MAX_CONNECTIONS = 1_000
 DEFAULT_MAX_CONNECTIONS_PER_SOURCE = 250  # a quarter of the default cap: no one address takes it all
+DEFAULT_MAX_CONNECTIONS_PER_TOKEN = 250  # the same for one token, from however many addresses
 DEFAULT_ERROR_LOG_INTERVAL_MS = 1_000
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
 DEFAULT_BODY_READ_TIMEOUT_MS = 30_000
@@ -88,6 +89,11 @@ class ServerLimits(Settings):
         description="Open connections one source address may hold; one more closes that source's oldest idle "
                     "connection, or is answered 503. 0 = no share (behind a load balancer, whose address every "
                     "connection has).")
+    max_connections_per_token: int = Field(
+        default=DEFAULT_MAX_CONNECTIONS_PER_TOKEN, ge=0,
+        description="Open connections whose last request authenticated with one token (its role and subject) "
+                    "may count; one more closes that token's oldest idle connection, or its request is answered "
+                    "503 and its connection closed. 0 = no share.")
     http_error_log_interval_ms: int = Field(
         default=DEFAULT_ERROR_LOG_INTERVAL_MS, ge=1,
         description="At most one log line per kind of malformed request (or refusal) per interval.")
