@@ -104,8 +104,9 @@ class RateSettings(Settings):
                                                     "rate_limit_admin_rps.")
     rate_limit_capability_rps: float = Field(
         default=DEFAULT_CAPABILITY_RPS, ge=0,
-        description="Resolves and sends per second one token (agent or caller) may route by one capability, "
-                    "on top of its own budget, region-wide; 0 = unlimited.")
+        description="Resolves and sends per second one agent or caller token (an admin one too when "
+                    "rate_limit_admin_rps is set) may route by one capability, on top of its own budget, "
+                    "region-wide; 0 = unlimited.")
     rate_limit_capability_burst: int = Field(default=DEFAULT_CAPABILITY_BURST, ge=1,
                                              description="Resolves and sends by one capability a token may send "
                                                          "at once above rate_limit_capability_rps.")
@@ -243,6 +244,8 @@ class RateBudgets:
                 if not self._redis_down:
                     log.warning("rate budgets are this process's alone until Redis answers again: %s", exc.message)
                 self._redis_down = True
+            except Exception:  # a bug: the buckets here go on alone, and the next sync tries again
+                log.exception("could not share the rate budgets of region %s", self.region)
 
     async def sync(self) -> None:
         """Add what was spent here to the region's buckets and take their levels when lower.
