@@ -140,6 +140,9 @@ def tenant_of(claims: TokenClaims) -> str:
     return f"{claims.role.value}:{claims.sub}"
 
 
+_Key = tuple[TokenRole, str, "str | None"]  # role, subject, capability (None: the tenant's own budget)
+
+
 class _Bucket:
     __slots__ = ("budget", "kind", "role", "tokens", "at", "spent")
 
@@ -178,8 +181,8 @@ class RateBudgets:
         self.capability = Budget(settings.rate_limit_capability_rps, settings.rate_limit_capability_burst)
         self.refused: dict[tuple[str, str], int] = {}  # (role, kind) -> requests refused
         self.syncs = 0
-        self._buckets: dict[str, _Bucket] = {}
-        self._spent: dict[str, _Bucket] = {}  # buckets spent from since the last sync
+        self._buckets: dict[_Key, _Bucket] = {}
+        self._spent: dict[_Key, _Bucket] = {}  # buckets spent from since the last sync
         self._script = redis.register_script(SPEND) if redis is not None else None
         self._task: asyncio.Task[None] | None = None
         self._redis_down = False
@@ -196,14 +199,13 @@ class RateBudgets:
         role = claims.role
         if capability is None:
             budget, kind = self.budgets[role], BudgetKind.CALLER
-            key = f"{self.prefix}{role.value}:{quote(claims.sub, safe='.-_@')}"
+            if budget.unlimited:
+                return
         else:
             budget, kind = self.capability, BudgetKind.CAPABILITY
-            if role in (TokenRole.ADMIN, TokenRole.PEER) and self.budgets[role].unlimited:
+            if budget.unlimited or (role in (TokenRole.ADMIN, TokenRole.PEER) and self.budgets[role].unlimited):
                 return
-            key = f"{self.prefix}{role.value}:{quote(claims.sub, safe='.-_@')}/{quote(capability, safe='.-_@')}"
-        if budget.unlimited:
-            return
+        key = (role, claims.sub, capability)
         now = self.clock()
         bucket = self._buckets.get(key)
         if bucket is None:
@@ -253,7 +255,7 @@ class RateBudgets:
         if not self._spent or self._script is None:
             return
         spent, self._spent = self._spent, {}
-        keys = list(spent)
+        keys = [self._redis_key(key) for key in spent]
         args: list[object] = [now_ms()]
         counts = []
         for bucket in spent.values():
@@ -273,6 +275,11 @@ class RateBudgets:
             region = float(level) + (now - sent_at) * bucket.budget.rate_per_s - bucket.spent
             if region < bucket.refilled(now):
                 bucket.tokens = region
+
+    def _redis_key(self, key: _Key) -> str:
+        role, subject, capability = key
+        tail = f"/{quote(capability, safe='.-_@')}" if capability is not None else ""
+        return f"{self.prefix}{role.value}:{quote(subject, safe='.-_@')}{tail}"
 
     def _forget_idle(self, now: float) -> None:
         """Drop buckets that are full again and owe Redis nothing; if none is, the oldest."""
