@@ -181,6 +181,8 @@ class RateBudgets:
         self.capability = Budget(settings.rate_limit_capability_rps, settings.rate_limit_capability_burst)
         self.refused: dict[tuple[str, str], int] = {}  # (role, kind) -> requests refused
         self.syncs = 0
+        self.admitted = 0  # requests admitted from limited buckets here
+        self.shared = 0  # of those, the ones the region's buckets have counted (a sync completed)
         self._buckets: dict[_Key, _Bucket] = {}
         self._spent: dict[_Key, _Bucket] = {}  # buckets spent from since the last sync
         self._script = redis.register_script(SPEND) if redis is not None else None
@@ -223,6 +225,7 @@ class RateBudgets:
                 details={"retry_after_ms": retry_after_ms, "budget": kind.value})
         bucket.tokens = tokens - 1.0
         bucket.spent += 1
+        self.admitted += 1
         self._spent[key] = bucket
 
     # -- sharing through Redis ---------------------------------------------------------------
@@ -266,6 +269,7 @@ class RateBudgets:
         async with RedisErrors(self.region):
             levels = await self._script(keys=keys, args=args)
         self.syncs += 1
+        self.shared += sum(counts)
         if self._redis_down:
             log.info("rate budgets are shared through Redis again")
             self._redis_down = False
