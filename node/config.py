@@ -130,7 +130,7 @@ DEFAULT_TRACE_MAX_CALLERS = 16
 DEFAULT_TRACE_CALLER_BYTES = 32 * 2**20
 DEFAULT_CALLBACK_ATTEMPTS = 3
 DEFAULT_MAX_BACKGROUND = 1_000
-DEFAULT_MAX_BACKGROUND_PER_CALLER = 100  # a tenth of the pool: ten slow tenants cannot fill it
+BACKGROUND_SHARES = 10  # one tenant's share is a tenth of the pool: ten slow tenants to fill it
 
 
 class ProxySettings(DeliverySettings):
@@ -169,10 +169,17 @@ class ProxySettings(DeliverySettings):
                                    description="Attempts to deliver a callback-mode result.")
     max_background: int = Field(default=DEFAULT_MAX_BACKGROUND, ge=1,
                                 description="Callback-mode deliveries in flight; beyond it sends get 429.")
-    max_background_per_caller: int = Field(
-        default=DEFAULT_MAX_BACKGROUND_PER_CALLER, ge=1,
+    max_background_per_caller: int | None = Field(
+        default=None, ge=1,
         description="Callback-mode deliveries one tenant (token role and subject) may have in flight; beyond it "
-                    "its sends get 429 while other tenants' are accepted.")
+                    "its sends get 429 while other tenants' are accepted. None = a tenth of max_background.")
+
+    @property
+    def background_share(self) -> int:
+        """What one tenant may hold of the callback pool (``max_background_per_caller``, else a tenth)."""
+        if self.max_background_per_caller is not None:
+            return self.max_background_per_caller
+        return max(1, self.max_background // BACKGROUND_SHARES)
 
 
 # -- the whole node ----------------------------------------------------------------------------

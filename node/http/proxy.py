@@ -22,9 +22,9 @@ optional ``version`` and ``scope``):
 4. **Callbacks.** ``delivery=callback`` answers 202 at once and sends the result (or a
    ``reach.delivery_failed`` event) to the sending agent's *registered* ``callback_endpoint`` —
    never to an address found in the payload, and only for an agent (or admin) token: a caller
-   token named like an agent is not that agent. At most ``max_background`` such deliveries are in flight,
-   at most ``max_background_per_caller`` of one tenant (token role and subject): one tenant's
-   slow endpoint fills its own share, not the pool.
+   token named like an agent is not that agent. At most ``max_background`` such deliveries are in
+   flight, at most ``max_background_per_caller`` (default: a tenth of them) of one tenant (its
+   token's role and subject): one tenant's slow endpoint fills its own share, not the pool.
 5. **Route events.** Every decision, delivery attempt, outcome, duplicate, refusal and callback
    goes to the node's trace log (:mod:`node.http.traces`). ``GET /v1/policy`` tells a client the
    region's rules before it registers.
@@ -268,7 +268,7 @@ class Proxy:
     def _spawn(self, coroutine: Coroutine[Any, Any, None], tenant: str) -> None:
         """Run a callback-mode delivery in the background, within the pool and ``tenant``'s share of it."""
         held = self._held.get(tenant, 0)
-        share = self.settings.max_background_per_caller
+        share = self.settings.background_share
         if len(self._tasks) >= self.settings.max_background or held >= share:
             coroutine.close()
             whose = (f"{tenant} holds {held} background deliveries, its share of the node's"
