@@ -29,6 +29,7 @@ import asyncio
 import base64
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import textwrap
@@ -44,6 +45,7 @@ from .resolve import (
     CAPABILITIES,
     REGION,
     SECRET,
+    UNBOUNDED_BUDGETS,
     WRK_REPORT,
     baseline,
     free_port,
@@ -54,6 +56,9 @@ from .resolve import (
     stop,
     wait_http,
 )
+
+# Every rate budget off (``node.trust.budgets``): what the node cost before they were on by default.
+NO_BUDGETS = {name: "0" for name in UNBOUNDED_BUDGETS}
 
 # The wrk scripts: one request builder each; script() adds the report of bench.resolve's.
 HEARTBEAT = """
@@ -214,7 +219,14 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--agents", type=int, default=10_000)
     parser.add_argument("--workers", type=int, default=1, help="agent-reach node --workers")
+    parser.add_argument("--budgets-cost", action="store_true",
+                        help="the node alone, with rate budgets off and then spent on every request (at a rate no "
+                             "run reaches), alternated --rounds times: what the budgets cost, in the same run")
+    parser.add_argument("--rounds", type=int, default=2, help="with --budgets-cost: off/on pairs")
     args = parser.parse_args()
+    if args.budgets_cost:
+        _budgets_cost(args)
+        return
     for tool, package in (("wrk", "wrk"), ("etcd", "etcd-server")):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not installed: `make bench-peers` installs it (apt-get install {package})")
@@ -225,7 +237,7 @@ def main() -> None:
     base = baseline(script(RESOLVE, token=token, capabilities=CAPABILITIES), seconds=args.seconds,
                     connections=args.connections)
 
-    ours = _measure_node(args, token)
+    ours = _measure_node(args, token, budgets={})  # the defaults: admins are not limited
     etcd = Etcd()
     try:
         wait_http(f"{etcd.url}/health")
@@ -257,13 +269,36 @@ def main() -> None:
           f"p99 {resolve['P99'] / max(base['P99'], 1):.1f} x its p99")
 
 
-def _measure_node(args: argparse.Namespace, token: str) -> dict[str, dict[str, float]]:
+def _budgets_cost(args: argparse.Namespace) -> None:
+    """Rate budgets off, then on for the admin token of every request, ``args.rounds`` times in turn."""
+    token = Signer(SECRET.encode()).issue("admin", TokenRole.ADMIN, ttl_s=3600)
+    print(f"rate budgets' cost: wrk -t1 -c{args.connections} -d{args.seconds}s, {args.agents:,} agents, "
+          f"{args.rounds} rounds of budgets off then on; {os.cpu_count()} cores shared by server, wrk and the store")
+    rounds = []
+    for round_ in range(args.rounds):
+        print(f"-- round {round_ + 1}: off")
+        off = _measure_node(args, token, budgets=NO_BUDGETS)
+        print(f"-- round {round_ + 1}: on")
+        rounds.append((off, _measure_node(args, token, budgets=UNBOUNDED_BUDGETS)))
+    heading = f"{'cpu/request off → on (us), each round':>48}   {'cost on/off':>11}   {'rps on/off':>10}"
+    print(f"\n{'workload':<26} {heading}")
+    for name in rounds[0][0]:
+        pairs = [(off[name], on[name]) for off, on in rounds]
+        cpu = "  ".join(f"{off['CPU_US']:.1f} → {on['CPU_US']:.1f}" for off, on in pairs)
+        cost = statistics.median(on["CPU_US"] / off["CPU_US"] for off, on in pairs)
+        rps = statistics.median(on["RPS"] / off["RPS"] for off, on in pairs)
+        print(f"{name:<26} {cpu:>48}   {cost:>11.2f}   {rps:>10.2f}")
+    print("\ncost on/off: the median over rounds of the CPU a request costs (node and redis-server) with budgets "
+          "spent on every request, over the same without budgets; < 1.05 is within this machine's noise.")
+
+
+def _measure_node(args: argparse.Namespace, token: str, *, budgets: dict[str, str]) -> dict[str, dict[str, float]]:
     redis = EmbeddedRedis()
     redis.start_sync()
     try:
         asyncio.run(populate(redis.url, args.agents, lease_ttl_ms=3_600_000))
         port = free_port()
-        env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
+        env = {**os.environ, **budgets, "AGENT_REACH_SECRET": SECRET}
         command = [str(Path(sys.executable).with_name("agent-reach")), "--log-level", "WARNING", "node",
                    "--region", REGION, "--redis", redis.url, "--port", str(port), "--no-semantic",
                    "--egress-allow", "loopback"]

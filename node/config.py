@@ -67,11 +67,10 @@ DEFAULT_HEADER_READ_TIMEOUT_MS = 10_000
 DEFAULT_KEEPALIVE_TIMEOUT_MS = 75_000
 DEFAULT_MAX_CONNECTIONS = 1_000
 DEFAULT_MAX_CONNECTIONS_PER_SOURCE = 250  # a quarter of the default cap: no one address takes it all
+DEFAULT_MAX_CONNECTIONS_PER_TOKEN = 250  # the same for one token, from however many addresses
 DEFAULT_ERROR_LOG_INTERVAL_MS = 1_000
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
 DEFAULT_BODY_READ_TIMEOUT_MS = 30_000
-DEFAULT_RATE_LIMIT_RPS = 0.0
-DEFAULT_RATE_LIMIT_BURST = 100
 
 
 class ServerLimits(Settings):
@@ -92,6 +91,11 @@ class ServerLimits(Settings):
         description="Open connections one source address may hold; one more closes that source's oldest idle "
                     "connection, or is answered 503. 0 = no share (behind a load balancer, whose address every "
                     "connection has).")
+    max_connections_per_token: int = Field(
+        default=DEFAULT_MAX_CONNECTIONS_PER_TOKEN, ge=0,
+        description="Open connections whose last request authenticated with one token (its role and subject) "
+                    "may count; one more closes that token's oldest idle connection, or its request is answered "
+                    "503 and its connection closed. 0 = no share.")
     http_error_log_interval_ms: int = Field(
         default=DEFAULT_ERROR_LOG_INTERVAL_MS, ge=1,
         description="At most one log line per kind of malformed request (or refusal) per interval.")
@@ -104,9 +108,6 @@ class HttpSettings(ServerLimits):
                                 description="Largest request body; beyond it 413.")
     body_read_timeout_ms: int = Field(default=DEFAULT_BODY_READ_TIMEOUT_MS, ge=1,
                                       description="A request body must arrive within this long; else 408.")
-    rate_limit_rps: float = Field(default=DEFAULT_RATE_LIMIT_RPS, ge=0, description="Per caller; 0 = unlimited.")
-    rate_limit_burst: int = Field(default=DEFAULT_RATE_LIMIT_BURST, ge=1,
-                                  description="Requests a caller may send at once above rate_limit_rps.")
     access_log: bool = Field(default=False, description="One log line per HTTP request (logger agent_reach.access).")
     public_cards: bool = Field(
         default=False, description="True: an agent registered from its card with public_card=true (and no "
@@ -131,6 +132,7 @@ DEFAULT_TRACE_MAX_CALLERS = 16
 DEFAULT_TRACE_CALLER_BYTES = 32 * 2**20
 DEFAULT_CALLBACK_ATTEMPTS = 3
 DEFAULT_MAX_BACKGROUND = 1_000
+BACKGROUND_SHARES = 10  # one tenant's share is a tenth of the pool: ten slow tenants to fill it
 
 
 class ProxySettings(DeliverySettings):
@@ -162,12 +164,24 @@ class ProxySettings(DeliverySettings):
     trace_caller_bytes: int = Field(default=DEFAULT_TRACE_CALLER_BYTES, ge=0,
                                     description="Bytes of trace events one caller's posts (POST /v1/traces, all its "
                                                 "traces together) may add within trace_ttl_ms; beyond, its posts are "
-                                                "refused (429 trace_quota) until older ones expire. Admins are not "
-                                                "counted. 0: no quota.")
+                                                "refused (429 trace_quota) until older ones expire. The node's "
+                                                "own records of its traced resolves and sends count too. Admins "
+                                                "are not counted. 0: no quota.")
     callback_attempts: int = Field(default=DEFAULT_CALLBACK_ATTEMPTS, ge=1, le=10,
                                    description="Attempts to deliver a callback-mode result.")
     max_background: int = Field(default=DEFAULT_MAX_BACKGROUND, ge=1,
                                 description="Callback-mode deliveries in flight; beyond it sends get 429.")
+    max_background_per_caller: int | None = Field(
+        default=None, ge=1,
+        description="Callback-mode deliveries one tenant (token role and subject) may have in flight; beyond it "
+                    "its sends get 429 while other tenants' are accepted. None = a tenth of max_background.")
+
+    @property
+    def background_share(self) -> int:
+        """What one tenant may hold of the callback pool (``max_background_per_caller``, else a tenth)."""
+        if self.max_background_per_caller is not None:
+            return self.max_background_per_caller
+        return max(1, self.max_background // BACKGROUND_SHARES)
 
 
 # -- the whole node ----------------------------------------------------------------------------

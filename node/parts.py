@@ -1,7 +1,7 @@
 """``NodeParts``: the collaborators of one region's node, built together from its configuration.
 
 :func:`build_parts` is the node's half of composition: it builds the store, cache, router,
-duties, keys, revocation list, decision log, metrics, spans and watch hub from a :class:`NodeConfig`
+duties, keys, revocation list, rate budgets, decision log, metrics, spans and watch hub from a :class:`NodeConfig`
 and wires them to one another (the sweeper and prober as the leader's duties, the watch hub fed
 by the cache, the gauges read from each part). What a deployment adds — federation, semantic
 discovery — is attached by the composition root (``topology.composition.build_node``), which
@@ -21,7 +21,7 @@ from .duties import Leadership, Prober, Sweeper, new_node_id
 from .ops import LoopWatch, NodeMetrics, NodeTracing
 from .routing import DecisionLog, Router
 from .store import RegionStore
-from .trust import RegionKeys, RevocationList, Signer
+from .trust import RateBudgets, RegionKeys, RevocationList, Signer
 from .view import RegionCache, WatchHub
 
 __all__ = ["NodeParts", "build_parts"]
@@ -47,6 +47,7 @@ class NodeParts:
     decisions: DecisionLog
     loop_watch: LoopWatch
     tracing: NodeTracing
+    budgets: RateBudgets
 
 
 def build_parts(config: NodeConfig, *, secret: bytes) -> NodeParts:
@@ -84,7 +85,7 @@ def build_parts(config: NodeConfig, *, secret: bytes) -> NodeParts:
         leadership=leadership, sweeper=sweeper, prober=prober, watch=watch, metrics=metrics,
         revocations=RevocationList.of(store, poll_interval_ms=config.revocation_poll_interval_ms),
         decisions=DecisionLog(config.decision_log, region=config.region), loop_watch=LoopWatch(metrics.registry),
-        tracing=tracing)
+        tracing=tracing, budgets=RateBudgets.of(store, config))
     _register_gauges(parts)
     return parts
 
@@ -102,6 +103,11 @@ def _register_gauges(parts: NodeParts) -> None:
     gauge("agent_reach_breakers_open", "Agents whose circuit breaker is open or half-open",
           lambda: parts.outcomes.open_count(now_ms=now_ms()))
     counter("agent_reach_probe_flips", "Probe verdict changes", lambda: parts.prober.flips)
+    parts.metrics.counters_from("agent_reach_rate_limited", "Requests refused 429 by a rate budget, by the token's "
+                                "role and the budget (caller: its own; capability: its routes by one capability)",
+                                ("role", "budget"), lambda: parts.budgets.refused)
+    counter("agent_reach_rate_budget_syncs", "Syncs of this process's rate budgets with the region's (Redis)",
+            lambda: parts.budgets.syncs)
     counter("agent_reach_cache_reloads", "Snapshot reloads of the cache", lambda: cache.reloads)
     gauge("agent_reach_quarantined", "Stored records and events that do not parse, skipped (open entries)",
           lambda: len(store.quarantine))

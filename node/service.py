@@ -112,6 +112,7 @@ class RegistryNode:
         self.decisions = parts.decisions
         self.loop_watch = parts.loop_watch
         self.tracing = parts.tracing
+        self.budgets = parts.budgets
         self.summary_only = SummaryOnlyLookups(self.router, visible=self.visible)
         self.extensions: list[Extension] = []
         self.searcher: Searcher | None = None
@@ -132,6 +133,7 @@ class RegistryNode:
             await self.cache.start()
             await self.keys.start()
             await self.revocations.start()
+            await self.budgets.start()
             await self.leadership.start()
             self.loop_watch.start()
         except BaseException:
@@ -147,6 +149,7 @@ class RegistryNode:
         self.state = NodeState.CLOSED
         await self.loop_watch.aclose()
         await self.leadership.aclose()
+        await self.budgets.aclose()
         await self.revocations.aclose()
         await self.keys.aclose()
         await self.cache.aclose()

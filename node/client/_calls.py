@@ -4,6 +4,7 @@ What the call asks of its route and delivery is :class:`~node.client.CallOptions
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,28 @@ def conversation_of(envelope: Envelope, options: CallOptions) -> str | None:
         return options.conversation_id
     carried = envelope.extensions.get("conversation_id")
     return carried if isinstance(carried, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """The delivery an agent's handler is acting on: its hop count, and the node's signed stamp of
+    it (``X-Reach-Hop``; None for a direct call, which the node does not see)."""
+
+    hop: int
+    stamp: str | None = None
+
+
+INCOMING: ContextVar[Incoming | None] = ContextVar("agent_reach_incoming", default=None)
+"""Set by :class:`~node.client.AgentHost` while a handler runs: what its calls and sends carry on."""
+
+
+def with_incoming_hops(envelope: Envelope) -> Envelope:
+    """``envelope`` with at least the hop count of the delivery being handled, if any: a handler
+    that writes a fresh envelope (``hop_count`` 0) still counts the hops that led to it."""
+    incoming = INCOMING.get()
+    if incoming is None or incoming.hop <= envelope.hop_count:
+        return envelope
+    return envelope.model_copy(update={"hop_count": incoming.hop})
 
 
 def forwarded(envelope: Envelope, *, max_hops: int) -> Envelope:

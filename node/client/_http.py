@@ -99,7 +99,8 @@ class NodeApi:
     async def deregister(self, agent_id: str) -> None:
         await self.request("DELETE", f"/v1/agents/{quote(agent_id)}")
 
-    async def send(self, envelope: Envelope, *, query: dict[str, str], timeout_s: float) -> SendResult:
+    async def send(self, envelope: Envelope, *, query: dict[str, str], timeout_s: float,
+                   headers: dict[str, str] | None = None) -> SendResult:
         """``POST /v1/send``: the target's answer as it came, or the node's own error raised.
 
         Unlike :meth:`request`, an error status that carries ``X-Reach-Agent`` is the target's
@@ -108,7 +109,8 @@ class NodeApi:
         url = f"{self.base_url}/v1/send"
         try:
             async with self.session.post(url, data=envelope.to_json(), params=query,
-                                         headers={**self.headers, "Content-Type": "application/json",
+                                         headers={**self.headers, **(headers or {}),
+                                                  "Content-Type": "application/json",
                                                   **_trace_headers(envelope)},
                                          timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 raw = await resp.read()

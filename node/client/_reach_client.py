@@ -20,13 +20,14 @@ from urllib.parse import quote
 
 import aiohttp
 
-from ..core import (Envelope, NoAgentAvailable, NodeError, Policy, RouteEvent, RouteEventKind, SpanKind, Trace,
-                    UnknownAgent, application_spans, carried, epoch_ms)
+from ..core import (HOP_HEADER, Envelope, NoAgentAvailable, NodeError, Policy, RouteEvent, RouteEventKind,
+                    SpanKind, Trace, UnknownAgent, application_spans, carried, epoch_ms)
 from ..core.a2a import CardRegistration
 from ..core.models import (CredentialRequest, OutcomeReport, RegisterResponse, Registration, RouteRequest, RouteTarget,
                            RouteTicket, Scope, SearchResponse, Status, compat)
 from ..delivery import BreakerState, ClientBreakers, Failover, OutcomeTracker, Pacing, Sleep, Tried, deliver
-from ._calls import CallResult, attempt_error, call_result, conversation_of, forwarded, new_envelope, prepared_route
+from ._calls import (INCOMING, CallResult, attempt_error, call_result, conversation_of, forwarded, new_envelope,
+                     prepared_route, with_incoming_hops)
 from ._config import (
     TOKEN_ENV,
     URL_ENV,
@@ -376,7 +377,8 @@ class ReachClient:
         elif capability is None and agent_id is None and pattern is None:
             capability, agent_id, pattern = prepared_route(envelope)
         with application_spans().invoke_agent(envelope, kind=SpanKind.CLIENT) as span:  # when the program traces
-            envelope = carried(forwarded(envelope, max_hops=settings.max_hops), span.context)
+            envelope = carried(forwarded(with_incoming_hops(envelope), max_hops=settings.max_hops),
+                               span.context)
             idempotent = envelope.idempotent or idempotent
             request = options.route_request(capability=capability, agent_id=agent_id, pattern=pattern,
                                             trace_id=envelope.trace_id,
@@ -404,14 +406,19 @@ class ReachClient:
         no semantic fallback) raise :class:`ValidationFailed` rather than be dropped, and its
         delivery and envelope fields are the node's and the envelope's here. Raises the node's
         error (``hop_limit_exceeded``, ``envelope_expired``, ``delivery_failed`` …) as a
-        :class:`NodeError`.
+        :class:`NodeError`. Sent from an :class:`AgentHost` handler, the envelope carries at least
+        the hop count of the delivery being handled, and the node's stamp of it goes back
+        (``X-Reach-Hop``): a fresh envelope does not restart a loop's count.
         """
         given = {name: value for name, value in (("version", version), ("scope", scope)) if value}
         query = {"delivery": delivery, **options_for("send", options, given).proxy_query()}
         timeout_s = self.settings.request_timeout_ms / 1000
         api = self._require_api()
+        incoming = INCOMING.get()  # sent from a handler: the node's stamp of what it handles goes back
+        stamp = {HOP_HEADER: incoming.stamp} if incoming is not None and incoming.stamp else {}
         with application_spans().invoke_agent(envelope, kind=SpanKind.CLIENT) as span:  # when the program traces
-            result = await api.send(carried(envelope, span.context), query=query, timeout_s=timeout_s)
+            result = await api.send(carried(with_incoming_hops(envelope), span.context), query=query,
+                                    timeout_s=timeout_s, headers=stamp)
             span.set("gen_ai.agent.id", result.agent_id)
             if result.status >= 400:
                 span.fail(f"the agent answered {result.status}")

@@ -11,7 +11,9 @@ by hand, and this host keeps for a handler ``async def handle(envelope) -> resul
   id the same caller sent before is answered from a local cache without running the handler
   again (the receiving half of idempotency; another caller's same id is another message), and
   otherwise the handler runs with the envelope — its ``source_agent`` set to the verified
-  caller — and the answer is ``envelope.reply(result)``. A handler that
+  caller — and the answer is ``envelope.reply(result)``. While the handler runs, the calls and
+  sends it makes through ``host.client`` carry on the delivery's hop count and the node's signed
+  stamp of it (``X-Reach-Hop``): an envelope written afresh does not restart a loop's count. A handler that
   raises :class:`HandlerRejected` answers 4xx (not retried); any other exception 500 (retried
   elsewhere when the call is idempotent).
 * ``GET /healthz``: 200 while the process serves; ``GET /readyz``: 200 with the current load
@@ -35,8 +37,9 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from pydantic import ValidationError
 
-from ..core import Envelope, NodeError, SpanKind, application_spans, carried, traceparent_of
+from ..core import HOP_HEADER, Envelope, NodeError, SpanKind, application_spans, carried, traceparent_of
 from ..core.models import Load, Registration, compat
+from ._calls import INCOMING, Incoming
 from ._reach_client import ReachClient
 from .verifier import CallVerifier, CredentialRejected
 
@@ -162,16 +165,19 @@ class AgentHost:
         self.inflight += 1
         # The agent's span, when the program traces: a child of the hop that delivered the call, and
         # current while the handler runs, so the calls it makes (envelope.child()) are its children.
+        # What the handler's calls and sends carry on: this delivery's hop count and the node's stamp.
         attributes = {"gen_ai.agent.id": self.agent_id, "agent_reach.caller": envelope.source_agent}
         with application_spans().invoke_agent(envelope, kind=SpanKind.SERVER, name=self.agent_id, **attributes,
                                               parent=traceparent_of(envelope, request.headers)) as span:
             envelope = carried(envelope, span.context)
+            carrying = INCOMING.set(Incoming(envelope.hop_count, request.headers.get(HOP_HEADER)))
             try:
                 result = await self.handler(envelope)
             except HandlerRejected as exc:
                 span.fail(f"{exc.status} {exc.code}")
                 return web.json_response(exc.body(), status=exc.status)
             finally:
+                INCOMING.reset(carrying)
                 self.inflight -= 1
         self.handled += 1
         body = envelope.reply(result).to_json()

@@ -10,6 +10,7 @@ from .bounded import BodyTooLarge, at_most, read_bounded
 from .clock import now_ms
 from .envelope import (
     DEFAULT_MAX_HOPS,
+    HOP_HEADER,
     MAX_HOPS_CEILING,
     PASSTHROUGH,
     TRACE_ID_PATTERN,
@@ -93,6 +94,7 @@ __all__ = [
     "NodeError",
     "NotFound",
     "PASSTHROUGH",
+    "HOP_HEADER",
     "PayloadTooLarge",
     "PeerUnreachable",
     "Policy",

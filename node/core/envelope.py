@@ -43,6 +43,9 @@ from .models import MULTI_LINE_PATTERN, SINGLE_LINE_PATTERN, TRACE_ID_PATTERN, J
 
 DEFAULT_MAX_HOPS = 5
 MAX_HOPS_CEILING = 64
+# The node's signed hop count of a delivery (``node.http.hops``); an agent sends it back, unchanged,
+# with the sends it makes while handling that delivery (the SDK does so by itself).
+HOP_HEADER = "X-Reach-Hop"
 ENVELOPE_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 TYPE_PATTERN = r"^[a-z][a-z0-9_.-]{0,31}$"
 
@@ -261,5 +264,5 @@ def raw_payload(payload: Any) -> tuple[bytes, str]:
     return orjson.dumps(payload), "application/json"
 
 
-__all__ = ["PASSTHROUGH", "raw_payload", "DEFAULT_MAX_HOPS", "Envelope", "EnvelopeExpired", "EnvelopeType", "HopLimitExceeded", "Policy", "RouteEvent", "RouteEventKind", "RouteEvents",
+__all__ = ["PASSTHROUGH", "raw_payload", "DEFAULT_MAX_HOPS", "HOP_HEADER", "Envelope", "EnvelopeExpired", "EnvelopeType", "HopLimitExceeded", "Policy", "RouteEvent", "RouteEventKind", "RouteEvents",
            "SendAccepted", "Trace", "TraceEvent", "epoch_ms", "looks_like_envelope", "new_message_id", "new_trace_id"]

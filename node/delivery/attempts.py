@@ -111,6 +111,10 @@ class AttemptError(Exception):
         self.denied = denied
 
 
+Stamp = Callable[[RouteTarget], dict[str, str]]
+"""Headers of the sender's own for one target (the proxy's ``X-Reach-Hop``, ``node.http.hops``)."""
+
+
 class EgressGuard(Protocol):
     """What the caller may dial; the proxy's wraps its region's ``EgressPolicy``."""
 
@@ -156,10 +160,12 @@ class TargetAnswer:
 
 
 async def attempt(session: aiohttp.ClientSession, target: RouteTarget, envelope: Envelope, *,
-                  remaining_s: float, limits: AttemptLimits, guard: EgressGuard | None = None) -> TargetAnswer:
+                  remaining_s: float, limits: AttemptLimits, guard: EgressGuard | None = None,
+                  stamp: Stamp | None = None) -> TargetAnswer:
     """POST ``envelope`` (or its raw payload) to ``target`` once; see the module docstring.
 
-    ``remaining_s`` caps the whole attempt. Returns a 2xx or 4xx answer; raises
+    ``remaining_s`` caps the whole attempt; ``stamp`` adds headers of the sender's for ``target``
+    (the proxy's hop stamp). Returns a 2xx or 4xx answer; raises
     :class:`AttemptError` for everything that should be tried elsewhere.
     """
     wire = a2a_request(target, envelope)  # raises UnsupportedBinding before anything is sent
@@ -179,6 +185,8 @@ async def attempt(session: aiohttp.ClientSession, target: RouteTarget, envelope:
         headers[TRACEPARENT] = context.header()
     if target.credential is not None:
         headers["Authorization"] = f"Bearer {target.credential}"
+    if stamp is not None:
+        headers.update(stamp(target))
     timeout = aiohttp.ClientTimeout(total=remaining_s, sock_connect=limits.connect_timeout_s,
                                     sock_read=limits.read_timeout_s)
     if guard is not None:
@@ -428,7 +436,8 @@ class Delivery:
 
 async def deliver(envelope: Envelope, failover: Failover, *, session: Callable[[], aiohttp.ClientSession],
                   limits: AttemptLimits, pacing: Pacing, max_attempts: int, deadline: float,
-                  on_attempt: Callable[[Tried], None], guard: EgressGuard | None = None) -> Delivery:
+                  on_attempt: Callable[[Tried], None], guard: EgressGuard | None = None,
+                  stamp: Stamp | None = None) -> Delivery:
     """Deliver ``envelope`` (already forwarded: its hop counted) to the targets ``failover`` picks.
 
     ``deadline`` is on ``pacing.clock``. Raises only the first decision's error, what
@@ -453,7 +462,7 @@ async def deliver(envelope: Envelope, failover: Failover, *, session: Callable[[
         started = time.perf_counter()
         try:
             answer = await attempt(session(), pick.target, envelope, remaining_s=remaining_s, limits=limits,
-                                   guard=guard)
+                                   guard=guard, stamp=stamp)
         except AttemptError as failure:
             tried = Tried(pick, index, failure.outcome, (time.perf_counter() - started) * 1000, failure.status,
                           failure=failure)

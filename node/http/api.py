@@ -61,7 +61,7 @@ from .plumbing import (
 from .proxy import PROXY_KEY, install_proxy_routes
 from .server import NodeRunner
 from .snapshot_stream import stream_snapshot
-from .traces import TRACES_KEY
+from .traces import TRACES_KEY, charged
 from .watch_stream import end_watches, watch
 
 __all__ = ["PUBLIC_PATHS", "ROUTES", "bound_port", "build_app", "guard", "public_path", "serve"]
@@ -179,6 +179,10 @@ async def resolve(request: web.Request) -> web.Response:
     context = TraceParent.parse(request.headers.get(TRACEPARENT))  # W3C: a request without trace_id takes its trace
     if context is not None and route_request.trace_id is None:
         route_request = route_request.model_copy(update={"trace_id": context.trace_id})
+    if route_request.capability:
+        node.budgets.spend(caller, route_request.capability)
+    if route_request.trace_id:
+        request.app[TRACES_KEY].refuse_if_over(charged(caller))
     wanted = route_request.capability or route_request.agent_id or route_request.pattern
     with node.tracing.spans.start(f"resolve {wanted}", kind=SpanKind.SERVER, parent=context,
                                   trace_id=route_request.trace_id, attributes={
@@ -206,7 +210,7 @@ async def _trace_decision(request: web.Request, trace_id: str, caller: TokenClai
     """A direct-mode routing decision joins the caller's trace (only when it names one)."""
     event = RouteEvent(event=RouteEventKind.DECISION, at_ms=now_ms(), trace_id=trace_id, mode="direct",
                        caller=caller.sub, **fields)
-    await request.app[TRACES_KEY].append([event])
+    await request.app[TRACES_KEY].append([event], charge=charged(caller))
 
 
 async def reports(request: web.Request) -> web.Response:

@@ -1,4 +1,4 @@
-"""The API's one middleware: authentication, the per-caller rate limit, the JSON error shape,
+"""The API's one middleware: authentication, the tenant's rate budget (``node.trust.budgets``), the JSON error shape,
 request metrics, the access log and the count of requests in flight.
 
 One middleware rather than one per concern: aiohttp calls each layer as a coroutine of its own
@@ -14,14 +14,14 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from ..core import BadRequest, NodeError, PayloadTooLarge, RateLimited
+from ..core import BadRequest, NodeError, PayloadTooLarge
 from ..core.a2a import AGENT_CARD_PATH, AGENT_CARD_ROUTE
 from ..ops import ACCESS_LOGGER, FIELDS, access_line
 from ..service import RegistryNode
-from ..trust import JWKS_PATH
+from ..trust import JWKS_PATH, tenant_of
 from .console import is_console_path
 from .plumbing import CALLER, InFlight, error_response, json_response
-from .ratelimit import RateLimiter
+from .server import TooManyConnections
 
 __all__ = ["PUBLIC_PATHS", "guard", "public_path"]
 
@@ -33,11 +33,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def guard(node: RegistryNode, in_flight: InFlight) -> Middleware:
-    """Authentication, the per-caller rate limit, the JSON error shape, the request count and
-    latency, the access log (``NodeConfig.access_log``, logger ``agent_reach.access``), and the
-    count of requests in flight that a drain waits for (one middleware: each layer costs every
-    request a coroutine)."""
-    limiter = RateLimiter(rate_per_s=node.config.rate_limit_rps, burst=node.config.rate_limit_burst)
+    """Authentication, the tenant's rate budget (its role and subject's, region-wide) and share of
+    connections, the JSON error shape, the request count and latency, the access log
+    (``NodeConfig.access_log``, logger ``agent_reach.access``), and the count of requests in flight
+    that a drain waits for (one middleware: each layer costs every request a coroutine)."""
+    budgets = node.budgets
     access_log = logging.getLogger(ACCESS_LOGGER) if node.config.access_log else None
 
     @web.middleware
@@ -49,12 +49,20 @@ def guard(node: RegistryNode, in_flight: InFlight) -> Middleware:
         try:
             if not public_path(request.path) and not _anonymous_card(request):
                 caller = node.authenticate(request.headers.get("Authorization"))
-                if not limiter.allow(caller.sub):
-                    raise RateLimited(f"caller {caller.sub} exceeded {limiter.rate_per_s:g} requests/s; slow down")
+                budgets.spend(caller)
+                count_connection = getattr(request.protocol, "authenticated", None)  # node.http.server's
+                if count_connection is not None and not count_connection(tenant_of(caller)):
+                    share = node.config.max_connections_per_token
+                    raise TooManyConnections(
+                        f"{caller.role.value} {caller.sub!r} holds its share of {share} "
+                        "connections to this node, none of them idle; reuse keep-alive connections rather than "
+                        "opening more", details={"retry_after_ms": 1_000})
                 request[CALLER] = caller
             response = await handler(request)
         except Exception as exc:  # not a cancel: that ends the request (a BaseException)
             response = _error_answer(node, request, exc)
+            if isinstance(exc, TooManyConnections):
+                response.force_close()
         finally:
             in_flight.count -= 1
             if in_flight.count == 0:

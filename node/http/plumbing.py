@@ -44,7 +44,13 @@ def json_response(body: object, *, status: int = 200) -> web.Response:
 
 
 def error_response(error: NodeError) -> web.Response:
-    return json_response(error.body(), status=error.status)
+    """The error's JSON shape; an error that says when to retry (``details.retry_after_ms``: a rate
+    budget, a quota) says it in ``Retry-After`` too, in whole seconds (at least 1)."""
+    response = json_response(error.body(), status=error.status)
+    retry_after_ms = error.details.get("retry_after_ms") if error.details else None
+    if isinstance(retry_after_ms, int):
+        response.headers["Retry-After"] = str(max(1, -(-retry_after_ms // 1000)))
+    return response
 
 
 async def read_body(request: web.Request) -> bytes:

@@ -3,7 +3,9 @@
 ``POST /v1/send`` (body: an :class:`~node.core.envelope.Envelope`; query ``delivery=sync|callback``,
 optional ``version`` and ``scope``):
 
-1. **Refusals first.** ``hop_count`` at or beyond the maximum (default 5) is refused with 422
+1. **Refusals first.** ``hop_count`` — the highest of the envelope's, the ``X-Reach-Hop`` stamp
+   the sender got with the delivery it acts on, and the trace's ledger (:mod:`node.http.hops`):
+   an agent can raise it, never lower it — at or beyond the maximum (default 5) is refused with 422
    ``hop_limit_exceeded`` — an A→B→A loop dies after five hops instead of storming; an envelope
    past ``expire_at_ms`` is refused with 410 ``envelope_expired`` (no ghost messages).
 2. **Once per id** (:mod:`node.store.once`). A repeated envelope id — concurrent or later, on this
@@ -12,14 +14,17 @@ optional ``version`` and ``scope``):
 3. **Route and deliver** with the SDK's attempt and failover (:mod:`node.delivery.attempts`, where
    the rules are written down): the router picks the target (``target_agent`` as agent_id or
    pattern, else ``operation`` as the capability; ``extensions.conversation_id`` for affinity);
-   the node POSTs the envelope with ``hop_count + 1``, ``source_agent`` set from the caller's
+   the node POSTs the envelope with ``hop_count + 1`` (and its stamp), ``source_agent`` set from the caller's
    token and the target's route credential (``Authorization: Bearer``, naming the caller, as on a
    direct call), through its egress-checked session. Idempotent envelopes fail over, others get one
    attempt. A target's 4xx is passed through as its answer. Outcomes feed the router's breakers.
    **Passthrough** targets get the raw payload, and their answer is returned as is.
 4. **Callbacks.** ``delivery=callback`` answers 202 at once and sends the result (or a
-   ``reach.delivery_failed`` event) to the caller's *registered* ``callback_endpoint`` — never
-   to an address found in the payload.
+   ``reach.delivery_failed`` event) to the sending agent's *registered* ``callback_endpoint`` —
+   never to an address found in the payload, and only for an agent (or admin) token: a caller
+   token named like an agent is not that agent. At most ``max_background`` such deliveries are in
+   flight, at most ``max_background_per_caller`` (default: a tenth of them) of one tenant (its
+   token's role and subject): one tenant's slow endpoint fills its own share, not the pool.
 5. **Route events.** Every decision, delivery attempt, outcome, duplicate, refusal and callback
    goes to the node's trace log (:mod:`node.http.traces`). ``GET /v1/policy`` tells a client the
    region's rules before it registers.
@@ -34,7 +39,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import aiohttp
@@ -42,44 +47,19 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from ..config import ProxySettings
-from ..core import (
-    Conflict,
-    Envelope,
-    EnvelopeExpired,
-    EnvelopeType,
-    HopLimitExceeded,
-    NodeError,
-    Policy,
-    RateLimited,
-    RouteEvent,
-    RouteEventKind,
-    SendAccepted,
-    Span,
-    SpanKind,
-    StoreUnavailable,
-    ValidationFailed,
-    cancel_and_wait,
-    carried,
-    now_ms,
-    traceparent_of,
-)
-from ..core.models import (
-    CredentialRequest,
-    Outcome,
-    OutcomeReport,
-    RouteRequest,
-    RouteTarget,
-    RouteTicket,
-    TokenClaims,
-    compat,
-)
+from ..core import (Conflict, Envelope, EnvelopeExpired, EnvelopeType, HopLimitExceeded, NodeError, Policy,
+                    RateLimited, RouteEvent, RouteEventKind, SendAccepted, Span, SpanKind, StoreUnavailable,
+                    ValidationFailed, cancel_and_wait, carried, now_ms, traceparent_of)
+from ..core.models import (CredentialRequest, Outcome, OutcomeReport, RouteRequest, RouteTarget, RouteTicket,
+                           TokenClaims, TokenRole, compat)
 from ..delivery import Failover, Pacing, Tried, deliver
 from ..service import RegistryNode
 from ..store import Answer, DeliveryInProgress, OnceCache
-from ..trust import EgressDenied, EgressPolicy, egress_denial, egress_session
+from ..trust import EgressDenied, EgressPolicy, egress_denial, egress_session, tenant_of
 from .plumbing import CALLER, json_response, parse_body, validation_error
+from .hops import HOP_HEADER, HopLedger
 from .proxy_results import described, result_envelope
-from .traces import TraceLog, install_trace_routes
+from .traces import TraceLog, charged, install_trace_routes
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +117,14 @@ class Proxy:
         self.limits = self.settings.attempt_limits(owner="the proxy's")
         self.rng = rng or random.Random()
         self.traces = traces  # api.py's direct-mode decisions still reach the log through here
+        self.hops = HopLedger(traces.redis, signer=node.signer, prefix=traces.prefix, region=node.region,
+                              ttl_ms=self.settings.trace_ttl_ms)
         self.once = OnceCache.of(node.store, node_id=node.node_id, ttl_ms=self.settings.idempotency_ttl_ms,
                                  pending_ttl_ms=self.settings.request_timeout_ms + _CLAIM_GRACE_MS,
                                  max_body_bytes=self.settings.idempotency_max_body_bytes)
         self.session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._held: dict[str, int] = {}  # tenant -> its background deliveries in flight
         self._closed = False
 
     async def start(self) -> None:
@@ -166,32 +149,38 @@ class Proxy:
         if delivery not in ("sync", "callback"):
             raise ValidationFailed("delivery must be sync or callback", field="delivery")
         route = self._route_request(envelope, request)
+        envelope = await self.hops.counted(envelope, caller.sub, request.headers.get(HOP_HEADER))
+        if route.capability:
+            self.node.budgets.spend(caller, route.capability)
+        self.traces.refuse_if_over(charged(caller))
         await self._refuse_if_needed(envelope, caller)
         callback_endpoint = self._callback_endpoint(caller) if delivery == "callback" else None
         wait_s = self.settings.request_timeout_ms / 1000 + 1.0
 
         if callback_endpoint is not None:
             async def accept() -> Answer:
-                self._spawn(self._deliver_later(envelope, route, caller, callback_endpoint))
+                self._spawn(self._deliver_later(envelope, route, caller, callback_endpoint), tenant_of(caller))
                 body = SendAccepted(id=envelope.id, trace_id=envelope.trace_id, callback_endpoint=callback_endpoint)
                 return Answer(202, "application/json", body.model_dump_json().encode())
 
-            answer, duplicate = await self.once.run(self.once.key(caller.sub, envelope.id), accept, wait_s=wait_s)
+            answer, duplicate = await self.once.run(self.once.key(tenant_of(caller), envelope.id), accept,
+                                                    wait_s=wait_s)
         else:
             async def deliver_now() -> Answer:
                 events: list[RouteEvent] = []
                 try:
                     return await self._deliver(envelope, route, caller, events)
                 finally:
-                    await self.traces.append(events)
+                    await self.traces.append(events, charge=charged(caller))
 
-            answer, duplicate = await self.once.run(self.once.key(caller.sub, envelope.id), deliver_now,
+            answer, duplicate = await self.once.run(self.once.key(tenant_of(caller), envelope.id), deliver_now,
                                                     wait_s=wait_s)
         if duplicate:
             self._count("duplicate")
             await self.traces.append([self._event(RouteEventKind.DUPLICATE, envelope, caller, result="duplicate",
                                                   status=answer.status, agent_id=answer.headers.get("X-Reach-Agent"),
-                                                  detail="answered from the idempotency cache, not delivered again")])
+                                                  detail="answered from the idempotency cache, not delivered again")],
+                                     charge=charged(caller))
             return self._duplicate_response(answer)
         self._count("accepted" if callback_endpoint else "delivered")
         return _response(answer)
@@ -242,28 +231,38 @@ class Proxy:
             return
         self._count(refusal.code)
         await self.traces.append([self._event(RouteEventKind.REFUSED, envelope, caller, result=refusal.code,
-                                              status=refusal.status, detail=refusal.message)])
+                                              status=refusal.status, detail=refusal.message)],
+                                 charge=charged(caller))
         raise refusal
 
     def _callback_endpoint(self, caller: TokenClaims) -> str:
-        record = self.node.find(caller.sub)
+        record = self.node.find(caller.sub) if caller.role in (TokenRole.AGENT, TokenRole.ADMIN) else None
         if record is None or not record.callback_endpoint:
-            raise NoCallbackEndpoint(f"{caller.sub!r} has no registered callback_endpoint; register one "
-                                     "(results never go to an address written in the payload)",
-                                     field="callback_endpoint")
+            raise NoCallbackEndpoint(f"{caller.role.value} {caller.sub!r} has no registered callback_endpoint; send "
+                                     "with the token of an agent registered with one (results never go to an "
+                                     "address written in the payload)", field="callback_endpoint")
         return record.callback_endpoint
 
-    def _spawn(self, coroutine: Awaitable[None]) -> None:
-        if len(self._tasks) >= self.settings.max_background:
-            if asyncio.iscoroutine(coroutine):
-                coroutine.close()
-            raise RateLimited(f"{len(self._tasks)} background deliveries in flight; retry shortly")
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], tenant: str) -> None:
+        """Run a callback-mode delivery in the background, within the pool and ``tenant``'s share of it."""
+        held = self._held.get(tenant, 0)
+        share = self.settings.background_share
+        if len(self._tasks) >= self.settings.max_background or held >= share:
+            coroutine.close()
+            whose = (f"{tenant} holds {held} background deliveries, its share of the node's"
+                     if held >= share else f"{len(self._tasks)} background deliveries in flight, the node's")
+            raise RateLimited(f"{whose} {self.settings.max_background}; retry when some have answered",
+                              code="background_full", details={"retry_after_ms": 1_000})
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
-        task.add_done_callback(self._task_done)
+        self._held[tenant] = held + 1
+        task.add_done_callback(lambda done: self._task_done(done, tenant))
 
-    def _task_done(self, task: asyncio.Task[None]) -> None:
+    def _task_done(self, task: asyncio.Task[None], tenant: str) -> None:
         self._tasks.discard(task)
+        held = self._held.pop(tenant, 1) - 1
+        if held > 0:
+            self._held[tenant] = held
         if not task.cancelled() and task.exception() is not None:
             log.error("a background delivery failed: %r", task.exception(), exc_info=task.exception())
 
@@ -288,7 +287,13 @@ class Proxy:
         failures: list[dict[str, Any]] = []
 
         async def decide(request: RouteRequest, *, fresh: bool) -> RouteTicket:
-            return await self._decide(request, first=not fresh, envelope=envelope, caller=caller, events=events)
+            ticket = await self._decide(request, first=not fresh, envelope=envelope, caller=caller, events=events)
+            await self.hops.delivering(envelope.trace_id, envelope.hop_count + 1,
+                                       [ticket.target.agent_id, *(other.agent_id for other in ticket.alternates)])
+            return ticket
+
+        def stamp(target: RouteTarget) -> dict[str, str]:
+            return {HOP_HEADER: self.hops.stamp(envelope.trace_id, envelope.hop_count + 1, target.agent_id)}
 
         def on_attempt(tried: Tried) -> None:
             self._after_attempt(tried, envelope, caller, events, failures)
@@ -305,7 +310,7 @@ class Proxy:
             Failover(route, resolve=decide, issue=issue),
             session=self._require_session, limits=self.limits, pacing=Pacing(self.policy, self.rng),
             max_attempts=self.settings.max_attempts if envelope.idempotent else 1, deadline=started + budget_s,
-            on_attempt=on_attempt, guard=self.guard)
+            on_attempt=on_attempt, guard=self.guard, stamp=stamp)
         answered = delivery.answered
         if answered is not None and answered.answer is not None:
             target, answer = answered.pick.target, answered.answer
@@ -378,7 +383,7 @@ class Proxy:
                                   hop_count=envelope.hop_count + 1, expire_at_ms=envelope.expire_at_ms)
             await self._callback(callback_endpoint, result, envelope, caller, events)
         finally:
-            await self.traces.append(events)
+            await self.traces.append(events, charge=charged(caller))
 
     async def _callback(self, url: str, result: Envelope, original: Envelope, caller: TokenClaims,
                         events: list[RouteEvent]) -> None:

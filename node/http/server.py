@@ -11,7 +11,9 @@ traceback. :class:`NodeRunner` is an :class:`aiohttp.web.AppRunner` whose connec
 * number at most ``max_connections``, at most ``max_connections_per_source`` from one address: a
   new one over either closes the oldest idle keep-alive connection (of its own source, or of the
   source holding the most), and only when none is idle is it answered 503 and closed at once
-  (:mod:`node.http.connections`);
+  (:mod:`node.http.connections`); once a request authenticates, at most
+  ``max_connections_per_token`` count towards its token (the API's middleware asks
+  :meth:`_NodeRequestHandler.authenticated`);
 * get the node's JSON error shape for a malformed request (400, 414 for a request line that is
   too long, 431 for a header that is), logged as one warning line, at most one per kind per
   ``http_error_log_interval_ms``, with the count of lines left out.
@@ -87,7 +89,7 @@ class RequestHeadTimeout(NodeError):
 
 
 class TooManyConnections(NodeError):
-    """503: the node already holds ``max_connections`` open connections."""
+    """503: the node (or the address, or the token) already holds its share of open connections."""
 
     status = 503
     code = "too_many_connections"
@@ -220,7 +222,8 @@ class _NodeServer(Server):
         # exact even when a burst of accepts is queued; aiohttp's own table keeps a closed
         # connection until its handler task ends.
         self.table = ConnectionTable(max_connections=limits.max_connections,
-                                     max_per_source=limits.max_connections_per_source)
+                                     max_per_source=limits.max_connections_per_source,
+                                     max_per_tenant=limits.max_connections_per_token)
         self.head_timeout_response = _raw_response(RequestHeadTimeout(
             f"the request head did not arrive within {limits.header_read_timeout_ms} ms; "
             "send the request line and headers at once"), "Request Timeout")
@@ -256,12 +259,27 @@ class _NodeServer(Server):
         if admission.refused is not None:
             self.refuse(transport, admission.refused)
             return False
-        if admission.evict is not None:
-            victim: RequestHandler = admission.evict  # type: ignore[assignment]
+        self._evict(admission.evict)
+        return True
+
+    def count_tenant(self, handler: RequestHandler, tenant: str) -> bool:
+        """Count ``handler``'s connection towards ``tenant`` (closing one of its idle ones to make room);
+        False when the tenant holds its share, none of it idle: the caller answers 503 and closes."""
+        admission = self.table.authenticated(handler, tenant)
+        if admission.refused is not None:
+            self.metrics.refused.inc()
+            self.throttle.log(logging.WARNING, "connection_refused_tenant_full", "refused a request of %s: it holds "
+                              "its share of %d connections, none idle", tenant, self.limits.max_connections_per_token)
+            return False
+        self._evict(admission.evict)
+        return True
+
+    def _evict(self, victim: Any) -> None:
+        """Close an idle keep-alive connection to make room (None: nothing to close)."""
+        if victim is not None:
             self.table.evicting(victim)
             self.metrics.evicted.inc()
             victim.force_close()
-        return True
 
     def refuse(self, transport: asyncio.BaseTransport, why: Refusal) -> None:
         self.metrics.refused.inc()
@@ -348,6 +366,11 @@ class _NodeRequestHandler(RequestHandler):
         callbacks, self._when_lost = self._when_lost, []
         for callback in callbacks:
             callback()
+
+    def authenticated(self, tenant: str) -> bool:
+        """A request on this connection authenticated as ``tenant`` (``node.trust.tenant_of``); False
+        when that tenant holds its share of connections, none idle: answer 503 and close this one."""
+        return self._node_server.count_tenant(self, tenant)
 
     def when_lost(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback`` when the client's connection goes: a stream that only writes now and

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -52,11 +53,13 @@ from ..core import (
 from ..core.models import TokenClaims, TokenRole, compat
 from ..service import RegistryNode
 from ..store import RedisErrors, RegionStore
+from ..trust import tenant_of
 from .plumbing import CALLER, json_response, parse_body
 
 log = logging.getLogger(__name__)
 
 _TRACE_RE = re.compile(TRACE_ID_PATTERN)
+_MAX_OVER_QUOTA = 10_000  # tenants remembered as past their quota (the oldest forgotten first)
 
 # KEYS: the poster's quota hash, then (callers zset, caller's list) per group; ARGV: now_ms, ttl_ms,
 # max_events, max_callers, quota_bytes (0: none), this post's bytes, the quota's slice (ms), then per
@@ -65,7 +68,29 @@ _TRACE_RE = re.compile(TRACE_ID_PATTERN)
 # (1-based); a post that would take the poster past quota_bytes within ttl_ms answers -(ms until
 # its oldest slice expires) - 1; 0 when all was written. A member older than the TTL has lost its list.
 # The quota hash holds bytes posted per slice of ttl/24: a slice that ended before the TTL is dropped.
-POST = """
+# QUOTA: the functions both scripts count a tenant's bytes with: what it holds within the TTL (and
+# the ms until its oldest slice expires), and a charge of ``size`` bytes now.
+QUOTA = """
+local function quota_held(key, now, ttl, slice)
+  local first, held, oldest = math.floor((now - ttl) / slice), 0, nil
+  local slices = redis.call('HGETALL', key)
+  for i = 1, #slices, 2 do
+    local at = tonumber(slices[i])
+    if at < first then
+      redis.call('HDEL', key, slices[i])
+    else
+      held = held + tonumber(slices[i + 1])
+      if not oldest or at < oldest then oldest = at end
+    end
+  end
+  return held, (oldest or first) * slice + slice + ttl - now
+end
+local function quota_charge(key, now, ttl, slice, size)
+  redis.call('HINCRBY', key, math.floor(now / slice), size)
+  redis.call('PEXPIRE', key, ttl + slice)
+end
+"""
+POST = QUOTA + """
 local now, ttl, cap, most = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local quota, size, slice = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local groups, added, pos = {}, {}, 8
@@ -83,20 +108,9 @@ for i = 2, #KEYS, 2 do
   end
 end
 if quota > 0 then
-  local first, held, oldest = math.floor((now - ttl) / slice), 0, nil
-  local slices = redis.call('HGETALL', KEYS[1])
-  for i = 1, #slices, 2 do
-    local at = tonumber(slices[i])
-    if at < first then
-      redis.call('HDEL', KEYS[1], slices[i])
-    else
-      held = held + tonumber(slices[i + 1])
-      if not oldest or at < oldest then oldest = at end
-    end
-  end
-  if held + size > quota then return -((oldest or first) * slice + slice + ttl - now) - 1 end
-  redis.call('HINCRBY', KEYS[1], math.floor(now / slice), size)
-  redis.call('PEXPIRE', KEYS[1], ttl + slice)
+  local held, freed_in = quota_held(KEYS[1], now, ttl, slice)
+  if held + size > quota then return -freed_in - 1 end
+  quota_charge(KEYS[1], now, ttl, slice, size)
 end
 for _, g in ipairs(groups) do
   redis.call('ZADD', g[1], now, g[3])
@@ -105,6 +119,26 @@ for _, g in ipairs(groups) do
   redis.call('LTRIM', g[2], -cap, -1)
   redis.call('PEXPIRE', g[2], ttl)
 end
+return 0
+"""
+
+# KEYS: the tenant's quota hash, then the node's list of each trace; ARGV: now_ms, ttl_ms, max_events,
+# quota_bytes, these records' bytes, the quota's slice (ms), then per trace its number of records and
+# the records. Writes them all (the request they record was served) and charges their bytes to the
+# tenant; answers the ms until the tenant is below its quota again when it is past it, else 0.
+APPEND = QUOTA + """
+local now, ttl, cap = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local quota, size, slice, pos = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), 7
+for i = 2, #KEYS do
+  local n = tonumber(ARGV[pos])
+  redis.call('RPUSH', KEYS[i], unpack(ARGV, pos + 1, pos + n))
+  redis.call('LTRIM', KEYS[i], -cap, -1)
+  redis.call('PEXPIRE', KEYS[i], ttl)
+  pos = pos + 1 + n
+end
+local held, freed_in = quota_held(KEYS[1], now, ttl, slice)
+quota_charge(KEYS[1], now, ttl, slice, size)
+if held + size >= quota then return freed_in + 1 end
 return 0
 """
 
@@ -135,6 +169,8 @@ class TraceLog:
         self.max_callers = max_callers
         self.caller_bytes = caller_bytes
         self._post = redis.register_script(POST)
+        self._append = redis.register_script(APPEND)
+        self._over: dict[str, float] = {}  # tenant -> monotonic time its quota frees (as last learnt)
 
     @classmethod
     def of(cls, store: RegionStore, *, ttl_ms: int, max_events: int, max_callers: int,
@@ -150,9 +186,10 @@ class TraceLog:
     def caller_key(self, trace_id: str, caller: str) -> str:
         return f"{self.prefix}{trace_id}/by/{caller}"
 
-    def quota_key(self, poster: str) -> str:
-        """Bytes ``poster`` posted per slice of the TTL (a ``/`` never occurs in a trace id: no trace's key)."""
-        return f"{self.prefix}/quota/{poster}"
+    def quota_key(self, tenant: str) -> str:
+        """Bytes ``tenant`` (role:subject) posted or had recorded per slice of the TTL (a ``/`` never
+        occurs in a trace id: no trace's key)."""
+        return f"{self.prefix}/quota/{tenant}"
 
     def callers_key(self, trace_id: str) -> str:
         return f"{self.prefix}{trace_id}/callers"
@@ -160,8 +197,13 @@ class TraceLog:
     def legacy_key(self, trace_id: str) -> str:
         return self.prefix + trace_id
 
-    async def append(self, events: list[RouteEvent]) -> None:
-        """Append the node's own records (one pipeline); Redis being down is logged, never raised: the send stands."""
+    async def append(self, events: list[RouteEvent], *, charge: str | None = None) -> None:
+        """Append the node's own records (one round trip); Redis being down is logged, never raised: the send stands.
+
+        ``charge``: the tenant (``node.trust.tenant_of``) whose request they record, whose
+        ``caller_bytes`` quota they count against (None: an admin's, not counted). Past the quota,
+        :meth:`refuse_if_over` refuses the tenant's next traced request here until it is below again.
+        """
         if not events:
             return
         grouped: dict[str, list[str]] = {}
@@ -169,6 +211,9 @@ class TraceLog:
             grouped.setdefault(event.trace_id, []).append(event.model_dump_json(exclude_none=True))
         try:
             async with RedisErrors(self.region):
+                if charge is not None and self.caller_bytes:
+                    await self._append_charged(grouped, charge)
+                    return
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for trace_id, items in grouped.items():
                         key = self.key(trace_id)
@@ -179,11 +224,41 @@ class TraceLog:
         except StoreUnavailable as exc:
             log.warning("could not record %d route events: %s", len(events), exc.message)
 
+    async def _append_charged(self, grouped: dict[str, list[str]], tenant: str) -> None:
+        size = sum(len(item) for items in grouped.values() for item in items)  # ASCII: JSON escapes the rest
+        keys = [self.quota_key(tenant)]
+        args: list[str | int] = [now_ms(), self.ttl_ms, self.max_events, self.caller_bytes, size,
+                                 max(1, self.ttl_ms // 24)]
+        for trace_id, items in grouped.items():
+            keys.append(self.key(trace_id))
+            args += [len(items), *items]
+        freed_in_ms = int(await self._append(keys=keys, args=args))
+        if freed_in_ms:
+            self._over[tenant] = time.monotonic() + (freed_in_ms - 1) / 1000
+            if len(self._over) > _MAX_OVER_QUOTA:
+                self._over.pop(next(iter(self._over)))
+
+    def refuse_if_over(self, tenant: str | None) -> None:
+        """Raise :class:`RateLimited` (429 ``trace_quota``) when ``tenant``'s records took it past its
+        quota (as this process last learnt: each process learns it from its own next record)."""
+        until = self._over.get(tenant) if tenant is not None else None
+        if until is None:
+            return
+        left_ms = int((until - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            del self._over[tenant]  # type: ignore[arg-type]
+            return
+        raise RateLimited(f"{tenant!r} holds its quota of {self.caller_bytes:,} bytes of trace events within "
+                          f"trace_ttl_ms ({self.ttl_ms:,} ms; trace_caller_bytes): the node's records of its "
+                          "traced requests count, as its posts do; send without a trace_id to resolve, or wait "
+                          "until older events expire", field="trace_id", code="trace_quota",
+                          details={"retry_after_ms": left_ms})
+
     async def post(self, events: list[RouteEvent], *, poster: str | None) -> None:
         """Append what callers posted, each event to its caller's list: all or nothing, in one script.
 
-        ``poster``: the token subject posting, whose ``caller_bytes`` quota the events count against
-        (None: an admin, not counted). Raises :class:`Conflict` (409, ``trace_full``) naming the trace
+        ``poster``: the tenant posting (:func:`charged`), whose ``caller_bytes`` quota the events
+        count against (None: an admin, not counted). Raises :class:`Conflict` (409, ``trace_full``) naming the trace
         when a caller new to it would exceed ``max_callers``, :class:`RateLimited` (429,
         ``trace_quota``) past the poster's quota, and :class:`StoreUnavailable` (503).
         """
@@ -246,6 +321,11 @@ class TraceLog:
 TRACES_KEY = web.AppKey("traces", TraceLog)
 
 
+def charged(caller: TokenClaims) -> str | None:
+    """The tenant whose trace quota a request of ``caller``'s counts against; None for an admin."""
+    return None if caller.role is TokenRole.ADMIN else tenant_of(caller)
+
+
 class TraceRoutes:
     """``GET /v1/traces/{trace_id}`` and ``POST /v1/traces`` over one node's trace log."""
 
@@ -287,7 +367,7 @@ class TraceRoutes:
                 raise Forbidden(f"a token for {caller.sub!r} may only record its own calls, not {event.caller!r}",
                                 field="events.caller")
         await self.traces.post([event.model_copy(update={"mode": "direct"}) for event in batch.events],
-                               poster=None if caller.role is TokenRole.ADMIN else caller.sub)
+                               poster=charged(caller))
         return json_response({"accepted": len(batch.events)})
 
 
@@ -305,4 +385,4 @@ def install_trace_routes(app: web.Application, node: RegistryNode) -> TraceLog:
     return traces
 
 
-__all__ = ["TRACES_KEY", "StoredTrace", "TraceLog", "TraceRoutes", "install_trace_routes"]
+__all__ = ["TRACES_KEY", "StoredTrace", "charged", "TraceLog", "TraceRoutes", "install_trace_routes"]

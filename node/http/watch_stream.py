@@ -27,7 +27,7 @@ from aiohttp import web
 
 from ..core import StoreUnavailable, ValidationFailed
 from ..core.models import INT64_MAX, ChangeEvent
-from ..trust import may_see
+from ..trust import may_see, tenant_of
 from .plumbing import CALLER, NODE_KEY, query_pattern
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ async def watch(request: web.Request) -> web.StreamResponse:
     node = request.app[NODE_KEY]
     accept = _watch_filter(request)
     since = _since(request)
-    subscription = node.watch.subscribe(accept, owner=request[CALLER].sub)
+    subscription = node.watch.subscribe(accept, owner=tenant_of(request[CALLER]))
     # The node's server says when the watcher's connection goes, so its stream (and its place in
     # the caller's share) ends then, not at the next keep-alive.
     when_lost = getattr(request.protocol, "when_lost", None)

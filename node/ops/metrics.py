@@ -42,18 +42,25 @@ _SEARCH_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 class _ScrapeCounter(Collector):
     """One counter whose running count lives in a component (its stats), read at scrape time."""
 
-    def __init__(self, name: str, documentation: str, labels: dict[str, str], function: Callable[[], float]) -> None:
+    def __init__(self, name: str, documentation: str, labels: dict[str, str], function: Callable[[], float],
+                 *, by: tuple[str, ...] = (), counts: Callable[[], dict[tuple[str, ...], int]] | None = None) -> None:
         self._name = name
         self._documentation = documentation
         self._labels = labels
         self._function = function
+        self._by = by  # labels of its own, with counts() giving a count per their values
+        self._counts = counts
 
     def _family(self) -> CounterMetricFamily:
-        return CounterMetricFamily(self._name, self._documentation, labels=list(self._labels))
+        return CounterMetricFamily(self._name, self._documentation, labels=[*self._labels, *self._by])
 
     def collect(self) -> Iterator[Metric]:
         family = self._family()
-        family.add_metric(list(self._labels.values()), self._function())
+        if self._counts is None:
+            family.add_metric(list(self._labels.values()), self._function())
+        else:
+            for values, count in list(self._counts().items()):
+                family.add_metric([*self._labels.values(), *values], count)
         yield family
 
     def describe(self) -> Iterator[Metric]:
@@ -148,6 +155,11 @@ class NodeMetrics:
     def counter_from(self, name: str, documentation: str, function: Callable[[], float]) -> None:
         """A counter (exposed as ``{name}_total``) whose running count ``function`` returns at scrape time."""
         self.registry.register(_ScrapeCounter(name, documentation, self._labels, function))
+
+    def counters_from(self, name: str, documentation: str, labels: tuple[str, ...],
+                      counts: Callable[[], dict[tuple[str, ...], int]]) -> None:
+        """Counters by ``labels`` whose running counts ``counts`` returns at scrape time (values → count)."""
+        self.registry.register(_ScrapeCounter(name, documentation, self._labels, lambda: 0, by=labels, counts=counts))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,7 +1,9 @@
 """Who may do what: bearer tokens, route credentials and region keys, revocation, the egress
-policy and the redaction of secrets in logs; the node's settings of them (``TrustSettings``).
+policy, the redaction of secrets in logs and the rate budgets each tenant spends; the node's settings
+of them (``TrustSettings``).
 """
 
+from .budgets import Budget, BudgetKind, RateBudgets, RateSettings, tenant_of
 from .credentials import JWKS_PATH, RegionKeys, SigningKeyError
 from .egress import DEFAULT_EGRESS_POLICY, EgressDenied, EgressPolicy, egress_denial, egress_session
 from .redact import CredentialFilter, mask_credentials, mask_url
@@ -21,6 +23,8 @@ from .tokens import (
 )
 
 __all__ = [
+    "Budget",
+    "BudgetKind",
     "CredentialFilter",
     "DEFAULT_EGRESS_POLICY",
     "DEFAULT_TOKEN_TTL_S",
@@ -28,6 +32,8 @@ __all__ = [
     "EgressPolicy",
     "JWKS_PATH",
     "LoggedRevocation",
+    "RateBudgets",
+    "RateSettings",
     "RegionKeys",
     "Revocation",
     "RevocationList",
@@ -45,5 +51,6 @@ __all__ = [
     "mask_url",
     "may_see",
     "require_peer",
+    "tenant_of",
     "token_claims_unverified",
 ]

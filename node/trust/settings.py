@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from ..core import Settings
+from .budgets import RateSettings
 from .credentials import DEFAULT_KEY_PUBLISH_INTERVAL_MS, DEFAULT_SIGNING_KEY_MAX_AGE_MS
 from .egress import EgressPolicy
 from .revocation import DEFAULT_REVOCATION_POLL_INTERVAL_MS
@@ -13,9 +13,10 @@ from .revocation import DEFAULT_REVOCATION_POLL_INTERVAL_MS
 __all__ = ["TrustSettings"]
 
 
-class TrustSettings(Settings):
+class TrustSettings(RateSettings):
     """Settings of :class:`~node.trust.RegionKeys` (route credentials), :class:`~node.trust.RevocationList`
-    (bearer tokens) and the region's :class:`~node.trust.EgressPolicy`."""
+    (bearer tokens), the region's :class:`~node.trust.EgressPolicy` and its rate budgets
+    (:class:`~node.trust.RateSettings`)."""
 
     signing_key_file: str | None = Field(
         default=None, description="Ed25519 PEM file to sign route credentials with (created, mode 0600, when "

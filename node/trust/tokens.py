@@ -153,6 +153,7 @@ class Signer:
     def __init__(self, secret: bytes) -> None:
         self._token_key = hmac.new(secret, b"agent-reach token", hashlib.sha256).digest()
         self._ticket_key = hmac.new(secret, b"agent-reach ticket", hashlib.sha256).digest()
+        self._hop_key = hmac.new(secret, b"agent-reach hop", hashlib.sha256).digest()
         self._verified: OrderedDict[str, TokenClaims] = OrderedDict()
 
     # -- tokens ------------------------------------------------------------------------------
@@ -215,23 +216,41 @@ class Signer:
     # -- tickets -----------------------------------------------------------------------------
 
     def sign_ticket(self, claims: dict[str, object]) -> str:
-        payload = _b64(orjson.dumps(claims))
-        mac = _b64(hmac.digest(self._ticket_key, payload.encode(), "sha256")[:16])
-        return f"{payload}.{mac}"
+        return _seal(self._ticket_key, claims)
 
     def verify_ticket(self, signature: str) -> dict[str, object]:
         """The signed claims of a ticket; raises :class:`Forbidden` if forged or malformed."""
-        payload, _, mac = signature.partition(".")
-        expected = hmac.digest(self._ticket_key, payload.encode(), "sha256")[:16]
-        try:
-            if not hmac.compare_digest(expected, _unb64(mac)):
-                raise Forbidden("the ticket signature is not valid", code="invalid_ticket", field="signature")
-            claims = orjson.loads(_unb64(payload))
-        except (ValueError, orjson.JSONDecodeError) as exc:
-            raise Forbidden("the ticket signature is malformed", code="invalid_ticket", field="signature") from exc
-        if not isinstance(claims, dict):
-            raise Forbidden("the ticket signature is malformed", code="invalid_ticket", field="signature")
+        claims = _opened(self._ticket_key, signature)
+        if claims is None:
+            raise Forbidden("the ticket signature is not valid", code="invalid_ticket", field="signature")
         return claims
+
+    def sign_hop(self, claims: dict[str, object]) -> str:
+        """A hop stamp (``node.http.hops``): signed with a key of its own, never taken for a ticket."""
+        return _seal(self._hop_key, claims)
+
+    def verify_hop(self, stamp: str) -> dict[str, object] | None:
+        """The claims of a hop stamp this cluster signed; None if forged or malformed."""
+        return _opened(self._hop_key, stamp)
+
+
+def _seal(key: bytes, claims: dict[str, object]) -> str:
+    payload = _b64(orjson.dumps(claims))
+    mac = _b64(hmac.digest(key, payload.encode(), "sha256")[:16])
+    return f"{payload}.{mac}"
+
+
+def _opened(key: bytes, sealed: str) -> dict[str, object] | None:
+    """The claims ``key`` sealed in ``sealed`` (:func:`_seal`); None if forged or malformed."""
+    payload, _, mac = sealed.partition(".")
+    expected = hmac.digest(key, payload.encode(), "sha256")[:16]
+    try:
+        if not hmac.compare_digest(expected, _unb64(mac)):
+            return None
+        claims = orjson.loads(_unb64(payload))
+    except (ValueError, orjson.JSONDecodeError):
+        return None
+    return claims if isinstance(claims, dict) else None
 
 
 class SelfToken:

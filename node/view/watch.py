@@ -55,7 +55,7 @@ class Subscription:
 class WatchHub:
     """Publishes every change (local and, when federation is attached, remote) to watchers.
 
-    Every change is offered to every watcher, so one caller (a token subject) may hold at most
+    Every change is offered to every watcher, so one tenant (a token's role and subject) may hold at most
     ``streams_per_caller`` streams at once: more would multiply the node's work per change. A
     stream whose watcher does not take a write within ``write_timeout_ms`` is cut (see
     ``node.http.watch_stream``).
@@ -83,7 +83,7 @@ class WatchHub:
         """A new watcher of ``owner``'s; raises :class:`RateLimited` (429) when it holds its share."""
         held = sum(1 for subscription in self.subscribers if subscription.owner == owner)  # a new stream only
         if held >= self.streams_per_caller:
-            raise RateLimited(f"caller {owner} holds {held} watch streams, the most one caller may; close one "
+            raise RateLimited(f"{owner} holds {held} watch streams, the most one token may; close one "
                               "(or raise watch_streams_per_caller)", code="too_many_watches")
         subscription = Subscription(self, accept, self.subscriber_queue, owner)
         self.subscribers.add(subscription)

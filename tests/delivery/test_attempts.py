@@ -139,6 +139,10 @@ async def test_both_send_the_same_headers(node: RunningNode, target: Target) -> 
     status, body, _ = await send(node, proxied, token=node.token("app.caller.one"))
     assert status == 200 and body["payload"] == {"hop_count": 3}
     sdk_headers, proxy_headers = target.headers
+    # The proxy alone adds its signed stamp of the hop count (node.http.hops): a direct call's
+    # count is the calling agent's to keep.
+    stamp = proxy_headers.pop("X-Reach-Hop")
+    assert node.node.signer.verify_hop(stamp) == {"trc": "trace-headers", "hop": 3, "to": "hop.echo.one"}
     assert sdk_headers == {"X-Reach-Trace-Id": "trace-headers", "X-Reach-Envelope-Id": direct.id,
                            "X-Reach-Hop-Count": "3"}
     assert proxy_headers == {"X-Reach-Trace-Id": "trace-headers", "X-Reach-Envelope-Id": proxied.id,

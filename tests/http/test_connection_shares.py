@@ -142,3 +142,45 @@ async def test_one_address_gets_its_share_and_no_more_when_its_connections_are_b
     finally:
         for connection in busy:
             await close(connection)
+
+
+async def test_one_token_gets_its_share_of_connections_from_any_address(node_factory: NodeFactory) -> None:
+    # Behind a load balancer every connection has its address: no share per source, one per token.
+    node = await node_factory(max_connections=100, max_connections_per_source=0, max_connections_per_token=10,
+                              watch_streams_per_caller=20)
+    hog, other = node.token("app.conn.hog", TokenRole.CALLER), node.token("app.conn.other", TokenRole.CALLER)
+    server = node.runner.server
+    url = f"http://127.0.0.1:{bound_port(node.runner)}"
+    streams = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    held = []
+    try:
+        for _ in range(10):  # ten busy connections of the token: watch streams
+            response = await streams.get(url + "/v1/watch", headers={"Authorization": f"Bearer {hog}"})
+            assert response.status == 200
+            held.append(response)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh:
+            async with fresh.get(url + "/v1/regions", headers={"Authorization": f"Bearer {hog}"}) as refused:
+                body = await refused.json()
+                assert refused.status == 503 and body["error"] == "too_many_connections", body
+                assert "share of 10 connections" in body["message"] and refused.headers["Retry-After"] == "1"
+            async with fresh.get(url + "/v1/regions", headers={"Authorization": f"Bearer {other}"}) as served:
+                assert served.status == 200
+    finally:
+        for response in held:
+            response.close()
+        await streams.close()
+    await wait_for(lambda: len(server.table) == 0, message="the streams closed")  # type: ignore[union-attr]
+
+    # Idle keep-alive connections of the token make room instead: the oldest is closed.
+    together = asyncio.Barrier(10)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as pooled:
+        async def regions() -> int:
+            async with pooled.get(url + "/v1/regions", headers={"Authorization": f"Bearer {hog}"}) as response:
+                await together.wait()  # each holds its connection until all ten are open
+                return response.status
+        assert await asyncio.gather(*(regions() for _ in range(10))) == [200] * 10
+        evicted = server.table.evicted  # type: ignore[union-attr]
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh:
+            async with fresh.get(url + "/v1/regions", headers={"Authorization": f"Bearer {hog}"}) as response:
+                assert response.status == 200
+        assert server.table.evicted == evicted + 1  # type: ignore[union-attr]

@@ -161,6 +161,13 @@ def test_the_default_secret_file_is_created_once_with_mode_0600(tmp_path: Path) 
     assert default.read_text() == content
 
 
+def test_a_caller_token_is_never_named_admin(tmp_path: Path) -> None:
+    refused = cli("token", "issue", "--caller", "admin", "--create-secret", home=tmp_path)
+    assert_one_line_error(refused, "'admin' names the admin role", "--admin")
+    assert refused.stdout == ""
+    assert cli("token", "issue", "--caller", "app.billing", home=tmp_path).returncode == 0
+
+
 @pytest.mark.unit
 def test_load_secret_errors_are_typed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AGENT_REACH_SECRET", raising=False)

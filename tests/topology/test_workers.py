@@ -81,6 +81,48 @@ async def test_two_workers_share_a_port_and_a_region(redis_url: str, region: str
     assert "starting another" in errors
 
 
+async def test_two_workers_spend_one_rate_budget(redis_url: str, region: str) -> None:
+    """A caller's budget is the region's, not each process's: requests spread over both workers on
+    fresh connections are admitted about one burst in all (each worker held a burst of its own before)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "AGENT_REACH_SECRET": SECRET, "AGENT_REACH_RATE_LIMIT_RPS": "0.01",
+           "AGENT_REACH_RATE_LIMIT_BURST": "20", "AGENT_REACH_RATE_LIMIT_SYNC_INTERVAL_MS": "20"}
+    parent = subprocess.Popen([sys.executable, "-m", "topology.cli", "--log-level", "WARNING", "node", "--region",
+                               region, "--redis", redis_url, "--port", str(port), "--no-semantic", "--workers", "2",
+                               "--drain-grace-ms", "0"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        async def both_answer() -> bool:
+            try:
+                return len(await _node_ids(url, 20)) == 2
+            except aiohttp.ClientError:
+                return False
+
+        await wait_for(both_answer, timeout_s=60, message="both workers to answer on the one port")
+        caller = Signer(SECRET.encode()).issue("app.spread.caller", TokenRole.CALLER, ttl_s=600)
+        admitted: dict[str, int] = {}
+        refused = 0
+        for _ in range(100):  # bounded: one at a time, each on a new connection (either worker)
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+                async with session.get(f"{url}/v1/regions", headers={"Authorization": f"Bearer {caller}"}) as answer:
+                    if answer.status == 429:
+                        refused += 1
+                        continue
+                    assert answer.status == 200, await answer.text()
+                    node_id = (await answer.json())["node_id"]
+                    admitted[node_id] = admitted.get(node_id, 0) + 1
+        print(f"\nadmitted by worker {sorted(admitted.values())}, refused {refused}")
+        assert len(admitted) == 2, admitted  # both workers admitted some
+        assert 20 <= sum(admitted.values()) <= 26 and refused >= 74, (admitted, refused)
+    finally:
+        parent.send_signal(signal.SIGTERM)
+        try:
+            parent.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            parent.kill()
+            parent.wait()
+
+
 @pytest.mark.unit
 def test_workers_need_a_shared_redis_and_a_fixed_port() -> None:
     assert workers_problem(workers=1, redis_url=None, port=0) is None

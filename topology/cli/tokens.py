@@ -43,6 +43,12 @@ def issue_token(args: argparse.Namespace) -> int:
     if args.agent and not AGENT_ID_RE.match(args.agent):
         print(f"error: {args.agent!r} is not an agent id (namespace.group.name, lower-case)", file=sys.stderr)
         return 2
+    if args.caller is not None and args.caller.strip().lower() == "admin":
+        # Harmless on the node (a tenant is a role and a subject), but a caller named "admin" reads
+        # like the admin in every trace, log line and decision it appears in.
+        print("error: 'admin' names the admin role, not a caller: use --admin for an admin token, or give the "
+              "caller another name", file=sys.stderr)
+        return 2
     if args.ttl_s <= 0:
         print("error: --ttl-s must be positive", file=sys.stderr)
         return 2

@@ -246,9 +246,12 @@ def _proxy() -> Paths:
                 passthrough=True,
                 notes={404: "No agent available",
                        409: "This envelope id is being delivered, or its answer was too large to keep",
-                       422: "A field is invalid, hop_count reached the limit, or delivery=callback without a "
-                            "registered callback_endpoint",
-                       429: "Rate limited, or too many callback deliveries in flight"}),
+                       422: "A field is invalid, hop_count reached the limit (the highest of the envelope's, the "
+                            "X-Reach-Hop stamp the sender got with the delivery it acts on, and the trace's), "
+                            "X-Reach-Hop is not the node's stamp, or delivery=callback without a registered "
+                            "callback_endpoint",
+                       429: "A rate budget (the token's, or its budget for the capability), the trace quota, or "
+                            "the token's share of callback deliveries in flight; Retry-After says when"}),
         },
         "/v1/traces/{trace_id}": {
             "get": operation("Route decisions, deliveries and outcomes of one trace",
