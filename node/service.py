@@ -56,7 +56,7 @@ from .delivery import BreakerState
 from .parts import NodeParts, build_parts
 from .routing import AgentQuery, Decision, Searcher, SummaryOnlyLookups
 from .store import HeartbeatResult, stored_version
-from .trust import EgressDenied, Revocation, authorize_agent, may_see
+from .trust import EgressDenied, Revocation, admits, authorize_agent
 from .view import HTTP_HOLDER, CacheState
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,7 @@ class RegistryNode:
         self.watch = parts.watch
         self.metrics = parts.metrics
         self.revocations = parts.revocations
+        self.acl = parts.acl
         self.decisions = parts.decisions
         self.loop_watch = parts.loop_watch
         self.summary_only = SummaryOnlyLookups(self.router, visible=self.visible)
@@ -131,6 +132,7 @@ class RegistryNode:
             await self.cache.start()
             await self.keys.start()
             await self.revocations.start()
+            await self.acl.start()
             await self.leadership.start()
             self.loop_watch.start()
         except BaseException:
@@ -147,6 +149,7 @@ class RegistryNode:
         await self.loop_watch.aclose()
         await self.leadership.aclose()
         await self.revocations.aclose()
+        await self.acl.aclose()
         await self.keys.aclose()
         await self.cache.aclose()
         await self.store.aclose()
@@ -306,10 +309,14 @@ class RegistryNode:
                 raise
         return await self.summary_only.agent(agent_id, caller)
 
-    @staticmethod
-    def visible(record: AgentRecord, caller: TokenClaims) -> bool:
-        """Whether ``caller`` may see ``record`` on any route (its ``allowed_callers``)."""
-        return may_see(caller, record.agent_id, record.allowed_callers)
+    def visible(self, record: AgentRecord, caller: TokenClaims) -> bool:
+        """Whether ``caller`` may see ``record`` on any route (its ``allowed_callers``, the ACL rules)."""
+        return admits(caller, record, acl=self.acl)
+
+    def visible_id(self, agent_id: str, caller: TokenClaims) -> bool:
+        """:meth:`visible` for an agent id; an agent this node does not hold (gone) is not shown."""
+        record = self.find(agent_id)
+        return record is not None and self.visible(record, caller)
 
     def records_held(self) -> int:
         """Records in memory: this region's and, with federation, the peers' replicas."""
@@ -405,7 +412,7 @@ class RegistryNode:
         record = self.find(agent_id)
         if record is not None and not self.visible(record, caller):
             record = None
-        entries = self.decisions.recent(agent_id, caller)
+        entries = self.decisions.recent(agent_id, caller, visible=lambda other: self.visible_id(other, caller))
         if record is None and not (entries and caller.role is TokenRole.ADMIN):
             raise NotFound(f"no agent {agent_id} in region {self.region} or its peers", field="agent_id",
                            code="unknown_agent")

@@ -1,7 +1,8 @@
 """Who may do what: bearer tokens, route credentials and region keys, revocation, the egress
-policy and the redaction of secrets in logs; the node's settings of them (``TrustSettings``).
+policy, the ACL rules and who may see what (``admits``), the redaction of secrets in logs; the node's settings of them (``TrustSettings``).
 """
 
+from .acl import DEFAULT_ACL_POLL_INTERVAL_MS, AclFull, RegionAcl, admits
 from .credentials import JWKS_PATH, RegionKeys, SigningKeyError
 from .egress import DEFAULT_EGRESS_POLICY, EgressDenied, EgressPolicy, egress_denial, egress_session
 from .redact import CredentialFilter, mask_credentials, mask_url
@@ -21,6 +22,10 @@ from .tokens import (
 )
 
 __all__ = [
+    "AclFull",
+    "DEFAULT_ACL_POLL_INTERVAL_MS",
+    "RegionAcl",
+    "admits",
     "CredentialFilter",
     "DEFAULT_EGRESS_POLICY",
     "DEFAULT_TOKEN_TTL_S",

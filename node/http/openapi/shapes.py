@@ -96,6 +96,15 @@ class TokenRevoked(Shape):
                                          "it takes effect within about a second (empty: no federation)")
 
 
+class AclChanged(Shape):
+    """``PUT``/``DELETE /v1/acl/{rule_id}``: the entry as the region holds it now."""
+
+    region: str
+    rule: dict[str, Any] = Field(description="An AclEntry: id, rule (null once deleted), origin, at_ms")
+    version: int = Field(description="The rules' version in this region after the change")
+    poll_interval_ms: int = Field(description="Every node of the region applies it within about this long")
+
+
 class Regions(Shape):
     """``GET /v1/regions``: this node and, with federation, its view of every peer."""
 
