@@ -50,6 +50,7 @@ from ..core import (
     now_ms,
 )
 from ..core.models import TokenClaims, TokenRole, compat
+from ..routing import WITHHELD
 from ..service import RegistryNode
 from ..store import RedisErrors, RegionStore
 from .plumbing import CALLER, json_response, parse_body
@@ -270,10 +271,12 @@ class TraceRoutes:
 
     def _shown(self, caller: TokenClaims, stored: StoredTrace) -> list[TraceEvent]:
         """What a non-admin sees: the node's records it took part in (as the caller or the agent), and its own
-        posts; an event naming an agent whose ``allowed_callers`` exclude the caller is not shown."""
+        posts; an event naming an agent the caller may not see is not shown, and of a record it took part in
+        as the agent only, the caller's name and the detail (the alternates it names) are withheld."""
         recorded = [event for event in (*stored.legacy, *stored.node) if caller.sub in (event.caller, event.agent_id)]
         own = stored.posted.get(caller.sub, [])
-        return [event for event in (*recorded, *own) if self._may_see_agent(caller, event.agent_id)]
+        return [event if event.caller == caller.sub else event.model_copy(update={"caller": WITHHELD, "detail": None})
+                for event in (*recorded, *own) if self._may_see_agent(caller, event.agent_id)]
 
     def _may_see_agent(self, caller: TokenClaims, agent_id: str | None) -> bool:
         record = self.node.find(agent_id) if agent_id else None

@@ -3,7 +3,7 @@ catalogs, forwarded lookups, listing selectors, the decision log and the search 
 """
 
 from .candidates import DEFAULT_CAPACITY, STATUS_FACTORS, capability_of, tagged
-from .decisions import DecisionLog
+from .decisions import WITHHELD, DecisionLog
 from .forwarded import SummaryOnlyLookups
 from .listing import AgentQuery
 from .remote import described_for
@@ -34,6 +34,7 @@ __all__ = [
     "PeerView",
     "RemoteCatalog",
     "Router",
+    "WITHHELD",
     "RoutingSettings",
     "STATUS_FACTORS",
     "Searcher",

@@ -165,8 +165,8 @@ class FederationStatus(BaseModel):
 class ExportedAgentCard(BaseModel):
     """An A2A Agent Card (v1.0) as the registry serves it: the card the agent registered as it was
     given (a v0.3 card converted as the A2A SDK reads it) with the registry's extension
-    (urn:agent-reach:a2a:registry:v1) appended to ``capabilities.extensions`` — unless the card is
-    signed, which is served exactly as registered — or, for an agent registered by hand, a card
+    (urn:agent-reach:a2a:registry:v1) appended to ``capabilities.extensions`` — a signed card keeps
+    its signatures, verified over the card without that extension — or, for an agent registered by hand, a card
     made from its record; the registry's own card at ``/.well-known/agent-card.json``."""
 
     model_config = ConfigDict(extra="allow")
