@@ -46,6 +46,7 @@ from .errors import (
     first_problem,
     problems,
 )
+from .hints import SECONDS_NOT_MS_BELOW, Hint, hint_for, seconds_hint
 from .settings import Settings
 from .tasks import cancel_and_wait, run_together
 from .tls import (
@@ -59,6 +60,7 @@ from .tls import (
 )
 
 __all__ = [
+    "Hint", "SECONDS_NOT_MS_BELOW", "hint_for", "seconds_hint",
     "BadRequest",
     "BodyTooLarge",
     "CA_FILE_ENV",

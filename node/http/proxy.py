@@ -58,6 +58,7 @@ from ..core import (
     ValidationFailed,
     cancel_and_wait,
     now_ms,
+    seconds_hint,
 )
 from ..core.models import (
     CredentialRequest,
@@ -230,6 +231,9 @@ class Proxy:
             refusal = HopLimitExceeded(
                 f"hop_count {envelope.hop_count} reached the limit of {self.settings.max_hops} hops: "
                 "a loop between agents, or a chain longer than this region allows", field="hop_count")
+        elif envelope.expire_at_ms is not None and (hint := seconds_hint("expire_at_ms", envelope.expire_at_ms)):
+            refusal = ValidationFailed(hint, field="expire_at_ms", code="expire_at_in_seconds",
+                                       details={"use": "expire_at_ms"})
         elif envelope.expired(now_ms=now_ms()):
             refusal = EnvelopeExpired(f"the envelope expired at {envelope.expire_at_ms} ms; send a new one",
                                       field="expire_at_ms")
