@@ -27,7 +27,7 @@ from .delivery import BreakerSettings, DeliverySettings
 from .duties import DutySettings
 from .routing import RoutingSettings
 from .store import StoreSettings, parse_redis_url
-from .trust import TrustSettings
+from .trust import DEFAULT_REFUSED_PAYLOAD_KEYS, TrustSettings
 from .view import ViewSettings
 
 __all__ = ["DEFAULT_PORT", "HttpSettings", "NodeConfig", "NodeIdentity", "ProxySettings", "ServerLimits"]
@@ -166,6 +166,12 @@ class ProxySettings(DeliverySettings):
                                    description="Attempts to deliver a callback-mode result.")
     max_background: int = Field(default=DEFAULT_MAX_BACKGROUND, ge=1,
                                 description="Callback-mode deliveries in flight; beyond it sends get 429.")
+    refused_payload_keys: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_REFUSED_PAYLOAD_KEYS), max_length=64,
+        description="Keys an envelope's payload or extensions may not hold, at any depth (case ignored): such a send "
+                    "is refused, 422 payload_refused naming where. Empty: no refusal.")
+    payload_policy_passthrough: bool = Field(
+        default=False, description="Hold sends to passthrough targets (the raw payload) to refused_payload_keys too.")
 
 
 # -- the whole node ----------------------------------------------------------------------------

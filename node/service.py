@@ -355,8 +355,9 @@ class RegistryNode:
         found.sort(key=lambda record: (record.region != self.region, record.region, record.agent_id))
         return found
 
-    async def resolve(self, request: RouteRequest, caller: TokenClaims) -> RouteTicket:
-        return (await self.decide(request, caller)).ticket()
+    async def resolve(self, request: RouteRequest, caller: TokenClaims, *,
+                      extensions: dict[str, object] | None = None) -> RouteTicket:
+        return (await self.decide(request, caller, extensions=extensions)).ticket()
 
     async def search(self, query: str, *, k: int, scope: Scope, routable_only: bool,
                      caller: TokenClaims) -> SearchResponse:
@@ -394,16 +395,18 @@ class RegistryNode:
             message = denied.message.removeprefix(f"{denied.field}: ")
             raise EgressDenied(f"{field}: {message}", address=denied.address, rule=denied.rule, field=field) from None
 
-    async def decide(self, request: RouteRequest, caller: TokenClaims) -> Decision:
+    async def decide(self, request: RouteRequest, caller: TokenClaims, *,
+                     extensions: dict[str, object] | None = None) -> Decision:
         """Like :meth:`resolve`, as the router's :class:`Decision` (``to_json()`` is cheap); the
-        decision, or why there is none, goes to the decision log (:mod:`node.routing.decisions`)."""
+        decision, or why there is none, goes to the decision log (:mod:`node.routing.decisions`),
+        with ``extensions`` (a proxied envelope's, masked by the proxy) on the line."""
         try:
             decision = await self.router.decide(request, caller)
         except NodeError as exc:
             known = request.agent_id is not None and self.find(request.agent_id) is not None
             self.decisions.refused(request, caller, exc, at_ms=now_ms(), known=known)
             raise
-        self.decisions.decided(decision, at_ms=decision.issued_at_ms)
+        self.decisions.decided(decision, at_ms=decision.issued_at_ms, extensions=extensions)
         return decision
 
     def recent_decisions(self, agent_id: str, caller: TokenClaims) -> list[dict[str, object]]:

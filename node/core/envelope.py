@@ -186,6 +186,9 @@ class RouteEvent(BaseModel):
     status: int | None = Field(default=None, ge=0, le=999)
     latency_ms: float | None = Field(default=None, ge=0, le=1e12)
     detail: str | None = Field(default=None, max_length=1_000, pattern=MULTI_LINE_PATTERN)
+    extensions: dict[Annotated[str, Field(max_length=200)], JsonValue] | None = Field(
+        default=None, max_length=64, description="The envelope's extensions, secret-looking values kept to their "
+                                                 "last 4 characters (node.trust.mask_secrets).")
 
 
 class RouteEvents(BaseModel):
@@ -242,6 +245,8 @@ class Policy(BaseModel):
     egress_allow: list[str] = Field(default_factory=list,
                                     description="Loopback/private ranges agents may register (public ones always).")
     egress_deny: list[str] = Field(default_factory=list, description="Ranges agents may never register.")
+    refused_payload_keys: list[str] = Field(default_factory=list,
+                                            description="Keys a proxied envelope's payload or extensions may not hold.")
     caller: TokenClaims
 
 

@@ -73,7 +73,7 @@ from ..core.models import (
 from ..delivery import Failover, Pacing, Tried, deliver
 from ..service import RegistryNode
 from ..store import Answer, DeliveryInProgress, OnceCache
-from ..trust import EgressDenied, EgressPolicy, egress_denial, egress_session
+from ..trust import EgressDenied, EgressPolicy, PayloadPolicy, egress_denial, egress_session, mask_secrets
 from .plumbing import CALLER, json_response, parse_body, validation_error
 from .proxy_results import described, result_envelope
 from .traces import TraceLog, install_trace_routes
@@ -132,6 +132,8 @@ class Proxy:
         self.guard = _EgressGuard(self.egress)
         self.policy = self.settings.retry_policy()
         self.limits = self.settings.attempt_limits(owner="the proxy's")
+        self.payload = PayloadPolicy(refused_keys=self.settings.refused_payload_keys,
+                                     passthrough=self.settings.payload_policy_passthrough, region=node.region)
         self.rng = rng or random.Random()
         self.traces = traces  # api.py's direct-mode decisions still reach the log through here
         self.once = OnceCache.of(node.store, node_id=node.node_id, ttl_ms=self.settings.idempotency_ttl_ms,
@@ -197,7 +199,8 @@ class Proxy:
         return json_response(Policy(region=self.node.region, allowed_transports=config.allowed_transports,
                                     max_body_bytes=config.max_body_bytes, max_hops=self.settings.max_hops,
                                     ticket_ttl_ms=config.ticket_ttl_ms, egress_allow=list(config.egress.allow),
-                                    egress_deny=list(config.egress.deny), caller=request[CALLER]))
+                                    egress_deny=list(config.egress.deny), caller=request[CALLER],
+                                    refused_payload_keys=sorted(self.payload.refused_keys)))
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -279,12 +282,15 @@ class Proxy:
         failures: list[dict[str, Any]] = []
 
         async def decide(request: RouteRequest, *, fresh: bool) -> RouteTicket:
-            return await self._decide(request, first=not fresh, envelope=envelope, caller=caller, events=events)
+            ticket = await self._decide(request, first=not fresh, envelope=envelope, caller=caller, events=events)
+            self._check_payload(envelope, ticket.target, caller, events)
+            return ticket
 
         def on_attempt(tried: Tried) -> None:
             self._after_attempt(tried, envelope, caller, events, failures)
 
         async def issue(ticket: RouteTicket, target: RouteTarget) -> str:
+            self._check_payload(envelope, target, caller, events)
             request = CredentialRequest(signature=ticket.signature, agent_id=target.agent_id)
             return self.node.issue_credential(request, caller).credential
 
@@ -313,8 +319,9 @@ class Proxy:
     async def _decide(self, request: RouteRequest, *, first: bool, envelope: Envelope, caller: TokenClaims,
                       events: list[RouteEvent]) -> RouteTicket:
         """A ticket from the router in process; every decision (or why there is none) joins the trace."""
+        noted = mask_secrets(envelope.extensions) if envelope.extensions else None
         try:
-            ticket = await self.node.resolve(request, caller)
+            ticket = await self.node.resolve(request, caller, extensions=noted)
         except NodeError as exc:
             events.append(self._event(RouteEventKind.DECISION, envelope, caller, result=exc.code, detail=exc.message))
             if first:
@@ -323,8 +330,22 @@ class Proxy:
         alternates = ", ".join(a.agent_id for a in ticket.alternates) or "none"
         detail = f"ticket {ticket.ticket_id}, {ticket.locality.value}; alternates: {alternates}"
         events.append(self._event(RouteEventKind.DECISION, envelope, caller, target=ticket.target,
-                                  result=ticket.match.kind.value, detail=detail))
+                                  result=ticket.match.kind.value, detail=detail, extensions=noted))
         return ticket
+
+    def _check_payload(self, envelope: Envelope, target: RouteTarget, caller: TokenClaims,
+                       events: list[RouteEvent]) -> None:
+        """The region's payload policy (``node.trust.payload``) for a send to ``target``: raises
+        :class:`~node.trust.PayloadRefused` before anything is delivered."""
+        if not self.payload.applies_to(target.transport):
+            return
+        try:
+            self.payload.check(envelope.payload, envelope.extensions)
+        except NodeError as refusal:
+            self._count(refusal.code)
+            events.append(self._event(RouteEventKind.REFUSED, envelope, caller, target=target, result=refusal.code,
+                                      status=refusal.status, detail=refusal.message))
+            raise
 
     def _after_attempt(self, tried: Tried, envelope: Envelope, caller: TokenClaims, events: list[RouteEvent],
                        failures: list[dict[str, Any]]) -> None:

@@ -53,6 +53,7 @@ from ..core.models import TokenClaims, TokenRole, compat
 from ..routing import WITHHELD
 from ..service import RegistryNode
 from ..store import RedisErrors, RegionStore
+from ..trust import mask_secrets
 from .plumbing import CALLER, json_response, parse_body
 
 log = logging.getLogger(__name__)
@@ -289,7 +290,8 @@ class TraceRoutes:
             if caller.role is not TokenRole.ADMIN and event.caller != caller.sub:
                 raise Forbidden(f"a token for {caller.sub!r} may only record its own calls, not {event.caller!r}",
                                 field="events.caller")
-        await self.traces.post([event.model_copy(update={"mode": "direct"}) for event in batch.events],
+        await self.traces.post([event.model_copy(update={"mode": "direct", "extensions": mask_secrets(
+            event.extensions) if event.extensions else None}) for event in batch.events],
                                poster=None if caller.role is TokenRole.ADMIN else caller.sub)
         return json_response({"accepted": len(batch.events)})
 

@@ -60,13 +60,13 @@ class DecisionLog:
         self._recent: dict[str, deque[dict[str, Any] | tuple[Any, ...]]] = {}
         self._tickets: dict[str, str] = {}
 
-    def decided(self, decision: Decision, *, at_ms: int) -> None:
-        """A ticket handed out."""
+    def decided(self, decision: Decision, *, at_ms: int, extensions: dict[str, Any] | None = None) -> None:
+        """A ticket handed out (``extensions``: those of the envelope it was for, masked by the proxy)."""
         target, match = decision.target.target, decision.match
         _remember(self._tickets, decision.ticket_id, decision.trace_id, _MAX_TICKETS)
         row = (at_ms, decision.trace_id, decision.ticket_id, decision.caller, target["agent_id"], target["region"],
                target["locality"], match.get("kind"), match.get("capability"), match.get("score"),
-               [candidate.target["agent_id"] for candidate in decision.alternates])
+               [candidate.target["agent_id"] for candidate in decision.alternates], extensions)
         self._keep(row[4], row)
         if self.sink is not None:
             self._sink(self._decision_line(row))
@@ -117,7 +117,7 @@ class DecisionLog:
 
     def _decision_line(self, row: tuple[Any, ...]) -> dict[str, Any]:
         names = ("at_ms", "trace_id", "ticket_id", "caller", "agent_id", "region", "locality", "match",
-                 "capability", "score", "alternates")
+                 "capability", "score", "alternates", "extensions")
         fields = {name: value for name, value in zip(names, row, strict=True) if value is not None}
         return {"kind": "decision", "node_region": self.region, "result": "ok", **fields}
 
@@ -169,7 +169,7 @@ def _as_seen(line: dict[str, Any], *, mine: bool, visible: Callable[[str], bool]
         seen["alternates"] = [agent_id for agent_id in seen["alternates"] if visible(agent_id)]
     if not mine:
         seen["caller"] = WITHHELD
-        for name in ("trace_id", "ticket_id", "detail"):
+        for name in ("trace_id", "ticket_id", "detail", "extensions"):
             seen.pop(name, None)
     return seen
 

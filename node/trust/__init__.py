@@ -5,6 +5,7 @@ policy, the ACL rules and who may see what (``admits``), the redaction of secret
 from .acl import DEFAULT_ACL_POLL_INTERVAL_MS, AclFull, RegionAcl, admits
 from .credentials import JWKS_PATH, RegionKeys, SigningKeyError
 from .egress import DEFAULT_EGRESS_POLICY, EgressDenied, EgressPolicy, egress_denial, egress_session
+from .payload import DEFAULT_REFUSED_PAYLOAD_KEYS, PayloadPolicy, PayloadRefused, mask_secrets
 from .redact import CredentialFilter, mask_credentials, mask_url
 from .revocation import LoggedRevocation, Revocation, RevocationList
 from .settings import TrustSettings
@@ -22,6 +23,10 @@ from .tokens import (
 )
 
 __all__ = [
+    "DEFAULT_REFUSED_PAYLOAD_KEYS",
+    "PayloadPolicy",
+    "PayloadRefused",
+    "mask_secrets",
     "AclFull",
     "DEFAULT_ACL_POLL_INTERVAL_MS",
     "RegionAcl",
