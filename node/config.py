@@ -127,6 +127,7 @@ DEFAULT_TRACE_TTL_MS = 86_400_000
 DEFAULT_TRACE_MAX_EVENTS = 1_000
 DEFAULT_TRACE_MAX_CALLERS = 16
 DEFAULT_TRACE_CALLER_BYTES = 32 * 2**20
+DEFAULT_RESULT_MAX_BYTES = 256 * 1024
 DEFAULT_CALLBACK_ATTEMPTS = 3
 DEFAULT_MAX_BACKGROUND = 1_000
 
@@ -166,6 +167,10 @@ class ProxySettings(DeliverySettings):
                                    description="Attempts to deliver a callback-mode result.")
     max_background: int = Field(default=DEFAULT_MAX_BACKGROUND, ge=1,
                                 description="Callback-mode deliveries in flight; beyond it sends get 429.")
+    result_max_bytes: int = Field(
+        default=DEFAULT_RESULT_MAX_BYTES, ge=0,
+        description="A delivery's answer up to this size is kept with its trace for the caller that sent it (GET "
+                    "/v1/traces/{trace_id}/result); a larger one is kept without its body.")
     refused_payload_keys: list[str] = Field(
         default_factory=lambda: list(DEFAULT_REFUSED_PAYLOAD_KEYS), max_length=64,
         description="Keys an envelope's payload or extensions may not hold, at any depth (case ignored): such a send "

@@ -220,6 +220,28 @@ class Trace(BaseModel):
     events: list[TraceEvent]
 
 
+class TraceResult(BaseModel):
+    """The final answer of a proxied delivery (sync, or the result a callback carried), kept for the
+    trace's lifetime for the caller that sent it (``GET /v1/traces/{trace_id}/result``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trace_id: str
+    envelope_id: str
+    caller: str
+    delivery: Literal["sync", "callback"]
+    agent_id: str | None = None
+    status: int = Field(ge=0, le=999, description="The target's status (sync), or the callback's result's (200; "
+                                                  "502 for a delivery that failed)")
+    content_type: str
+    at_ms: Millis
+    size_bytes: int = Field(ge=0, description="The answer's size as received")
+    result: JsonValue = Field(default=None, description="The answer as JSON, when it is JSON a payload may hold")
+    text: str | None = Field(default=None, description="The answer as text, when it is text but not such JSON")
+    body_base64: str | None = Field(default=None, description="The answer's bytes, when they are not UTF-8")
+    too_large: bool = Field(default=False, description="Larger than proxy.result_max_bytes: kept without its body")
+
+
 class SendAccepted(BaseModel):
     """The answer to an asynchronous send: the result will go to the caller's callback_endpoint."""
 

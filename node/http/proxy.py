@@ -75,7 +75,7 @@ from ..service import RegistryNode
 from ..store import Answer, DeliveryInProgress, OnceCache
 from ..trust import EgressDenied, EgressPolicy, PayloadPolicy, egress_denial, egress_session, mask_secrets
 from .plumbing import CALLER, json_response, parse_body, validation_error
-from .proxy_results import described, result_envelope
+from .proxy_results import described, kept_result, result_envelope
 from .traces import TraceLog, install_trace_routes
 
 log = logging.getLogger(__name__)
@@ -179,9 +179,12 @@ class Proxy:
             async def deliver_now() -> Answer:
                 events: list[RouteEvent] = []
                 try:
-                    return await self._deliver(envelope, route, caller, events)
+                    answer = await self._deliver(envelope, route, caller, events)
                 finally:
                     await self.traces.append(events)
+                await self.traces.keep_result(kept_result(envelope, caller, answer, delivery="sync",
+                                                          max_bytes=self.settings.result_max_bytes))
+                return answer
 
             answer, duplicate = await self.once.run(self.once.key(caller.sub, envelope.id), deliver_now,
                                                     wait_s=wait_s)
@@ -376,14 +379,19 @@ class Proxy:
                              callback_endpoint: str) -> None:
         events: list[RouteEvent] = []
         try:
+            status, agent = 200, {}
             try:
                 answer = await self._deliver(envelope, route, caller, events)
                 result = result_envelope(envelope, caller, answer)
+                agent = {"X-Reach-Agent": answer.headers["X-Reach-Agent"]}
             except NodeError as exc:
                 result = Envelope(type=EnvelopeType.EVENT, operation="reach.delivery_failed",
                                   payload={"error": exc.code, "message": exc.message, "details": exc.details},
                                   trace_id=envelope.trace_id, target_agent=caller.sub, reply_to_id=envelope.id,
                                   hop_count=envelope.hop_count + 1, expire_at_ms=envelope.expire_at_ms)
+                status = exc.status
+            await self.traces.keep_result(kept_result(envelope, caller, Answer(status, "application/json",
+                result.to_json(), agent), delivery="callback", max_bytes=self.settings.result_max_bytes))
             await self._callback(callback_endpoint, result, envelope, caller, events)
         finally:
             await self.traces.append(events)

@@ -9,7 +9,7 @@ import copy
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from ...core import Envelope, Policy, RouteEvents, SendAccepted, Trace
+from ...core import Envelope, Policy, RouteEvents, SendAccepted, Trace, TraceResult
 from ...core.a2a import CardRegistration
 from ...core.models import (
     AclList,
@@ -63,7 +63,7 @@ _MODELS: list[type[BaseModel]] = [
     SendAccepted, RouteEvents, Trace, Policy, ChangeEvent, Deregistered, Accepted, Regions, QuarantineList,
     VectorRequest, VectorResponse, FederationStatus, ExportedAgentCard, Health, Ready, Unready, WatchHello,
     WatchOverflow, WatchRevoked, WatchExpired, CredentialRequest, IssuedCredential, KeySet, KeyRotated, Breakers, TokenRevoked, RevocationRequest,
-    AgentDecisions, AclList, AclRule, AclChanged,
+    AgentDecisions, AclList, AclRule, AclChanged, TraceResult,
 ]
 
 

@@ -274,6 +274,15 @@ def _proxy() -> Paths:
                              errors=(404, 422, 503), parameters=[TRACE_ID],
                              notes={404: "No events of this trace that the caller took part in (traces expire)"}),
         },
+        "/v1/traces/{trace_id}/result": {
+            "get": operation("The final answer of the caller's own proxied delivery in this trace (sync, or the "
+                             "result its callback carried), kept as long as the trace",
+                             {"200": json_answer("TraceResult", "The answer, as JSON, text or base64, or only its "
+                                                                "facts when larger than result_max_bytes")},
+                             errors=(404, 422, 503), parameters=[TRACE_ID],
+                             notes={404: "No result of this trace for this caller: only the caller that sent it reads "
+                                         "it (unknown_result)"}),
+        },
         "/v1/traces": {
             "post": operation("Record the caller's own direct-call route events",
                               {"200": json_answer("Accepted", "The events were recorded")}, body="RouteEvents",
