@@ -166,3 +166,32 @@ async def test_the_acl_command_sets_lists_and_deletes_rules(node: RunningNode) -
     code, out, _ = await run("delete", "no-shop")
     assert code == 0 and "deleted" in out
     assert not node.node.acl.active
+
+
+async def test_a_card_an_acl_rule_is_about_is_never_public(node_factory: NodeFactory) -> None:
+    node = await node_factory(public_cards=True)
+    card = {"name": "Ledger", "skills": [{"id": "post", "name": "post"}], "url": "http://127.0.0.1:9/"}
+    status, body = await node.call("POST", "/v1/agent-cards", json={"agent_id": "ledger.books.card", "card": card,
+                                                                    "public_card": True})
+    assert status == 201, body
+    path = "/agents/ledger.books.card/.well-known/agent-card.json"
+    async with node.session.get(path) as anonymous:
+        assert anonymous.status == 200
+    status, _ = await node.call("PUT", "/v1/acl/only-fin", json={"agents": "ledger.*.*", "callers": ["fin.*.*"],
+                                                                 "effect": "allow"})
+    assert status == 200
+    async with node.session.get(path) as anonymous:
+        assert anonymous.status == 401
+    assert (await node.call("GET", path, token=node.token("fin.app.main", TokenRole.CALLER)))[0] == 200
+
+
+async def test_a_tombstone_keeps_the_agent_s_callers_not_a_capability_s(node: RunningNode) -> None:
+    body = registration("fin.books.tomb", capability="books.read", allowed_callers=["fin.*.*"])
+    body["capabilities"].insert(0, {"name": "books.post", "version": "1", "allowed_callers": ["ops.*.*"]})
+    await node.register(body)
+    await node.register(registration("pub.books.tomb", capability="books.read"))  # capabilities with callers []
+    for agent_id in ("fin.books.tomb", "pub.books.tomb"):
+        assert (await node.call("DELETE", f"/v1/agents/{agent_id}"))[0] == 200
+    changes = await node.node.store.redis.xrevrange(f"ar:{{{node.node.region}}}:changes", count=2)
+    assert [(fields["agent_id"], fields["acl"]) for _, fields in changes] == [
+        ("pub.books.tomb", "[]"), ("fin.books.tomb", '["fin.*.*"]')]
