@@ -451,8 +451,9 @@ class RegistryNode:
     def issue_credential(self, request: CredentialRequest, caller: TokenClaims) -> IssuedCredential:
         """The route credential for one of a ticket's alternates (``POST /v1/credentials``).
 
-        Only the caller the ticket was issued to gets one, for an agent the ticket names, before
-        the ticket expires (the credential expires with it); raises :class:`Forbidden` otherwise.
+        Only the caller the ticket was issued to gets one, for an agent the ticket names and it may
+        still reach (the ACL rules), before the ticket expires (the credential expires with it);
+        raises :class:`Forbidden` otherwise.
         """
         now = now_ms()
         claims = self._ticket_claims(request.signature, request.agent_id, caller, deadline_ms=lambda e: e, now=now,
@@ -461,6 +462,9 @@ class RegistryNode:
         index = agents.index(request.agent_id)
         capabilities = claims.get("k")
         capability = capabilities[index] if isinstance(capabilities, list) and index < len(capabilities) else None
+        record = self.find(request.agent_id)  # an ACL rule set since the ticket holds for its alternates too
+        if record is not None and not admits(caller, record, capability=capability, acl=self.acl):
+            raise Forbidden(f"agent {request.agent_id} is not for {caller.sub!r} any more", field="agent_id")
         expires = int(claims["e"])  # type: ignore[call-overload]
         credential = self.keys.issue(caller=caller, agent_id=request.agent_id, capability=capability,
                                      ticket_id=str(claims.get("t")), index=index, expires_at_ms=expires, now_ms_=now)

@@ -195,3 +195,18 @@ async def test_a_tombstone_keeps_the_agent_s_callers_not_a_capability_s(node: Ru
     changes = await node.node.store.redis.xrevrange(f"ar:{{{node.node.region}}}:changes", count=2)
     assert [(fields["agent_id"], fields["acl"]) for _, fields in changes] == [
         ("pub.books.tomb", "[]"), ("fin.books.tomb", '["fin.*.*"]')]
+
+
+async def test_a_rule_set_after_a_ticket_holds_for_its_alternates_credentials(node: RunningNode) -> None:
+    for agent_id in ("pay.quote.a1", "pay.quote.a2"):
+        await node.register(registration(agent_id, capability="pay.quote"))
+    shop = node.token("shop.web.front", TokenRole.CALLER)
+    status, ticket = await node.resolve(shop, capability="pay.quote")
+    assert status == 200 and len(ticket["alternates"]) == 1, ticket
+    alternate = ticket["alternates"][0]["agent_id"]
+    asked = {"signature": ticket["signature"], "agent_id": alternate}
+    assert (await node.call("POST", "/v1/credentials", json=asked, token=shop))[0] == 200
+    status, _ = await node.call("PUT", "/v1/acl/no-shop", json={"agents": alternate, "callers": ["shop.*.*"]})
+    assert status == 200
+    status, body = await node.call("POST", "/v1/credentials", json=asked, token=shop)
+    assert status == 403 and body["field"] == "agent_id", body
