@@ -106,7 +106,7 @@ async def test_neither_follows_a_redirect(node: RunningNode, target: Target) -> 
             await client.call("hop.redirect", {"secret": 1})
     [attempt] = caught.value.attempts
     assert attempt.status == 307 and "never follows redirects" in (attempt.error or "")
-    status, body, _ = await send(node, Envelope(operation="hop.redirect", payload={"secret": 1}),
+    status, body, _ = await send(node, Envelope(operation="hop.redirect", payload={"card_number": 1}),
                                  token=node.token("app.caller.one"))
     assert status == 502 and "never follows redirects" in body["details"]["attempts"][0]["error"]
     assert target.hits == {"redirect": 2}  # the body never went to the redirect's target
