@@ -71,6 +71,7 @@ from ..core.models import (
     compat,
 )
 from ..delivery import Failover, Pacing, Tried, deliver
+from ..routing import reachable_transports
 from ..service import RegistryNode
 from ..store import Answer, DeliveryInProgress, OnceCache
 from ..trust import EgressDenied, EgressPolicy, PayloadPolicy, egress_denial, egress_session, mask_secrets
@@ -164,8 +165,10 @@ class Proxy:
         if delivery not in ("sync", "callback"):
             raise ValidationFailed("delivery must be sync or callback", field="delivery")
         route = self._route_request(envelope, request)
-        await self._refuse_if_needed(envelope, caller)
         callback_endpoint = self._callback_endpoint(caller) if delivery == "callback" else None
+        # A callback send is answered before routing: what every local target would refuse, refuse now.
+        await self._refuse_if_needed(envelope, caller, reachable_transports(
+            self.node.cache.index, agent_id=route.agent_id, capability=route.capability) if callback_endpoint else [])
         wait_s = self.settings.request_timeout_ms / 1000 + 1.0
 
         if callback_endpoint is not None:
@@ -231,7 +234,7 @@ class Proxy:
         except ValidationError as exc:
             raise validation_error(exc) from exc
 
-    async def _refuse_if_needed(self, envelope: Envelope, caller: TokenClaims) -> None:
+    async def _refuse_if_needed(self, envelope: Envelope, caller: TokenClaims, transports: list[str]) -> None:
         refusal: NodeError | None = None
         if envelope.hop_count >= self.settings.max_hops:
             refusal = HopLimitExceeded(
@@ -243,6 +246,8 @@ class Proxy:
         elif envelope.expired(now_ms=now_ms()):
             refusal = EnvelopeExpired(f"the envelope expired at {envelope.expire_at_ms} ms; send a new one",
                                       field="expire_at_ms")
+        else:  # transports: the targets a callback send may reach, judged before it is answered
+            refusal = self.payload.refusal(envelope.payload, envelope.extensions, transports)
         if refusal is None:
             return
         self._count(refusal.code)
@@ -340,15 +345,12 @@ class Proxy:
                        events: list[RouteEvent]) -> None:
         """The region's payload policy (``node.trust.payload``) for a send to ``target``: raises
         :class:`~node.trust.PayloadRefused` before anything is delivered."""
-        if not self.payload.applies_to(target.transport):
-            return
-        try:
-            self.payload.check(envelope.payload, envelope.extensions)
-        except NodeError as refusal:
+        refusal = self.payload.refusal(envelope.payload, envelope.extensions, [target.transport])
+        if refusal is not None:
             self._count(refusal.code)
             events.append(self._event(RouteEventKind.REFUSED, envelope, caller, target=target, result=refusal.code,
                                       status=refusal.status, detail=refusal.message))
-            raise
+            raise refusal
 
     def _after_attempt(self, tried: Tried, envelope: Envelope, caller: TokenClaims, events: list[RouteEvent],
                        failures: list[dict[str, Any]]) -> None:

@@ -6,7 +6,9 @@ the node records of an envelope's extensions has secret-looking values masked.
   without case, ``-`` read as ``_``) at any depth is refused with a 422 ``payload_refused`` naming
   where (``payload.user.password``), before anything is delivered. A ``passthrough`` target (a
   legacy agent that takes the raw payload) is exempt unless ``proxy.payload_policy_passthrough``
-  says otherwise: such an agent's API may need those fields.
+  says otherwise: such an agent's API may need those fields. The proxy judges a send once it knows
+  its target; a callback send, answered before routing, is judged by the local agents it may reach
+  (:meth:`PayloadPolicy.refusal`), and by its target again when it is routed.
 * **Masking.** :func:`mask_secrets` keeps the last 4 characters of a value whose key looks like a
   secret's (``api_key``, ``token``, ``authorization``, ``password`` …) or that looks like one
   itself (a JWT, ``Bearer …``, a well-known key prefix, a long run of key-like characters):
@@ -32,8 +34,8 @@ MASK = "****"
 _KEPT = 4
 # A key names a secret when one of its words is one of these, or it holds one of the fragments
 # (camelCase keys are read lower-cased whole: "accessToken" holds "token").
-_SECRET_WORDS = frozenset({"auth", "authorization", "bearer", "cookie", "credential", "credentials", "jwt", "key", "otp",
-                           "pin", "signature", "apikey"})
+_SECRET_WORDS = frozenset({"auth", "authorization", "bearer", "cookie", "credential", "credentials", "jwt", "key",
+                           "otp", "pin", "signature", "apikey"})
 _SECRET_FRAGMENTS = ("password", "passwd", "passphrase", "secret", "token", "api_key", "apikey", "private_key",
                      "access_key", "session_key")
 _SECRET_VALUE_RE = re.compile(
@@ -94,6 +96,17 @@ class PayloadPolicy:
     def applies_to(self, transport: str | None) -> bool:
         """Whether an envelope to a target of ``transport`` is held to the policy."""
         return bool(self.refused_keys) and (self.passthrough or transport != "passthrough")
+
+    def refusal(self, payload: object, extensions: dict[str, object], transports: list[str]) -> PayloadRefused | None:
+        """Why a send that may reach targets of ``transports`` is refused (None: it is not, or one
+        of them is exempt, or there are none to judge by)."""
+        if not transports or not all(self.applies_to(transport) for transport in transports):
+            return None
+        try:
+            self.check(payload, extensions)
+        except PayloadRefused as refused:
+            return refused
+        return None
 
     def check(self, payload: object, extensions: dict[str, object]) -> None:
         """Raises :class:`PayloadRefused` naming the first refused key in ``payload`` or ``extensions``."""

@@ -108,3 +108,16 @@ async def test_recorded_extensions_keep_secrets_to_their_last_four_characters(no
         assert API_KEY not in json.dumps(trace) and API_KEY not in json.dumps(recent)
     finally:
         await runner.cleanup()
+
+
+async def test_a_callback_send_is_refused_before_it_is_accepted(node: RunningNode) -> None:
+    agent = await AgentServer("reports").start()
+    try:
+        await node.register(registration("rep.make.one", capability="report.make", endpoint=f"{agent.url}/invoke"))
+        await node.register(registration("app.caller.cb", capability="app.other", callback_endpoint=f"{agent.url}/cb"))
+        status, body = await node.call("POST", "/v1/send?delivery=callback", token=node.token("app.caller.cb"), json={
+            "type": "request", "operation": "report.make", "payload": {"db": {"password": "hunter2"}}})
+        assert status == 422 and body["field"] == "payload.db.password", body  # not a 202, then a failure
+        assert agent.calls == 0
+    finally:
+        await agent.aclose()
