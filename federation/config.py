@@ -116,6 +116,10 @@ class FederationConfig(BaseModel):
         """The revocation topic of ``region``: ``{topic_prefix}.revocations.{region}``."""
         return f"{self.topic_prefix}.revocations.{region}"
 
+    def acl_topic(self, region: str) -> str:
+        """The ACL topic of ``region``: ``{topic_prefix}.acl.{region}``."""
+        return f"{self.topic_prefix}.acl.{region}"
+
     @property
     def replicated_peers(self) -> list[PeerConfig]:
         """The peers whose full records this region keeps (the first ``replicate_depth``)."""

@@ -14,6 +14,9 @@ third-party consumers):
 * ``{prefix}.revocations.{region}``: the bearer tokens the region revoked
   (:class:`RegionRevocations`), key = the region, value = a :class:`FederationMessage` carrying
   ``revocations``; every region refuses them until they expire (``federation.revocations``).
+* ``{prefix}.acl.{region}``: the ACL rules set or deleted in the region (:class:`RegionAclRules`),
+  key = the region, value = a :class:`FederationMessage` carrying ``acl``; every region applies
+  them, the later entry of a rule winning (``federation.acl``).
 * ``{prefix}.summaries.{region}``: the region's per-capability summaries
   (:class:`node.core.models.RegionSummary`), key = ``{region}/{part}``, value = a
   :class:`FederationMessage` carrying a ``summary``; one generation may be split into parts, each
@@ -34,7 +37,17 @@ import orjson
 from pydantic import Field, ValidationError, model_validator
 
 from node.core import first_problem
-from node.core.models import MAX_TOKEN_EXPIRY_S, TOKEN_ID_PATTERN, ChangeEvent, Region, RegionSummary, Strict, compat
+from node.core.models import (
+    MAX_ACL_RULES,
+    MAX_TOKEN_EXPIRY_S,
+    TOKEN_ID_PATTERN,
+    AclEntry,
+    ChangeEvent,
+    Region,
+    RegionSummary,
+    Strict,
+    compat,
+)
 
 from .errors import InvalidMessage, NewerSchema
 
@@ -44,6 +57,8 @@ CHANGE_CONTENT_TYPE = f"application/vnd.agent-reach.change+json; version={SCHEMA
 BEACON_CONTENT_TYPE = f"application/vnd.agent-reach.beacon+json; version={SCHEMA_VERSION}"
 SUMMARY_CONTENT_TYPE = f"application/vnd.agent-reach.summary+json; version={SCHEMA_VERSION}"
 REVOCATIONS_CONTENT_TYPE = f"application/vnd.agent-reach.revocations+json; version={SCHEMA_VERSION}"
+ACL_CONTENT_TYPE = f"application/vnd.agent-reach.acl+json; version={SCHEMA_VERSION}"
+MAX_ACL_ENTRIES_PER_MESSAGE = MAX_ACL_RULES  # ~400 bytes each: a message stays far under Kafka's 1 MB
 MAX_REVOCATIONS_PER_MESSAGE = 5_000  # ~80 bytes each: a message stays far under Kafka's 1 MB
 
 
@@ -81,11 +96,21 @@ class RegionRevocations(Strict):
     sent_at_ms: int = Field(ge=0)
 
 
-class FederationMessage(Strict):
-    """One record's value: exactly one of ``change``, ``beacon``, ``summary`` or ``revocations``, and
-    the schema version.
+class RegionAclRules(Strict):
+    """ACL entries (rules set or deleted) ``region`` sends; ``full`` when these are every one it holds
+    (sent whenever its relay starts). An entry keeps the region it was set in (``origin``)."""
 
-    ``summary`` and ``revocations`` are kinds added within schema version 2: each travels only on
+    region: Region
+    entries: list[AclEntry] = Field(max_length=MAX_ACL_ENTRIES_PER_MESSAGE)
+    full: bool = False
+    sent_at_ms: int = Field(ge=0)
+
+
+class FederationMessage(Strict):
+    """One record's value: exactly one of ``change``, ``beacon``, ``summary``, ``revocations`` or
+    ``acl``, and the schema version.
+
+    ``summary``, ``revocations`` and ``acl`` are kinds added within schema version 2: each travels only on
     its own topic, which readers of the change and beacon topics never fetch, so their layout is
     unchanged.
     """
@@ -95,6 +120,7 @@ class FederationMessage(Strict):
     beacon: RegionBeacon | None = None
     summary: RegionSummary | None = None
     revocations: RegionRevocations | None = None
+    acl: RegionAclRules | None = None
 
     @classmethod
     def of_change(cls, event: ChangeEvent) -> FederationMessage:
@@ -112,18 +138,22 @@ class FederationMessage(Strict):
     def of_revocations(cls, revocations: RegionRevocations) -> FederationMessage:
         return cls(schema_version=SCHEMA_VERSION, revocations=revocations)
 
+    @classmethod
+    def of_acl(cls, acl: RegionAclRules) -> FederationMessage:
+        return cls(schema_version=SCHEMA_VERSION, acl=acl)
+
     @model_validator(mode="after")
     def _exactly_one(self) -> FederationMessage:
-        if sum(kind is not None for kind in (self.change, self.beacon, self.summary, self.revocations)) != 1:
-            raise ValueError("a federation message carries exactly one of 'change', 'beacon', 'summary' or "
-                             "'revocations'")
+        if sum(kind is not None for kind in (self.change, self.beacon, self.summary, self.revocations, self.acl)) != 1:
+            raise ValueError("a federation message carries exactly one of 'change', 'beacon', 'summary', "
+                             "'revocations' or 'acl'")
         if self.change is not None and self.change.record is not None:
             _check_record(self.change)
         return self
 
     @property
     def region(self) -> str:
-        kind = self.change or self.beacon or self.summary or self.revocations
+        kind = self.change or self.beacon or self.summary or self.revocations or self.acl
         return kind.region  # type: ignore[union-attr]
 
     def key(self) -> bytes:
@@ -139,6 +169,8 @@ class FederationMessage(Strict):
             content_type = CHANGE_CONTENT_TYPE
         elif self.revocations is not None:
             content_type = REVOCATIONS_CONTENT_TYPE
+        elif self.acl is not None:
+            content_type = ACL_CONTENT_TYPE
         else:
             content_type = BEACON_CONTENT_TYPE if self.beacon is not None else SUMMARY_CONTENT_TYPE
         return [(CONTENT_TYPE_HEADER, content_type.encode())]

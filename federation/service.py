@@ -14,6 +14,7 @@ anti-entropy, and attaches them through the node's hooks only::
   (:class:`SummaryReader`);
 * ``node.revocations`` ← the relay reads its log and applies the peers' revocations
   (:class:`RevocationRelay`: a token revoked in any region is refused in all);
+* ``node.acl`` ← its relay sends this region's ACL rules and applies the peers' (:class:`AclRelay`);
 * ``node.watch`` ← every applied remote change (``/v1/watch`` streams them);
 * ``node.keys.peers`` ← the peers' public signing keys (:class:`PeerKeys`), so route credentials
   issued in a peer region verify against this node's ``/.well-known/jwks.json``;
@@ -52,6 +53,7 @@ from .metrics import FederationCollector
 from .publisher import Publisher
 from .replica import PeerCatalog
 from .replica_store import ReplicaStore
+from .acl import AclRelay
 from .revocations import RevocationRelay
 from .summary import SummaryPublisher, SummaryReader
 
@@ -83,6 +85,7 @@ class Federation:
         self.summaries = SummaryReader(config, catalog=self.catalog)
         self.summary_publisher: SummaryPublisher | None = None
         self.revocation_relay: RevocationRelay | None = None
+        self.acl_relay: AclRelay | None = None
         self.peer_token = SelfToken(signer, f"federation:{config.region}", TokenRole.PEER)
         self.anti_entropy = AntiEntropy(config, catalog=self.catalog, replica_store=self.replica_store,
                                         token=self.peer_token.current, renew_token=self.peer_token.renew,
@@ -109,6 +112,8 @@ class Federation:
                                                 quarantine=self.store.quarantine)
         node.revocations.peers = tuple(peer.region for peer in self.config.peers)
         node.leadership.add_duty("federation-revocations", self.revocation_relay.run)
+        self.acl_relay = AclRelay(self.config, acl=node.acl, quarantine=self.store.quarantine)
+        node.leadership.add_duty("federation-acl", self.acl_relay.run)
         node.metrics.registry.register(FederationCollector(self, region_version=lambda: node.cache.index.version))
         node.extensions.append(self._install)
 
@@ -165,6 +170,7 @@ class Federation:
                              "last_duration_ms": anti_entropy.last_duration_ms},
             "summaries": self._summary_status(),
             "revocations": self.revocation_relay.describe() if self.revocation_relay is not None else None,
+            "acl": self.acl_relay.describe() if self.acl_relay is not None else None,
             "peer_token": _described(self.peer_token),
             "peers": self.catalog.describe(),
             "peer_keys": {"known": sorted(key.kid for key in self.peer_keys.keys()),

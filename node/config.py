@@ -29,7 +29,7 @@ from .duties import DutySettings
 from .ops import TelemetrySettings
 from .routing import RoutingSettings
 from .store import StoreSettings, parse_redis_url
-from .trust import TrustSettings
+from .trust import DEFAULT_REFUSED_PAYLOAD_KEYS, TrustSettings
 from .view import ViewSettings
 
 __all__ = ["DEFAULT_PORT", "HttpSettings", "NodeConfig", "NodeIdentity", "ProxySettings", "ServerLimits"]
@@ -130,6 +130,7 @@ DEFAULT_TRACE_TTL_MS = 86_400_000
 DEFAULT_TRACE_MAX_EVENTS = 1_000
 DEFAULT_TRACE_MAX_CALLERS = 16
 DEFAULT_TRACE_CALLER_BYTES = 32 * 2**20
+DEFAULT_RESULT_MAX_BYTES = 256 * 1024
 DEFAULT_CALLBACK_ATTEMPTS = 3
 DEFAULT_MAX_BACKGROUND = 1_000
 BACKGROUND_SHARES = 10  # one tenant's share is a tenth of the pool: ten slow tenants to fill it
@@ -182,6 +183,16 @@ class ProxySettings(DeliverySettings):
         if self.max_background_per_caller is not None:
             return self.max_background_per_caller
         return max(1, self.max_background // BACKGROUND_SHARES)
+    result_max_bytes: int = Field(
+        default=DEFAULT_RESULT_MAX_BYTES, ge=0,
+        description="A delivery's answer up to this size is kept with its trace for the caller that sent it (GET "
+                    "/v1/traces/{trace_id}/result); a larger one is kept without its body.")
+    refused_payload_keys: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_REFUSED_PAYLOAD_KEYS), max_length=64,
+        description="Keys an envelope's payload or extensions may not hold, at any depth (case ignored): such a send "
+                    "is refused, 422 payload_refused naming where. Empty: no refusal.")
+    payload_policy_passthrough: bool = Field(
+        default=False, description="Hold sends to passthrough targets (the raw payload) to refused_payload_keys too.")
 
 
 # -- the whole node ----------------------------------------------------------------------------

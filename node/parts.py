@@ -1,8 +1,8 @@
 """``NodeParts``: the collaborators of one region's node, built together from its configuration.
 
 :func:`build_parts` is the node's half of composition: it builds the store, cache, router,
-duties, keys, revocation list, rate budgets, decision log, metrics, spans and watch hub from a :class:`NodeConfig`
-and wires them to one another (the sweeper and prober as the leader's duties, the watch hub fed
+duties, keys, revocation list, ACL rules, rate budgets, decision log, metrics, spans and watch
+hub from a :class:`NodeConfig` and wires them to one another (the sweeper and prober as the leader's duties, the watch hub fed
 by the cache, the gauges read from each part). What a deployment adds — federation, semantic
 discovery — is attached by the composition root (``topology.composition.build_node``), which
 calls this and hands the parts to :class:`~node.service.RegistryNode`.
@@ -21,7 +21,7 @@ from .duties import Leadership, Prober, Sweeper, new_node_id
 from .ops import LoopWatch, NodeMetrics, NodeTracing
 from .routing import DecisionLog, Router
 from .store import RegionStore
-from .trust import RateBudgets, RegionKeys, RevocationList, Signer
+from .trust import RateBudgets, RegionAcl, RegionKeys, RevocationList, Signer
 from .view import RegionCache, WatchHub
 
 __all__ = ["NodeParts", "build_parts"]
@@ -44,6 +44,7 @@ class NodeParts:
     watch: WatchHub
     metrics: NodeMetrics
     revocations: RevocationList
+    acl: RegionAcl
     decisions: DecisionLog
     loop_watch: LoopWatch
     tracing: NodeTracing
@@ -68,6 +69,8 @@ def build_parts(config: NodeConfig, *, secret: bytes) -> NodeParts:
                     overprovisioning_factor=config.overprovisioning_factor,
                     semantic_threshold=config.semantic_threshold,
                     semantic_lexical_threshold=config.lexical_threshold, credentials=keys)
+    acl = RegionAcl.of(store, poll_interval_ms=config.acl_poll_interval_ms)
+    router.acl = acl
     leadership = Leadership.of(store, node_id=node_id, ttl_ms=config.leader_ttl_ms)
     sweeper = Sweeper(store, interval_ms=config.sweep_interval_ms, max_expire_fraction=config.max_expire_fraction,
                       protect_min_agents=config.protect_min_agents,
@@ -83,7 +86,7 @@ def build_parts(config: NodeConfig, *, secret: bytes) -> NodeParts:
     parts = NodeParts(
         node_id=node_id, signer=signer, store=store, cache=cache, outcomes=outcomes, keys=keys, router=router,
         leadership=leadership, sweeper=sweeper, prober=prober, watch=watch, metrics=metrics,
-        revocations=RevocationList.of(store, poll_interval_ms=config.revocation_poll_interval_ms),
+        revocations=RevocationList.of(store, poll_interval_ms=config.revocation_poll_interval_ms), acl=acl,
         decisions=DecisionLog(config.decision_log, region=config.region), loop_watch=LoopWatch(metrics.registry),
         tracing=tracing, budgets=RateBudgets.of(store, config))
     _register_gauges(parts)

@@ -17,46 +17,18 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from .config import NodeConfig
-from .core import (
-    Forbidden,
-    NodeError,
-    NotFound,
-    SearchUnavailable,
-    Unauthorized,
-    UnknownAgent,
-    ValidationFailed,
-    first_problem,
-    now_ms,
-)
+from .core import (Forbidden, NodeError, NotFound, SearchUnavailable, Unauthorized, UnknownAgent, ValidationFailed,
+                   first_problem, now_ms)
 from .core.a2a import CardRegistration, card_field, card_to_registration
-from .core.models import (
-    AGENT_ID_RE,
-    AgentRecord,
-    CardListing,
-    ChangeEvent,
-    ChangeKind,
-    CredentialRequest,
-    DeleteReason,
-    Heartbeat,
-    IssuedCredential,
-    Load,
-    LoadReportResponse,
-    OutcomeReport,
-    RegisterResponse,
-    Registration,
-    RevocationRequest,
-    RouteRequest,
-    RouteTicket,
-    Scope,
-    SearchResponse,
-    TokenClaims,
-    TokenRole,
-)
+from .core.models import (AGENT_ID_RE, AgentRecord, CardListing, ChangeEvent, ChangeKind, CredentialRequest,
+                          DeleteReason, Heartbeat, IssuedCredential, Load, LoadReportResponse, OutcomeReport,
+                          RegisterResponse, Registration, RevocationRequest, RouteRequest, RouteTicket, Scope,
+                          SearchResponse, TokenClaims, TokenRole)
 from .delivery import BreakerState
 from .parts import NodeParts, build_parts
 from .routing import AgentQuery, Decision, Searcher, SummaryOnlyLookups
 from .store import HeartbeatResult, stored_version
-from .trust import EgressDenied, Revocation, authorize_agent, may_see
+from .trust import EgressDenied, Revocation, admits, authorize_agent
 from .view import HTTP_HOLDER, CacheState
 
 log = logging.getLogger(__name__)
@@ -109,6 +81,7 @@ class RegistryNode:
         self.watch = parts.watch
         self.metrics = parts.metrics
         self.revocations = parts.revocations
+        self.acl = parts.acl
         self.decisions = parts.decisions
         self.loop_watch = parts.loop_watch
         self.tracing = parts.tracing
@@ -134,6 +107,7 @@ class RegistryNode:
             await self.keys.start()
             await self.revocations.start()
             await self.budgets.start()
+            await self.acl.start()
             await self.leadership.start()
             self.loop_watch.start()
         except BaseException:
@@ -151,6 +125,7 @@ class RegistryNode:
         await self.leadership.aclose()
         await self.budgets.aclose()
         await self.revocations.aclose()
+        await self.acl.aclose()
         await self.keys.aclose()
         await self.cache.aclose()
         await self.store.aclose()
@@ -311,10 +286,14 @@ class RegistryNode:
                 raise
         return await self.summary_only.agent(agent_id, caller)
 
-    @staticmethod
-    def visible(record: AgentRecord, caller: TokenClaims) -> bool:
-        """Whether ``caller`` may see ``record`` on any route (its ``allowed_callers``)."""
-        return may_see(caller, record.agent_id, record.allowed_callers)
+    def visible(self, record: AgentRecord, caller: TokenClaims) -> bool:
+        """Whether ``caller`` may see ``record`` on any route (its ``allowed_callers``, the ACL rules)."""
+        return admits(caller, record, acl=self.acl)
+
+    def visible_id(self, agent_id: str, caller: TokenClaims) -> bool:
+        """:meth:`visible` for an agent id; an agent this node does not hold (gone) is not shown."""
+        record = self.find(agent_id)
+        return record is not None and self.visible(record, caller)
 
     def records_held(self) -> int:
         """Records in memory: this region's and, with federation, the peers' replicas."""
@@ -353,8 +332,9 @@ class RegistryNode:
         found.sort(key=lambda record: (record.region != self.region, record.region, record.agent_id))
         return found
 
-    async def resolve(self, request: RouteRequest, caller: TokenClaims) -> RouteTicket:
-        return (await self.decide(request, caller)).ticket()
+    async def resolve(self, request: RouteRequest, caller: TokenClaims, *,
+                      extensions: dict[str, object] | None = None) -> RouteTicket:
+        return (await self.decide(request, caller, extensions=extensions)).ticket()
 
     async def search(self, query: str, *, k: int, scope: Scope, routable_only: bool,
                      caller: TokenClaims) -> SearchResponse:
@@ -392,16 +372,18 @@ class RegistryNode:
             message = denied.message.removeprefix(f"{denied.field}: ")
             raise EgressDenied(f"{field}: {message}", address=denied.address, rule=denied.rule, field=field) from None
 
-    async def decide(self, request: RouteRequest, caller: TokenClaims) -> Decision:
+    async def decide(self, request: RouteRequest, caller: TokenClaims, *,
+                     extensions: dict[str, object] | None = None) -> Decision:
         """Like :meth:`resolve`, as the router's :class:`Decision` (``to_json()`` is cheap); the
-        decision, or why there is none, goes to the decision log (:mod:`node.routing.decisions`)."""
+        decision, or why there is none, goes to the decision log (:mod:`node.routing.decisions`),
+        with ``extensions`` (a proxied envelope's, masked by the proxy) on the line."""
         try:
             decision = await self.router.decide(request, caller)
         except NodeError as exc:
             known = request.agent_id is not None and self.find(request.agent_id) is not None
             self.decisions.refused(request, caller, exc, at_ms=now_ms(), known=known)
             raise
-        self.decisions.decided(decision, at_ms=decision.issued_at_ms)
+        self.decisions.decided(decision, at_ms=decision.issued_at_ms, extensions=extensions)
         return decision
 
     def recent_decisions(self, agent_id: str, caller: TokenClaims) -> list[dict[str, object]]:
@@ -410,7 +392,7 @@ class RegistryNode:
         record = self.find(agent_id)
         if record is not None and not self.visible(record, caller):
             record = None
-        entries = self.decisions.recent(agent_id, caller)
+        entries = self.decisions.recent(agent_id, caller, visible=lambda other: self.visible_id(other, caller))
         if record is None and not (entries and caller.role is TokenRole.ADMIN):
             raise NotFound(f"no agent {agent_id} in region {self.region} or its peers", field="agent_id",
                            code="unknown_agent")
@@ -446,8 +428,9 @@ class RegistryNode:
     def issue_credential(self, request: CredentialRequest, caller: TokenClaims) -> IssuedCredential:
         """The route credential for one of a ticket's alternates (``POST /v1/credentials``).
 
-        Only the caller the ticket was issued to gets one, for an agent the ticket names, before
-        the ticket expires (the credential expires with it); raises :class:`Forbidden` otherwise.
+        Only the caller the ticket was issued to gets one, for an agent the ticket names and it may
+        still reach (the ACL rules), before the ticket expires (the credential expires with it);
+        raises :class:`Forbidden` otherwise.
         """
         now = now_ms()
         claims = self._ticket_claims(request.signature, request.agent_id, caller, deadline_ms=lambda e: e, now=now,
@@ -456,6 +439,9 @@ class RegistryNode:
         index = agents.index(request.agent_id)
         capabilities = claims.get("k")
         capability = capabilities[index] if isinstance(capabilities, list) and index < len(capabilities) else None
+        record = self.find(request.agent_id)  # an ACL rule set since the ticket holds for its alternates too
+        if record is not None and not admits(caller, record, capability=capability, acl=self.acl):
+            raise Forbidden(f"agent {request.agent_id} is not for {caller.sub!r} any more", field="agent_id")
         expires = int(claims["e"])  # type: ignore[call-overload]
         credential = self.keys.issue(caller=caller, agent_id=request.agent_id, capability=capability,
                                      ticket_id=str(claims.get("t")), index=index, expires_at_ms=expires, now_ms_=now)

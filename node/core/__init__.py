@@ -25,6 +25,7 @@ from .envelope import (
     SendAccepted,
     Trace,
     TraceEvent,
+    TraceResult,
     epoch_ms,
     looks_like_envelope,
     raw_payload,
@@ -48,6 +49,7 @@ from .errors import (
     first_problem,
     problems,
 )
+from .hints import SECONDS_NOT_MS_BELOW, Hint, hint_for, seconds_hint
 from .settings import Settings
 from .tasks import cancel_and_wait, run_together
 from .tls import (
@@ -86,6 +88,8 @@ __all__ = [
     "EnvelopeExpired",
     "EnvelopeType",
     "Forbidden",
+    "HOP_HEADER",
+    "Hint",
     "HopLimitExceeded",
     "MAX_HOPS_CEILING",
     "MINIMUM_TLS_VERSION",
@@ -94,7 +98,6 @@ __all__ = [
     "NodeError",
     "NotFound",
     "PASSTHROUGH",
-    "HOP_HEADER",
     "PayloadTooLarge",
     "PeerUnreachable",
     "Policy",
@@ -103,13 +106,14 @@ __all__ = [
     "RouteEvent",
     "RouteEventKind",
     "RouteEvents",
+    "SECONDS_NOT_MS_BELOW",
     "SearchUnavailable",
     "SendAccepted",
+    "ServerTlsSettings",
+    "Settings",
     "Span",
     "SpanKind",
     "Spans",
-    "ServerTlsSettings",
-    "Settings",
     "StoreUnavailable",
     "TRACEPARENT",
     "TRACE_ID_PATTERN",
@@ -117,6 +121,7 @@ __all__ = [
     "Trace",
     "TraceEvent",
     "TraceParent",
+    "TraceResult",
     "Unauthorized",
     "UnknownAgent",
     "ValidationFailed",
@@ -127,6 +132,7 @@ __all__ = [
     "current_context",
     "epoch_ms",
     "first_problem",
+    "hint_for",
     "invoke_agent_attributes",
     "looks_like_envelope",
     "now_ms",
@@ -134,5 +140,6 @@ __all__ = [
     "raw_payload",
     "read_bounded",
     "run_together",
+    "seconds_hint",
     "traceparent_of",
 ]

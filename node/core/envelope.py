@@ -43,7 +43,7 @@ from .models import MULTI_LINE_PATTERN, SINGLE_LINE_PATTERN, TRACE_ID_PATTERN, J
 
 DEFAULT_MAX_HOPS = 5
 MAX_HOPS_CEILING = 64
-# The node's signed hop count of a delivery (``node.http.hops``); an agent sends it back, unchanged,
+# The node's signed hop count of a delivery (``node.http.proxy.hops``); an agent sends it back, unchanged,
 # with the sends it makes while handling that delivery (the SDK does so by itself).
 HOP_HEADER = "X-Reach-Hop"
 ENVELOPE_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
@@ -189,6 +189,9 @@ class RouteEvent(BaseModel):
     status: int | None = Field(default=None, ge=0, le=999)
     latency_ms: float | None = Field(default=None, ge=0, le=1e12)
     detail: str | None = Field(default=None, max_length=1_000, pattern=MULTI_LINE_PATTERN)
+    extensions: dict[Annotated[str, Field(max_length=200)], JsonValue] | None = Field(
+        default=None, max_length=64, description="The envelope's extensions, secret-looking values kept to their "
+                                                 "last 4 characters (node.trust.mask_secrets).")
 
 
 class RouteEvents(BaseModel):
@@ -220,6 +223,28 @@ class Trace(BaseModel):
     events: list[TraceEvent]
 
 
+class TraceResult(BaseModel):
+    """The final answer of a proxied delivery (sync, or the result a callback carried), kept for the
+    trace's lifetime for the caller that sent it (``GET /v1/traces/{trace_id}/result``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trace_id: str
+    envelope_id: str
+    caller: str
+    delivery: Literal["sync", "callback"]
+    agent_id: str | None = None
+    status: int = Field(ge=0, le=999, description="The target's status (sync), or the callback's result's (200; "
+                                                  "502 for a delivery that failed)")
+    content_type: str
+    at_ms: Millis
+    size_bytes: int = Field(ge=0, description="The answer's size as received")
+    result: JsonValue = Field(default=None, description="The answer as JSON, when it is JSON a payload may hold")
+    text: str | None = Field(default=None, description="The answer as text, when it is text but not such JSON")
+    body_base64: str | None = Field(default=None, description="The answer's bytes, when they are not UTF-8")
+    too_large: bool = Field(default=False, description="Larger than proxy.result_max_bytes: kept without its body")
+
+
 class SendAccepted(BaseModel):
     """The answer to an asynchronous send: the result will go to the caller's callback_endpoint."""
 
@@ -245,6 +270,8 @@ class Policy(BaseModel):
     egress_allow: list[str] = Field(default_factory=list,
                                     description="Loopback/private ranges agents may register (public ones always).")
     egress_deny: list[str] = Field(default_factory=list, description="Ranges agents may never register.")
+    refused_payload_keys: list[str] = Field(default_factory=list,
+                                            description="Keys a proxied envelope's payload or extensions may not hold.")
     caller: TokenClaims
 
 

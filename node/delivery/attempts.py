@@ -112,7 +112,7 @@ class AttemptError(Exception):
 
 
 Stamp = Callable[[RouteTarget], dict[str, str]]
-"""Headers of the sender's own for one target (the proxy's ``X-Reach-Hop``, ``node.http.hops``)."""
+"""Headers of the sender's own for one target (the proxy's ``X-Reach-Hop``, ``node.http.proxy.hops``)."""
 
 
 class EgressGuard(Protocol):

@@ -43,9 +43,9 @@ def node_url(request: web.Request) -> str:
 
 
 def card_is_public(node: RegistryNode, record: AgentRecord) -> bool:
-    """Served without a token: see the module docstring for the four conditions."""
+    """Served without a token: see the module docstring for the four conditions (and no ACL rule about it)."""
     return (node.config.public_cards and record.a2a is not None and record.a2a.public
-            and not record.allowed_callers and record.region == node.region)
+            and not record.allowed_callers and record.region == node.region and not node.acl.restricts(record.agent_id))
 
 
 async def registry_agent_card(request: web.Request) -> web.Response:

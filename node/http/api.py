@@ -20,11 +20,14 @@ import time
 import orjson
 from aiohttp import web
 
-from ..core import (TRACEPARENT, BadRequest, Forbidden, NodeError, RouteEvent, RouteEventKind, SpanKind, TraceParent,
-                    ValidationFailed, now_ms)
+from ..core import (TRACEPARENT, BadRequest, Conflict, Forbidden, NodeError, NotFound, RouteEvent, RouteEventKind,
+                    SpanKind, TraceParent, ValidationFailed, now_ms)
 from ..core.a2a import AGENT_CARD_PATH, AGENT_CARD_ROUTE, CardRegistration
 from ..core.models import (
+    ACL_RULE_ID_PATTERN,
     KEY_ID_PATTERN,
+    AclList,
+    AclRule,
     AgentList,
     CredentialRequest,
     Heartbeat,
@@ -41,7 +44,7 @@ from ..core.models import (
 )
 from ..routing import DEFAULT_SEARCH_K, MAX_SEARCH_K, AgentQuery, described_for
 from ..service import RegistryNode
-from ..trust import JWKS_PATH, require_peer
+from ..trust import JWKS_PATH, AclFull, require_peer
 from .a2a_routes import registry_agent_card, v1_agent_card, well_known_agent_card
 from .console import install_console
 from .guard import PUBLIC_PATHS, guard, public_path
@@ -288,6 +291,35 @@ async def revoke_token(request: web.Request) -> web.Response:
                           "peers": list(node.revocations.peers)})
 
 
+async def acl_rules(request: web.Request) -> web.Response:
+    """The region's ACL rules in force (``node.trust.acl``), from every region (admins and peers)."""
+    node = _node(request)
+    require_peer(_caller(request), "the ACL rules")
+    return json_response(AclList(region=node.region, version=node.acl.version, rules=node.acl.entries()))
+
+
+async def acl_rule_set(request: web.Request) -> web.Response:
+    """Set (PUT, body an ``AclRule``) or delete (DELETE) one ACL rule (admin): it holds on every
+    node of the region within ``acl_poll_interval_ms`` and in every region the federation reaches."""
+    node, caller = _node(request), _caller(request)
+    if caller.role is not TokenRole.ADMIN:
+        raise Forbidden("ACL rules are set by admins", code="admins_only")
+    rule_id = request.match_info["rule_id"]
+    if not re.fullmatch(ACL_RULE_ID_PATTERN[1:-1], rule_id):
+        raise ValidationFailed("rule_id must be 1-64 characters of [a-z0-9_.-], starting with a letter or digit",
+                               field="rule_id")
+    rule = await parse_body(request, AclRule) if request.method == "PUT" else None
+    if rule is None and rule_id not in {entry.id for entry in node.acl.entries()}:
+        raise NotFound(f"region {node.region} has no ACL rule {rule_id}", field="rule_id", code="unknown_rule")
+    try:
+        entry = await node.acl.set(rule_id, rule)
+    except AclFull as exc:
+        raise Conflict(str(exc), code="acl_full") from None
+    log.info("region %s: ACL rule %s %s by %s", node.region, rule_id, "set" if rule else "deleted", caller.sub)
+    return json_response({"region": node.region, "rule": entry.model_dump(mode="json"), "version": node.acl.version,
+                          "poll_interval_ms": node.config.acl_poll_interval_ms})
+
+
 async def snapshot(request: web.Request) -> web.Response:
     require_peer(_caller(request), "the federation snapshot")
     return await stream_snapshot(request, _node(request))
@@ -364,6 +396,9 @@ ROUTES: tuple[web.RouteDef, ...] = (
     web.get("/v1/admin/quarantine", quarantine),
     web.post("/v1/admin/keys/rotate", rotate_keys),
     web.post("/v1/admin/tokens/revoke", revoke_token),
+    web.get("/v1/acl", acl_rules),
+    web.put("/v1/acl/{rule_id}", acl_rule_set),
+    web.delete("/v1/acl/{rule_id}", acl_rule_set),
     web.get(JWKS_PATH, jwks),
     web.get(AGENT_CARD_PATH, registry_agent_card),
     web.get(AGENT_CARD_ROUTE, well_known_agent_card),

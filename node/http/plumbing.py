@@ -10,7 +10,16 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from ..core import BadRequest, NodeError, PayloadTooLarge, RequestTimeout, ValidationFailed, first_problem, problems
+from ..core import (
+    BadRequest,
+    NodeError,
+    PayloadTooLarge,
+    RequestTimeout,
+    ValidationFailed,
+    first_problem,
+    hint_for,
+    problems,
+)
 from ..core.models import TokenClaims, compile_pattern
 from ..service import RegistryNode
 
@@ -101,8 +110,14 @@ def validation_error(exc: ValidationError) -> NodeError:
         message = f"unknown field {first.field!r}"
     elif first.field:
         message = f"{first.field}: {message}"
+    details: dict[str, object] = {}
+    hint = hint_for(exc.title, exc.errors(include_url=False)[0])  # the design's examples' mistakes, taught
+    if hint is not None:
+        message, details["use"] = hint.message, hint.use
     listed = [{"field": problem.field or "", "message": problem.message} for problem in problems(exc, limit=20)]
-    return ValidationFailed(message, field=first.field, details={"problems": listed} if len(listed) > 1 else None)
+    if len(listed) > 1:
+        details["problems"] = listed
+    return ValidationFailed(message, field=first.field, details=details or None)
 
 
 _TRUE = frozenset({"1", "true", "yes"})

@@ -3,7 +3,9 @@
 Proxy mode appends every decision, delivery attempt, outcome, duplicate, refusal and callback;
 a direct resolve that names a ``trace_id`` appends its decision; SDK clients add the deliveries
 of their direct calls (``POST /v1/traces``). ``GET /v1/traces/{trace_id}`` reads a trace back,
-so a caller whose answer was lost can find out what happened.
+so a caller whose answer was lost can find out what happened, and ``GET
+/v1/traces/{trace_id}/result`` gives it the final answer of its own proxied delivery (sync, or the
+result its callback carried), kept as long as the trace, at most ``result_max_bytes`` of it.
 
 A trace is kept per writer, so that nobody's events push out anybody else's: the node's own
 records in one list, each caller's posts in a list of that caller's, at most
@@ -13,6 +15,7 @@ records in one list, each caller's posts in a list of that caller's, at most
     {prefix}:{region}:trace:{trace_id}/node        LIST  the node's records, oldest first (TTL, capped)
     {prefix}:{region}:trace:{trace_id}/by/{caller} LIST  what that caller posted (TTL, capped)
     {prefix}:{region}:trace:{trace_id}/callers     ZSET  caller -> its last post (ms)
+    {prefix}:{region}:trace:{trace_id}/result/{caller} STRING the final answer of that caller's send (TTL)
     {prefix}:{region}:trace:{trace_id}             LIST  before the per-writer lists: read, never written
 
 Each list keeps its newest ``trace_max_events`` and expires ``trace_ttl_ms`` after its writer's
@@ -47,13 +50,15 @@ from ..core import (
     StoreUnavailable,
     Trace,
     TraceEvent,
+    TraceResult,
     ValidationFailed,
     now_ms,
 )
 from ..core.models import TokenClaims, TokenRole, compat
+from ..routing import WITHHELD
 from ..service import RegistryNode
 from ..store import RedisErrors, RegionStore
-from ..trust import tenant_of
+from ..trust import mask_secrets, tenant_of
 from .plumbing import CALLER, json_response, parse_body
 
 log = logging.getLogger(__name__)
@@ -197,6 +202,31 @@ class TraceLog:
     def legacy_key(self, trace_id: str) -> str:
         return self.prefix + trace_id
 
+    def result_key(self, trace_id: str, caller: str) -> str:
+        return f"{self.prefix}{trace_id}/result/{caller}"
+
+    async def keep_result(self, result: TraceResult) -> None:
+        """Keep the final answer of a delivery for its caller for ``ttl_ms`` (a later one of the same
+        trace and caller replaces it); Redis being down is logged, never raised: the send stands."""
+        try:
+            async with RedisErrors(self.region):
+                await self.redis.set(self.result_key(result.trace_id, result.caller),
+                                     result.model_dump_json(exclude_none=True), px=self.ttl_ms)
+        except StoreUnavailable as exc:
+            log.warning("could not keep the result of trace %s: %s", result.trace_id, exc.message)
+
+    async def result(self, trace_id: str, caller: str) -> TraceResult | None:
+        """The result kept for ``caller`` in ``trace_id`` (None: none, or expired); raises :class:`StoreUnavailable`."""
+        async with RedisErrors(self.region):
+            raw = await self.redis.get(self.result_key(trace_id, caller))
+        if raw is None:
+            return None
+        try:
+            return compat.read_json(TraceResult, raw)
+        except ValidationError:
+            log.warning("skipping an unreadable result of trace %s in %s", trace_id, self.region)
+            return None
+
     async def append(self, events: list[RouteEvent], *, charge: str | None = None) -> None:
         """Append the node's own records (one round trip); Redis being down is logged, never raised: the send stands.
 
@@ -324,6 +354,11 @@ TRACES_KEY = web.AppKey("traces", TraceLog)
 def charged(caller: TokenClaims) -> str | None:
     """The tenant whose trace quota a request of ``caller``'s counts against; None for an admin."""
     return None if caller.role is TokenRole.ADMIN else tenant_of(caller)
+def _trace_id(request: web.Request) -> str:
+    trace_id = request.match_info["trace_id"]
+    if not _TRACE_RE.match(trace_id):
+        raise ValidationFailed("trace_id must be 1-100 characters of [A-Za-z0-9_.:-]", field="trace_id")
+    return trace_id
 
 
 class TraceRoutes:
@@ -335,9 +370,7 @@ class TraceRoutes:
 
     async def handle_trace(self, request: web.Request) -> web.Response:
         caller: TokenClaims = request[CALLER]
-        trace_id = request.match_info["trace_id"]
-        if not _TRACE_RE.match(trace_id):
-            raise ValidationFailed("trace_id must be 1-100 characters of [A-Za-z0-9_.:-]", field="trace_id")
+        trace_id = _trace_id(request)
         admin = caller.role is TokenRole.ADMIN
         stored = await self.traces.read(trace_id, caller=None if admin else caller.sub)
         events = stored.every() if admin else self._shown(caller, stored)
@@ -350,14 +383,27 @@ class TraceRoutes:
 
     def _shown(self, caller: TokenClaims, stored: StoredTrace) -> list[TraceEvent]:
         """What a non-admin sees: the node's records it took part in (as the caller or the agent), and its own
-        posts; an event naming an agent whose ``allowed_callers`` exclude the caller is not shown."""
+        posts; an event naming an agent the caller may not see is not shown, and of a record it took part in
+        as the agent only, the caller's name and the detail (the alternates it names) are withheld."""
         recorded = [event for event in (*stored.legacy, *stored.node) if caller.sub in (event.caller, event.agent_id)]
         own = stored.posted.get(caller.sub, [])
-        return [event for event in (*recorded, *own) if self._may_see_agent(caller, event.agent_id)]
+        return [event if event.caller == caller.sub else event.model_copy(update={"caller": WITHHELD, "detail": None})
+                for event in (*recorded, *own) if self._may_see_agent(caller, event.agent_id)]
 
     def _may_see_agent(self, caller: TokenClaims, agent_id: str | None) -> bool:
         record = self.node.find(agent_id) if agent_id else None
         return record is None or self.node.visible(record, caller)
+
+    async def handle_result(self, request: web.Request) -> web.Response:
+        """The final answer of the caller's own delivery in a trace: nobody else's, admins' included."""
+        caller: TokenClaims = request[CALLER]
+        trace_id = _trace_id(request)
+        kept = await self.traces.result(trace_id, caller.sub)
+        if kept is None:
+            raise NotFound(f"region {self.node.region} keeps no result of trace {trace_id} for {caller.sub!r}: only "
+                           "the answer to a send of yours through this region's proxy is kept (POST /v1/send), until "
+                           "the trace expires", field="trace_id", code="unknown_result")
+        return json_response(kept)
 
     async def handle_trace_events(self, request: web.Request) -> web.Response:
         caller: TokenClaims = request[CALLER]
@@ -366,8 +412,8 @@ class TraceRoutes:
             if caller.role is not TokenRole.ADMIN and event.caller != caller.sub:
                 raise Forbidden(f"a token for {caller.sub!r} may only record its own calls, not {event.caller!r}",
                                 field="events.caller")
-        await self.traces.post([event.model_copy(update={"mode": "direct"}) for event in batch.events],
-                               poster=charged(caller))
+        await self.traces.post([event.model_copy(update={"mode": "direct", "extensions": mask_secrets(
+            event.extensions) if event.extensions else None}) for event in batch.events], poster=charged(caller))
         return json_response({"accepted": len(batch.events)})
 
 
@@ -381,6 +427,7 @@ def install_trace_routes(app: web.Application, node: RegistryNode) -> TraceLog:
     app[TRACES_KEY] = traces
     routes = TraceRoutes(node, traces)
     app.router.add_get("/v1/traces/{trace_id}", routes.handle_trace)
+    app.router.add_get("/v1/traces/{trace_id}/result", routes.handle_result)
     app.router.add_post("/v1/traces", routes.handle_trace_events)
     return traces
 

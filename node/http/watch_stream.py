@@ -162,11 +162,12 @@ def _watch_filter(request: web.Request) -> Callable[[ChangeEvent], bool]:
     capability = request.query.get("capability")
     regex = query_pattern(request)
     caller = request[CALLER]
+    acl = request.app[NODE_KEY].acl
 
     def accept(event: ChangeEvent) -> bool:
         if regex is not None and not regex.match(event.agent_id):
             return False
-        if not may_see(caller, event.agent_id, event.audience):
+        if not may_see(caller, event.agent_id, event.audience) or not acl.permits(caller, event.agent_id):
             return False
         if capability and event.record is not None:
             return any(c.name == capability for c in event.record.capabilities)

@@ -3,9 +3,9 @@ catalogs, forwarded lookups, listing selectors, the decision log and the search 
 """
 
 from .candidates import DEFAULT_CAPACITY, STATUS_FACTORS, capability_of, tagged
-from .decisions import DecisionLog
+from .decisions import WITHHELD, DecisionLog
 from .forwarded import SummaryOnlyLookups
-from .listing import AgentQuery
+from .listing import AgentQuery, reachable_transports
 from .remote import described_for
 from .router import (
     DEFAULT_OVERPROVISIONING_FACTOR,
@@ -34,6 +34,7 @@ __all__ = [
     "PeerView",
     "RemoteCatalog",
     "Router",
+    "WITHHELD",
     "RoutingSettings",
     "STATUS_FACTORS",
     "Searcher",
@@ -42,5 +43,6 @@ __all__ = [
     "SummaryOnlyLookups",
     "capability_of",
     "described_for",
+    "reachable_transports",
     "tagged",
 ]

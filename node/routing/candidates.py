@@ -31,11 +31,11 @@ from ..core.models import (
     version_constraint,
 )
 from ..delivery import ERROR_RECHECK_MS, OutcomeTracker
-from ..trust import may_see
+from ..trust import RegionAcl, admits
 from ..view import AgentIndex
 
 __all__ = ["ALL_WEIGHT_FACTORS", "Candidate", "CandidateTables", "Level", "Source", "Table", "WeightFactor",
-           "capability_of", "caller_allowed", "tagged", "version_of"]
+           "capability_of", "tagged", "version_of"]
 
 STATUS_FACTORS = {Status.READY: 1.0, Status.DEGRADED: 0.5, Status.BUSY: 0.2}
 DEFAULT_CAPACITY = 10  # the load factor's capacity for an agent without max_concurrency
@@ -380,7 +380,7 @@ class CandidateTables:
                 table.rejected["zero_weight"] = table.rejected.get("zero_weight", 0) + 1
                 table.reasons[record.agent_id] = "zero_weight"
                 continue
-            table.has_acl = table.has_acl or bool(record.allowed_callers)
+            table.has_acl = table.has_acl or bool(record.allowed_callers or (capability and capability.allowed_callers))
             if horizon is not None:
                 table.min_lease_ms = min(table.min_lease_ms, record.lease_expires_at_ms)
             table.agent_ids.add(record.agent_id)
@@ -468,18 +468,14 @@ def version_of(record: AgentRecord, capability: str | None) -> str | None:
     return found.version if found else None
 
 
-def caller_allowed(record: AgentRecord, caller: TokenClaims) -> bool:
-    return may_see(caller, record.agent_id, record.allowed_callers)
-
-
-def as_seen_by(table: Table, index: AgentIndex, caller: TokenClaims) -> Table:
+def as_seen_by(table: Table, index: AgentIndex, caller: TokenClaims, acl: RegionAcl | None = None) -> Table:
     """``table``'s counts without the agents it rejected that ``caller`` may not see: a refusal's
     reasons ("1 matched, none routable (1 draining)") must not tell that they exist. Read on the
     way to a refusal only (a walk of the rejected agents)."""
     hidden: dict[str, int] = {}
     for agent_id, reason in table.reasons.items():
         record = index.get(agent_id)
-        if record is not None and record.allowed_callers and not caller_allowed(record, caller):
+        if record is not None and not admits(caller, record, acl=acl):
             hidden[reason] = hidden.get(reason, 0) + 1
     if not hidden:
         return table

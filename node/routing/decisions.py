@@ -24,6 +24,7 @@ import logging
 import sys
 from collections import deque
 from pathlib import Path
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
 import orjson
@@ -34,7 +35,7 @@ from ..core.models import RouteRequest, TokenClaims, TokenRole
 if TYPE_CHECKING:
     from .router import Decision
 
-__all__ = ["DecisionLog", "MAX_AGENTS", "RECENT_PER_AGENT", "STDERR_SINK", "STDOUT_SINK"]
+__all__ = ["DecisionLog", "MAX_AGENTS", "RECENT_PER_AGENT", "STDERR_SINK", "STDOUT_SINK", "WITHHELD"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ STDERR_SINK = "stderr"
 RECENT_PER_AGENT = 50
 MAX_AGENTS = 10_000
 _MAX_TICKETS = 10_000
+WITHHELD = "(withheld)"  # another caller's name, as an agent reading its own decisions sees it
 _STREAMS = {STDOUT_SINK: lambda: sys.stdout, STDERR_SINK: lambda: sys.stderr}
 
 
@@ -58,13 +60,13 @@ class DecisionLog:
         self._recent: dict[str, deque[dict[str, Any] | tuple[Any, ...]]] = {}
         self._tickets: dict[str, str] = {}
 
-    def decided(self, decision: Decision, *, at_ms: int) -> None:
-        """A ticket handed out."""
+    def decided(self, decision: Decision, *, at_ms: int, extensions: dict[str, Any] | None = None) -> None:
+        """A ticket handed out (``extensions``: those of the envelope it was for, masked by the proxy)."""
         target, match = decision.target.target, decision.match
         _remember(self._tickets, decision.ticket_id, decision.trace_id, _MAX_TICKETS)
         row = (at_ms, decision.trace_id, decision.ticket_id, decision.caller, target["agent_id"], target["region"],
                target["locality"], match.get("kind"), match.get("capability"), match.get("score"),
-               [candidate.target["agent_id"] for candidate in decision.alternates])
+               [candidate.target["agent_id"] for candidate in decision.alternates], extensions)
         self._keep(row[4], row)
         if self.sink is not None:
             self._sink(self._decision_line(row))
@@ -87,15 +89,24 @@ class DecisionLog:
                      "node_region": self.region, "caller": caller, "agent_id": agent_id, "outcome": outcome,
                      "latency_ms": latency_ms})
 
-    def recent(self, agent_id: str, caller: TokenClaims) -> list[dict[str, Any]]:
+    def recent(self, agent_id: str, caller: TokenClaims, *, visible: Callable[[str], bool]) -> list[dict[str, Any]]:
         """The agent's last entries this node holds, newest first, as ``caller`` may see them:
-        admins, peers and the agent itself see every caller's, anyone else only their own."""
+        admins and peers every entry as written; the agent itself every caller's, but another
+        caller's without its name, trace id or ticket id (:data:`WITHHELD`); anyone else only its
+        own. Alternates ``visible`` says the reader may not see (an agent id) are left out."""
         entries = self._recent.get(agent_id)
         if entries is None:
             return []
-        everyone = caller.role in (TokenRole.ADMIN, TokenRole.PEER) or caller.sub == agent_id
+        everything = caller.role in (TokenRole.ADMIN, TokenRole.PEER)
+        itself = caller.sub == agent_id
         lines = (entry if isinstance(entry, dict) else self._decision_line(entry) for entry in reversed(entries))
-        return [line for line in lines if everyone or line.get("caller") == caller.sub]
+        shown = []
+        for line in lines:
+            if everything:
+                shown.append(line)
+            elif line.get("caller") == caller.sub or itself:
+                shown.append(_as_seen(line, mine=line.get("caller") == caller.sub, visible=visible))
+        return shown
 
     def close(self) -> None:
         if self._handle is not None and self.sink not in _STREAMS:
@@ -106,7 +117,7 @@ class DecisionLog:
 
     def _decision_line(self, row: tuple[Any, ...]) -> dict[str, Any]:
         names = ("at_ms", "trace_id", "ticket_id", "caller", "agent_id", "region", "locality", "match",
-                 "capability", "score", "alternates")
+                 "capability", "score", "alternates", "extensions")
         fields = {name: value for name, value in zip(names, row, strict=True) if value is not None}
         return {"kind": "decision", "node_region": self.region, "result": "ok", **fields}
 
@@ -148,6 +159,19 @@ class DecisionLog:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self._handle = path.open("a", encoding="utf-8", buffering=1)
         return self._handle
+
+
+def _as_seen(line: dict[str, Any], *, mine: bool, visible: Callable[[str], bool]) -> dict[str, Any]:
+    """``line`` as a non-admin reader sees it: the alternates it may see; of another caller's
+    entry (the reader is the agent it is about), no name, trace id or ticket id of that caller."""
+    seen = dict(line)
+    if "alternates" in seen:
+        seen["alternates"] = [agent_id for agent_id in seen["alternates"] if visible(agent_id)]
+    if not mine:
+        seen["caller"] = WITHHELD
+        for name in ("trace_id", "ticket_id", "detail", "extensions"):
+            seen.pop(name, None)
+    return seen
 
 
 def _remember(table: dict[str, Any], key: str, value: Any, limit: int) -> None:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..core.models import Locality, MatchKind, RouteRequest, TokenClaims
-from .candidates import Candidate, CandidateTables, Level, Source, caller_allowed, route_target, version_of
+from ..trust import RegionAcl, admits
+from .candidates import Candidate, CandidateTables, Level, Source, route_target, version_of
 
 __all__ = ["Matcher", "SemanticChoice", "SemanticMatch", "SemanticMatches", "choose", "semantic_levels"]
 
@@ -62,7 +63,8 @@ class SemanticChoice:
 
 
 def semantic_levels(hits: Sequence[SemanticMatch], sources: Sequence[Source], *, request: RouteRequest,
-                    caller: TokenClaims, tables: CandidateTables, now_ms: int) -> list[Level]:
+                    caller: TokenClaims, tables: CandidateTables, now_ms: int,
+                    acl: RegionAcl | None = None) -> list[Level]:
     """One level per source with its routable hits (fresh sources first), weighted but unfiltered
     by the error factor: the score orders them, not the weight."""
     by_region: dict[str, list[SemanticMatch]] = {}
@@ -77,7 +79,8 @@ def semantic_levels(hits: Sequence[SemanticMatch], sources: Sequence[Source], *,
         for hit in by_region.get(source.region, []):
             record = source.index.get(hit.agent_id)
             if (record is None or record.agent_id in excluded or record.agent_id == caller.sub
-                    or not record.semantic_fallback or not caller_allowed(record, caller)):
+                    or not record.semantic_fallback
+                    or not admits(caller, record, capability=hit.capability, acl=acl)):
                 continue
             if record.agent_id in source.index.suspects or tables.unroutable(record, now_ms=now_ms,
                                                                              lease_horizon_ms=horizon):

@@ -15,7 +15,7 @@ from ..core.models import AgentRecord, Scope
 from ..view import AgentIndex
 from .candidates import capability_of, tagged
 
-__all__ = ["AgentQuery"]
+__all__ = ["AgentQuery", "reachable_transports"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,3 +41,10 @@ class AgentQuery:
                                     self.tags) is None:
                 continue
             yield record
+
+
+def reachable_transports(index: AgentIndex, *, agent_id: str | None, capability: str | None) -> list[str]:
+    """The transports of the records in ``index`` a request by ``agent_id`` (else ``capability``)
+    could be routed to: what proxy mode knows of its targets before routing."""
+    found = [index.get(agent_id)] if agent_id else list(index.with_capability(capability or "").values())
+    return [record.transport for record in found if record is not None]

@@ -38,7 +38,7 @@ import orjson
 from ..core import NoAgentAvailable, PeerUnreachable, now_ms
 from ..core.models import AgentRecord, Locality, MatchKind, RouteRequest, RouteTicket, Scope, TokenClaims, compat
 from ..delivery import OutcomeTracker
-from ..trust import Signer
+from ..trust import RegionAcl, Signer, admits
 from ..view import AgentIndex
 from .candidates import (
     ALL_WEIGHT_FACTORS,
@@ -50,7 +50,6 @@ from .candidates import (
     Table,
     WeightFactor,
     as_seen_by,
-    caller_allowed,
 )
 from .fallback import MATCHES_ASKED, Matcher, SemanticMatch, SemanticMatches, choose, semantic_levels
 from .remote import PeerForwarder, PeerView, RemoteCatalog
@@ -175,6 +174,7 @@ class Router:
         self.remote: RemoteCatalog | None = None
         self.forwarder: PeerForwarder | None = None  # asks summary-only peers' nodes (node.routing.spill)
         self.matcher: Matcher | None = None
+        self.acl: RegionAcl | None = None  # the region's ACL rules (node.parts sets them)
         self._random = rng or random.Random()
         self._local_source: Source | None = None
         self._peer_sources: dict[str, Source] = {}
@@ -285,14 +285,15 @@ class Router:
         table = self._tables.table(source, request, now, self.cache.preserving)
         itself = caller.sub in table.agent_ids
         ejected = self.outcomes.ejected_for(caller.sub, now_ms=now)  # by the caller's own failures
-        if not (table.has_acl or request.exclude or itself or ejected):
+        acl, restricted = self.acl, table.has_acl or (self.acl is not None and self.acl.active)
+        if not (restricted or request.exclude or itself or ejected):
             if not table.candidates:
-                reasons[source.label] = self._why_empty(request, as_seen_by(table, source.index, caller))
+                reasons[source.label] = self._why_empty(request, as_seen_by(table, source.index, caller, acl))
             return table.level
         excluded = set(request.exclude)
         visible = table.candidates
-        if table.has_acl:
-            visible = [c for c in visible if caller_allowed(c.record, caller)]
+        if restricted:
+            visible = [c for c in visible if admits(caller, c.record, capability=c.capability, acl=acl)]
         candidates = [c for c in visible if c.record.agent_id not in excluded and c.record.agent_id != caller.sub
                       and c.record.agent_id not in ejected]
         if len(candidates) < len(table.candidates):
@@ -308,7 +309,7 @@ class Router:
                 rejected["excluded"] = others
             table = replace(table, rejected=rejected, matched=table.matched - (len(table.candidates) - len(visible)))
         if not candidates:
-            reasons[source.label] = self._why_empty(request, as_seen_by(table, source.index, caller))
+            reasons[source.label] = self._why_empty(request, as_seen_by(table, source.index, caller, acl))
         return Level(name=source.region, candidates=candidates, registered_weight=table.registered_weight,
                      stale=source.stale)
 
@@ -452,7 +453,7 @@ class Router:
 
         def visible(region: str, agent_id: str) -> bool:
             record = self._record(region, agent_id)
-            return record is not None and record.semantic_fallback and caller_allowed(record, caller)
+            return record is not None and record.semantic_fallback and admits(caller, record, acl=self.acl)
 
         found = await matcher.match(request.capability or "", k=MATCHES_ASKED, allow=visible)
         hits = found.matches
@@ -471,7 +472,7 @@ class Router:
                 reasons["semantic"] = f"no match above the threshold {threshold:.2f} ({found.ranking} ranking{best})"
             raise NoAgentAvailable(self._no_agent_message(request), details={"stages": reasons})
         levels = semantic_levels(good, self._sources(request), request=request, caller=caller,
-                                 tables=self._tables, now_ms=now)
+                                 tables=self._tables, now_ms=now, acl=self.acl)
         choice = choose(good, levels, max_alternates=MAX_ALTERNATES)
         if choice is None:
             reasons["semantic"] = f"{len(good)} matched above the threshold, none routable"

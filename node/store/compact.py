@@ -121,7 +121,7 @@ def _remembered(table: dict[Any, V], key: Any, value: V) -> V:
 
 
 def _capability_key(c: Capability) -> tuple[object, ...]:
-    return (c.name, c.version, c.description, len(c.tags), *c.tags, *c.examples)
+    return (c.name, c.version, c.description, len(c.tags), *c.tags, len(c.examples), *c.examples, *c.allowed_callers)
 
 
 def share_capability(capability: Capability) -> Capability:

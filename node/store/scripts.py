@@ -85,7 +85,10 @@ return out
 # KEYS: agents, leases, version, changes, loads. ARGV: now ms, stream maxlen, reason, only-if-expired
 # ('1'/'0'), agent ids... Returns a flat list {agent_id, version, ...} of the removed ones.
 # The tombstone keeps the record's allowed_callers (its JSON array: caller patterns hold no
-# brackets), so watchers who could not see the agent do not see it go either.
+# brackets), so watchers who could not see the agent do not see it go either. The record's own
+# list is the one followed by semantic_fallback (the model's order): each capability has one too,
+# before it, and a card's params may hold one after; a record where it is not found is seen by
+# admins and peers only.
 DELETE = """
 local out = {}
 for i = 5, #ARGV do
@@ -97,7 +100,7 @@ for i = 5, #ARGV do
   end
   local rec = ok and redis.call('HGET', KEYS[1], id)
   if rec then
-    local acl = string.match(rec, '"allowed_callers":(%b[])') or '[]'
+    local acl = string.match(rec, '"allowed_callers":(%b[]),"semantic_fallback":') or '["admin"]'
     redis.call('HDEL', KEYS[1], id)
     redis.call('HDEL', KEYS[5], id)
     redis.call('ZREM', KEYS[2], id)

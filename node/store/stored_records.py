@@ -82,6 +82,7 @@ class _StoredCapability(Struct, frozen=True, forbid_unknown_fields=True, gc=Fals
     description: str
     tags: tuple[str, ...]
     examples: tuple[str, ...]
+    allowed_callers: tuple[str, ...] = ()  # absent from records written before capabilities had callers
 
 
 class _StoredLoad(Struct, frozen=True, forbid_unknown_fields=True, gc=False):

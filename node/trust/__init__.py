@@ -1,11 +1,13 @@
 """Who may do what: bearer tokens, route credentials and region keys, revocation, the egress
-policy, the redaction of secrets in logs and the rate budgets each tenant spends; the node's settings
-of them (``TrustSettings``).
+policy, the ACL rules and who may see what (``admits``), the redaction of secrets in logs and the
+rate budgets each tenant spends; the node's settings of them (``TrustSettings``).
 """
 
+from .acl import DEFAULT_ACL_POLL_INTERVAL_MS, AclFull, RegionAcl, admits
 from .budgets import Budget, BudgetKind, RateBudgets, RateSettings, tenant_of
 from .credentials import JWKS_PATH, RegionKeys, SigningKeyError
 from .egress import DEFAULT_EGRESS_POLICY, EgressDenied, EgressPolicy, egress_denial, egress_session
+from .payload import DEFAULT_REFUSED_PAYLOAD_KEYS, PayloadPolicy, PayloadRefused, mask_secrets
 from .redact import CredentialFilter, mask_credentials, mask_url
 from .revocation import LoggedRevocation, Revocation, RevocationList
 from .settings import TrustSettings
@@ -23,17 +25,23 @@ from .tokens import (
 )
 
 __all__ = [
+    "AclFull",
     "Budget",
     "BudgetKind",
     "CredentialFilter",
+    "DEFAULT_ACL_POLL_INTERVAL_MS",
     "DEFAULT_EGRESS_POLICY",
+    "DEFAULT_REFUSED_PAYLOAD_KEYS",
     "DEFAULT_TOKEN_TTL_S",
     "EgressDenied",
     "EgressPolicy",
     "JWKS_PATH",
     "LoggedRevocation",
+    "PayloadPolicy",
+    "PayloadRefused",
     "RateBudgets",
     "RateSettings",
+    "RegionAcl",
     "RegionKeys",
     "Revocation",
     "RevocationList",
@@ -43,11 +51,13 @@ __all__ = [
     "Signer",
     "SigningKeyError",
     "TrustSettings",
+    "admits",
     "authorize_agent",
     "egress_denial",
     "egress_session",
     "load_secret",
     "mask_credentials",
+    "mask_secrets",
     "mask_url",
     "may_see",
     "require_peer",

@@ -28,16 +28,15 @@ While Redis cannot be reached the last list read stays in force.
 
 from __future__ import annotations
 
-import asyncio
-import enum
 import logging
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from ..core import StoreUnavailable, cancel_and_wait, now_ms
+from ..core import now_ms
 from ..core.models import MAX_TOKEN_EXPIRY_S
 from ..store import RedisErrors, RegionStore
+from .polled import PolledList, PollState
 
 __all__ = ["DEFAULT_REVOCATION_POLL_INTERVAL_MS", "MAX_TOKEN_EXPIRY_S", "REVOKE", "LoggedRevocation", "Revocation",
            "RevocationList", "RevocationState"]
@@ -71,10 +70,7 @@ return {added, version, 1}
 """
 
 
-class RevocationState(enum.Enum):
-    NEW = "new"
-    RUNNING = "running"
-    CLOSED = "closed"
+RevocationState = PollState  # its states, under the name it had
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,57 +98,27 @@ class LoggedRevocation:
     origin: str
 
 
-class RevocationList:
+class RevocationList(PolledList):
     """Revoked token ids of one region; ``async with`` (or ``start()``/``aclose()``) runs the poll."""
+
+    what = "token deny list"
 
     def __init__(self, redis: aioredis.Redis, *, key_base: str, region: str,
                  poll_interval_ms: int = DEFAULT_REVOCATION_POLL_INTERVAL_MS) -> None:
-        if poll_interval_ms <= 0:
-            raise ValueError("poll_interval_ms must be positive")
-        self.redis = redis
-        self.region = region
+        super().__init__(redis, region=region, key_log=f"{key_base}:revoked:log", poll_interval_ms=poll_interval_ms)
         self.key = f"{key_base}:revoked"
         self.key_version = f"{key_base}:revoked:version"
-        self.key_log = f"{key_base}:revoked:log"
         self.peers: tuple[str, ...] = ()  # the regions a revocation here reaches (set by the federation)
-        self.poll_interval_ms = poll_interval_ms
-        self.state = RevocationState.NEW
         self.loads = 0
         self._revoked: dict[str, int] = {}  # jti -> until (ms)
         self._version: str | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._unreachable = False
         self._made = 0  # revocations through this list, so a read that raced one does not undo it
-        self._changed = asyncio.Event()
         self._revoke = redis.register_script(REVOKE)
 
     @classmethod
     def of(cls, store: RegionStore, *, poll_interval_ms: int) -> RevocationList:
         """The list of ``store``'s region, on the store's connections."""
         return cls(store.redis, key_base=store.key_base, region=store.region, poll_interval_ms=poll_interval_ms)
-
-    async def __aenter__(self) -> RevocationList:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    async def start(self) -> None:
-        """Load the list and start polling; raises :class:`StoreUnavailable` if Redis cannot be reached."""
-        if self.state is not RevocationState.NEW:
-            return
-        await self.refresh()
-        self.state = RevocationState.RUNNING
-        self._task = asyncio.create_task(self._poll(), name=f"revocations-{self.region}")
-
-    async def aclose(self) -> None:
-        if self.state is RevocationState.CLOSED:
-            return
-        self.state = RevocationState.CLOSED
-        if self._task is not None:
-            await cancel_and_wait([self._task])
-            self._task = None
 
     def __len__(self) -> int:
         return len(self._revoked)
@@ -195,22 +161,6 @@ class RevocationList:
         return Revocation(jti=jti, until_ms=until_ms, new=bool(added), expired=False, version=int(version),
                           changed=bool(changed))
 
-    async def wait_changed(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for a change this node made or read; True when one came (and
-        the next call waits for the next one)."""
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        self._changed.clear()
-        return True
-
-    async def log_position(self) -> str:
-        """The id of the log's last entry ("0-0" for an empty log); raises :class:`StoreUnavailable`."""
-        async with RedisErrors(self.region):
-            last = await self.redis.xrevrange(self.key_log, count=1)
-        return str(last[0][0]) if last else "0-0"
-
     async def read_log(self, *, after: str, count: int = 1_000) -> list[LoggedRevocation]:
         """Log entries after the entry ``after``, oldest first; raises :class:`StoreUnavailable`.
         An entry whose fields do not parse is skipped (nothing else writes the log)."""
@@ -249,24 +199,3 @@ class RevocationList:
             self._changed.set()
         self._version = version
         self.loads += 1
-
-    # -- the poll ----------------------------------------------------------------------------
-
-    async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_interval_ms / 1000)
-            try:
-                await self.refresh()
-            except asyncio.CancelledError:
-                raise
-            except StoreUnavailable as exc:
-                if not self._unreachable:
-                    log.warning("region %s: cannot read the token deny list (%s); the last list read stays in "
-                                "force", self.region, exc)
-                self._unreachable = True
-            except Exception:  # the poll must outlive a surprise, or revocations would stop arriving
-                log.exception("region %s: reading the token deny list failed", self.region)
-            else:
-                if self._unreachable:
-                    log.info("region %s: the token deny list is read again", self.region)
-                self._unreachable = False

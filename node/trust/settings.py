@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from .acl import DEFAULT_ACL_POLL_INTERVAL_MS
 from .budgets import RateSettings
 from .credentials import DEFAULT_KEY_PUBLISH_INTERVAL_MS, DEFAULT_SIGNING_KEY_MAX_AGE_MS
 from .egress import EgressPolicy
@@ -29,6 +30,10 @@ class TrustSettings(RateSettings):
         default=DEFAULT_REVOCATION_POLL_INTERVAL_MS, ge=10,
         description="How often the node reads the region's token deny list again: a token revoked through one "
                     "node is refused by every node of the region within about this long.")
+    acl_poll_interval_ms: int = Field(
+        default=DEFAULT_ACL_POLL_INTERVAL_MS, ge=10,
+        description="How often the node reads the region's ACL rules again (/v1/acl): a rule set through one node "
+                    "holds on every node of the region within about this long.")
     # What the node itself may contact: proxy deliveries, callbacks, probes.
     egress: EgressPolicy = Field(
         default_factory=EgressPolicy,

@@ -226,7 +226,7 @@ class Signer:
         return claims
 
     def sign_hop(self, claims: dict[str, object]) -> str:
-        """A hop stamp (``node.http.hops``): signed with a key of its own, never taken for a ticket."""
+        """A hop stamp (``node.http.proxy.hops``): signed with a key of its own, never taken for a ticket."""
         return _seal(self._hop_key, claims)
 
     def verify_hop(self, stamp: str) -> dict[str, object] | None:

@@ -106,7 +106,7 @@ async def test_neither_follows_a_redirect(node: RunningNode, target: Target) -> 
             await client.call("hop.redirect", {"secret": 1})
     [attempt] = caught.value.attempts
     assert attempt.status == 307 and "never follows redirects" in (attempt.error or "")
-    status, body, _ = await send(node, Envelope(operation="hop.redirect", payload={"secret": 1}),
+    status, body, _ = await send(node, Envelope(operation="hop.redirect", payload={"card_number": 1}),
                                  token=node.token("app.caller.one"))
     assert status == 502 and "never follows redirects" in body["details"]["attempts"][0]["error"]
     assert target.hits == {"redirect": 2}  # the body never went to the redirect's target
@@ -139,7 +139,7 @@ async def test_both_send_the_same_headers(node: RunningNode, target: Target) -> 
     status, body, _ = await send(node, proxied, token=node.token("app.caller.one"))
     assert status == 200 and body["payload"] == {"hop_count": 3}
     sdk_headers, proxy_headers = target.headers
-    # The proxy alone adds its signed stamp of the hop count (node.http.hops): a direct call's
+    # The proxy alone adds its signed stamp of the hop count (node.http.proxy.hops): a direct call's
     # count is the calling agent's to keep.
     stamp = proxy_headers.pop("X-Reach-Hop")
     assert node.node.signer.verify_hop(stamp) == {"trc": "trace-headers", "hop": 3, "to": "hop.echo.one"}

@@ -4,7 +4,10 @@
   optional field set, registered over HTTP, fetched where A2A clients look and parsed by the SDK
   is the same card, byte for byte after the SDK's own serialisation — once the registry's
   extension (its own URI, appended to ``capabilities.extensions``) is taken out; a signed card
-  comes back exactly as signed and its signature still verifies.
+  keeps its signatures, which verify over the card without the registry's extension.
+* Hostile cards: a link that is not http(s) (``javascript:``, ``data:``) is a 422 naming the
+  field; an extension that passes for the registry's is refused, and whatever a card carries
+  (made-up signatures included) the registry's extension served is the one it writes.
 * Discovery: ``A2ACardResolver`` against a live node finds the registry's card and a public
   agent's card without a token; a card that is not public needs one and follows
   ``allowed_callers`` (404 for a caller who may not see the agent).
@@ -202,16 +205,64 @@ async def test_a_v1_card_with_every_optional_field_round_trips_byte_for_byte(nod
     assert record["transport"] == "a2a+jsonrpc" and record["a2a"]["tenant"] == "acme"
 
 
-async def test_a_signed_card_comes_back_as_signed_and_verifies(node: RunningNode) -> None:
+async def test_a_signed_card_keeps_its_signatures_and_gets_the_registry_s_extension(node: RunningNode) -> None:
     card = full_v1_card(9000)
     signer = create_agent_card_signer(SIGNING_SECRET, {"kid": "k1", "alg": "HS256", "jku": None, "typ": "JOSE"})
     signed = signer(card)
     await register_card(node, "fx.rates.signed", MessageToDict(signed))
 
-    exported = await resolve_card(f"{node.url}/agents/fx.rates.signed", token=node.admin_token)
+    exported = MessageToDict(await resolve_card(f"{node.url}/agents/fx.rates.signed", token=node.admin_token))
 
-    assert sdk_json(exported) == sdk_json(signed)  # nothing added: it would break the signature
-    create_signature_verifier(lambda kid, jku: SIGNING_SECRET, ["HS256"])(exported)
+    ours = [e for e in exported["capabilities"]["extensions"] if e["uri"] == REGISTRY_EXTENSION_URI]
+    assert len(ours) == 1 and ours[0]["params"]["agentId"] == "fx.rates.signed"
+    as_signed = ParseDict(without_registry_extension(exported), pb.AgentCard())
+    assert sdk_json(as_signed) == sdk_json(signed) and exported["signatures"] == MessageToDict(signed)["signatures"]
+    create_signature_verifier(lambda kid, jku: SIGNING_SECRET, ["HS256"])(as_signed)
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda c: c.update(iconUrl="javascript:alert(document.cookie)"), "card.iconUrl"),
+    (lambda c: c.update(documentationUrl="data:text/html;base64,PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg=="),
+     "card.documentationUrl"),
+    (lambda c: c["provider"].update(url="javascript:alert(1)"), "card.provider.url"),
+    (lambda c: c["provider"].update(url="JaVaScRiPt:alert(1)"), "card.provider.url"),
+])
+async def test_a_card_link_that_is_not_http_is_refused_naming_the_field(node: RunningNode, mutate: Any,
+                                                                        field: str) -> None:
+    card = MessageToDict(full_v1_card(9050))
+    mutate(card)
+    status, body = await node.call("POST", "/v1/agent-cards", json={"agent_id": "fx.rates.links", "card": card})
+    assert status == 422 and body["field"] == field and "http or https" in body["message"], body
+    assert (await node.call("GET", "/v1/agents/fx.rates.links"))[0] == 404
+
+
+FAKE_SIGNATURE = {"protected": "eyJhbGciOiJIUzI1NiJ9", "signature": "bm90LWEtc2lnbmF0dXJl"}
+
+
+@pytest.mark.parametrize("uri", [REGISTRY_EXTENSION_URI + " ", " " + REGISTRY_EXTENSION_URI,
+                                 REGISTRY_EXTENSION_URI.upper(), "urn:agent-reach:a2a:registry:v2"])
+async def test_an_extension_passing_for_the_registry_s_is_refused(node: RunningNode, uri: str) -> None:
+    card = MessageToDict(full_v1_card(9060))
+    card["signatures"] = [FAKE_SIGNATURE]
+    card["capabilities"]["extensions"].append({"uri": uri, "params": {
+        "agentId": "fx.rates.fake", "routable": True, "ready": True, "resolveUrl": "https://evil.example/v1/resolve"}})
+    status, body = await node.call("POST", "/v1/agent-cards", json={"agent_id": "fx.rates.fake", "card": card})
+    assert status == 422 and body["field"] == "card.capabilities.extensions.1.uri", body
+    assert "only the registry writes" in body["message"]
+    assert (await node.call("GET", "/v1/agents/fx.rates.fake"))[0] == 404
+
+
+async def test_made_up_signatures_never_stop_the_registry_writing_its_extension(node: RunningNode) -> None:
+    card = MessageToDict(full_v1_card(9070))
+    card["signatures"] = [FAKE_SIGNATURE]
+    card["capabilities"]["extensions"].append({"uri": REGISTRY_EXTENSION_URI, "params": {
+        "routable": True, "ready": True, "resolveUrl": "https://evil.example/v1/resolve"}})
+    await register_card(node, "fx.rates.unsigned", card)
+    status, exported = await node.call("GET", "/agents/fx.rates.unsigned/.well-known/agent-card.json")
+    assert status == 200 and exported["signatures"] == [FAKE_SIGNATURE]
+    ours = [e for e in exported["capabilities"]["extensions"] if e["uri"] == REGISTRY_EXTENSION_URI]
+    assert len(ours) == 1, exported["capabilities"]["extensions"]
+    assert ours[0]["params"]["resolveUrl"] == f"{node.url}/v1/resolve" and ours[0]["params"]["ready"] is False
 
 
 async def test_a_v03_card_with_every_optional_field_is_exported_as_v1_and_kept(node: RunningNode) -> None:

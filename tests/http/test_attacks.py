@@ -155,9 +155,9 @@ async def test_a_caller_cannot_wipe_another_s_trace_nor_show_an_agent_its_events
     assert status == 200, trace
     assert [(e["event"], e["caller"], e["agent_id"]) for e in trace["events"]] == [
         ("decision", "app.alice.caller", "ledger.post.victim")]
-    # the agent sees the node's decision that routed to it, not what mallory says about it
+    # the agent sees the node's decision that routed to it (who asked withheld), not what mallory says about it
     status, trace = await node.call("GET", "/v1/traces/trace-alice", token=witness)
-    assert status == 200 and [e["caller"] for e in trace["events"]] == ["app.alice.caller"], trace
+    assert status == 200 and [(e["event"], e["caller"]) for e in trace["events"]] == [("decision", "(withheld)")], trace
     # mallory flooded only her own share: her newest 1,000 events
     status, trace = await node.call("GET", "/v1/traces/trace-alice", token=mallory)
     assert status == 200 and trace["count"] == 1_000 and trace["events"][0]["at_ms"] == 1_200, trace["count"]

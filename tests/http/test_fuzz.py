@@ -128,11 +128,16 @@ REFUSALS: dict[str, tuple[Refusal, ...]] = {
     "POST /v1/credentials": (Refusal(403, frozenset({"invalid_ticket"}),
                                      "the signature is no ticket of this cluster"),),
     "GET /v1/traces/{trace_id}": (Refusal(404, frozenset({"unknown_trace"}), "the trace has no events"),),
+    "GET /v1/traces/{trace_id}/result": (Refusal(404, frozenset({"unknown_result"}),
+                                                 "no send of this caller in the trace"),),
+    "DELETE /v1/acl/{rule_id}": (Refusal(404, frozenset({"unknown_rule"}), "no such rule"),),
     "POST /v1/traces": (Refusal(409, frozenset({"trace_full"}), "the batch names more callers of one trace than it "
                                                                 "keeps"),),
     "POST /v1/send": (
         Refusal(404, frozenset({"no_agent_available"}), "nobody offers the target or operation"),
         Refusal(410, frozenset({"envelope_expired"}), "expire_at_ms is in the past"),
+        Refusal(422, frozenset({"expire_at_in_seconds"}), "expire_at_ms is so far in the past that it is a time in "
+                                                          "seconds (node.core.hints)"),
         Refusal(502, frozenset({"delivery_failed"}), "the routed agent (one the fuzzer registered) does not answer, "
                                                      "or answers with a 5xx"),
     ),

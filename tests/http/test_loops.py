@@ -1,4 +1,4 @@
-"""Loop protection the node owns (``node.http.hops``): two agents ping-ponging one trace through
+"""Loop protection the node owns (``node.http.proxy.hops``): two agents ping-ponging one trace through
 ``POST /v1/send`` with envelopes they write afresh (``hop_count`` 0) stop at the hop limit.
 
 Before, the node trusted the number the agent sent, and such a pair looped until the test's own cap

@@ -25,6 +25,8 @@ PARSED = [
     ["resolve", "translate.text"],
     ["search", "plain", "words"],
     ["watch"],
+    ["acl", "list"],
+    ["acl", "set", "deny-shop", "--agents", "fin.*.*", "--callers", "shop.*.*"],
 ]
 
 

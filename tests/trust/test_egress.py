@@ -416,7 +416,7 @@ async def test_a_redirect_is_never_followed(node: RunningNode) -> None:
     try:
         await node.register(registration("egress.redirect.p1", capability="egress.redirect",
                                          endpoint=f"{first.url}/invoke"))
-        status, body = await send(node, {"operation": "egress.redirect", "payload": {"secret": 1}},
+        status, body = await send(node, {"operation": "egress.redirect", "payload": {"card_number": 1}},
                                   token=node.token("app.caller.one"))
         assert status == 502 and body["error"] == "delivery_failed", body
         [attempt] = body["details"]["attempts"]

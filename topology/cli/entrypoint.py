@@ -48,6 +48,7 @@ COMMANDS = (
     Command("resolve", "the route ticket a caller would get (POST /v1/resolve)", "lookup:add_resolve_arguments"),
     Command("search", "find agents by what they do, in plain words (GET /v1/search)", "lookup:add_search_arguments"),
     Command("watch", "follow the change feed (GET /v1/watch)", "watch:add_arguments"),
+    Command("acl", "list, set or delete the region's ACL rules (an admin token)", "acl:add_arguments"),
 )
 
 
@@ -128,7 +129,7 @@ class _LogHandler(logging.StreamHandler):
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every command; a command's options are added when its parser is looked up."""
     parser = argparse.ArgumentParser(prog="agent-reach", description="Agent-Reach: the reach layer for agents.",
-                                     epilog="operator commands (agents, resolve, search, watch, token revoke) "
+                                     epilog="operator commands (agents, resolve, search, watch, acl, token revoke) "
                                             + exit_codes_epilog())
     parser.add_argument("--version", action=_Version)
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING … (default INFO)")

@@ -19,7 +19,7 @@ import re
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, model_validator
 
 from ..models import MULTI_LINE_PATTERN, SINGLE_LINE_PATTERN, JsonValue, Strict, check_url
 
@@ -34,6 +34,9 @@ _HOST_PORT_RE = re.compile(r"^(?P<host>[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})|\[[
 Line = Annotated[str, Field(max_length=200, pattern=SINGLE_LINE_PATTERN)]
 Prose = Annotated[str, Field(max_length=4_000, pattern=MULTI_LINE_PATTERN)]
 Url = Annotated[str, Field(max_length=2_000, pattern=SINGLE_LINE_PATTERN)]
+# A link a client may open or fetch (an icon, documentation, a provider's site, an OAuth endpoint):
+# http(s) only, so no javascript: or data: URL reaches a console or a client that follows it.
+WebUrl = Annotated[Url, AfterValidator(check_url)]
 Mode = Annotated[str, Field(max_length=128, pattern=SINGLE_LINE_PATTERN)]
 Modes = Annotated[list[Mode], Field(max_length=32)]
 Scopes = Annotated[list[Line], Field(max_length=64)]
@@ -80,7 +83,7 @@ class AgentInterface(_Card):
 
 class AgentProvider(_Card):
     organization: Line
-    url: Url | None = None
+    url: WebUrl | None = None
 
 
 class AgentExtension(_Card):
@@ -101,10 +104,10 @@ class AgentCapabilities(_Card):
 class OAuthFlow(_Card):
     """Any of the five flows (each uses the URLs it has)."""
 
-    authorizationUrl: Url | None = None
-    tokenUrl: Url | None = None
-    refreshUrl: Url | None = None
-    deviceAuthorizationUrl: Url | None = None
+    authorizationUrl: WebUrl | None = None
+    tokenUrl: WebUrl | None = None
+    refreshUrl: WebUrl | None = None
+    deviceAuthorizationUrl: WebUrl | None = None
     scopes: dict[Line, Prose] | None = Field(default=None, max_length=64)
     pkceRequired: bool | None = None
 
@@ -134,8 +137,8 @@ class SchemeDetails(_Card):
     scheme: Line | None = None
     bearerFormat: Line | None = None
     flows: OAuthFlows | None = None
-    oauth2MetadataUrl: Url | None = None
-    openIdConnectUrl: Url | None = None
+    oauth2MetadataUrl: WebUrl | None = None
+    openIdConnectUrl: WebUrl | None = None
 
 
 V1_SCHEMES = ("apiKeySecurityScheme", "httpAuthSecurityScheme", "oauth2SecurityScheme",
@@ -218,8 +221,8 @@ class AgentCard(_Card):
     security: list[LegacyRequirement] | None = Field(default=None, max_length=16)
     # both
     provider: AgentProvider | None = None
-    iconUrl: Url | None = None
-    documentationUrl: Url | None = None
+    iconUrl: WebUrl | None = None
+    documentationUrl: WebUrl | None = None
     capabilities: AgentCapabilities | None = None
     securitySchemes: dict[Line, SecurityScheme] | None = Field(default=None, max_length=16)
     securityRequirements: list[SecurityRequirement] | None = Field(default=None, max_length=16)

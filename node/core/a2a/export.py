@@ -4,8 +4,10 @@ An agent registered from its card gets that card back as it was given — a v0.3
 to v1.0 the way the A2A SDK reads it (:mod:`node.core.a2a.convert`) — with one thing added: the
 registry's extension (:data:`REGISTRY_EXTENSION_URI`) appended to ``capabilities.extensions``,
 whose ``params`` say what only the registry knows (region, status, readiness, lease, how to be
-routed). Nothing of the agent's is changed. A signed card is served exactly as registered, the
-extension left out, since anything added would break its signatures. An agent registered by
+routed). Nothing of the agent's is changed. A signed card keeps its ``signatures`` and gets the
+extension too: what the registry says of an agent is always its own word (a client that
+verifies the signatures checks them over the card without that extension), and an extension
+that only passes for the registry's is never served. An agent registered by
 hand gets a card made from its record; its interfaces name the binding it speaks (an A2A one
 for ``a2a+…`` transports, ``AGENT-REACH+<TRANSPORT>`` for the Agent-Reach envelope) and its
 ``securitySchemes`` say how to authenticate: the route credential a resolve hands out, as
@@ -19,7 +21,7 @@ from typing import Any
 
 from ..models import AgentRecord, a2a_interface
 from .convert import as_v1
-from .registration import REGISTRY_EXTENSION_URI
+from .registration import REGISTRY_EXTENSION_URI, registry_like
 
 ENVELOPE_BINDING_PREFIX = "AGENT-REACH+"
 REGISTRY_BINDING = "AGENT-REACH-V1"
@@ -37,11 +39,12 @@ def agent_card_url(node_url: str, agent_id: str) -> str:
 def exported_card(record: AgentRecord, *, node_url: str, routable: bool) -> dict[str, Any]:
     """The v1.0 card of ``record``: as registered (plus the registry's extension), or made from the record."""
     card = as_v1(record.a2a.card) if record.a2a is not None else _record_card(record)
-    if card.get("signatures"):
-        return card
     capabilities = card.get("capabilities") or {}
-    capabilities["extensions"] = [*(capabilities.get("extensions") or []),
-                                  registry_extension(record, node_url=node_url, routable=routable)]
+    # Only the registry's own extension says what the registry knows: one that passes for it (a
+    # card stored before such cards were refused) never goes out.
+    theirs = [extension for extension in capabilities.get("extensions") or []
+              if not (isinstance(extension, dict) and registry_like(extension.get("uri")))]
+    capabilities["extensions"] = [*theirs, registry_extension(record, node_url=node_url, routable=routable)]
     card["capabilities"] = capabilities
     return card
 

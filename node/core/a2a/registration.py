@@ -9,7 +9,9 @@ transport (``a2a+jsonrpc``, ``a2a+grpc``, ``a2a+http-json``). A GRPC interface m
 ``host:port`` (stored as ``grpc://host:port``). Without a ``readiness_probe`` the node probes the
 first interface (``accept: listening``), so an agent is ready only once something answers there.
 The registry's own extension (:data:`REGISTRY_EXTENSION_URI`) in a card — one a registry
-exported — is dropped when it is registered: the registry writes that one, nobody else.
+exported — is dropped when it is registered: the registry writes that one, nobody else; an
+extension that only passes for it (another URI of the ``urn:agent-reach:`` namespace, a space or
+a capital letter in it) is refused, naming the extension.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from ..models import (
 from .card import AgentCard, card_url, interface_field
 
 REGISTRY_EXTENSION_URI = "urn:agent-reach:a2a:registry:v1"
+_REGISTRY_NAMESPACE = "urn:agent-reach:"
 _CAPABILITY_NAME_RE = re.compile(CAPABILITY_NAME_PATTERN)
 _PROBE_SCHEMES = {"grpc": "http", "grpcs": "https", "ws": "http", "wss": "https"}
 
@@ -139,10 +142,24 @@ def _capabilities(card: AgentCard) -> list[dict[str, object]]:
     return capabilities
 
 
+def registry_like(uri: object) -> bool:
+    """Whether an extension's ``uri`` is, or passes for, the registry's own: in the registry's
+    ``urn:agent-reach:`` namespace once spaces and case are ignored."""
+    return isinstance(uri, str) and "".join(uri.split()).casefold().startswith(_REGISTRY_NAMESPACE)
+
+
 def _without_registry_extension(card: dict[str, Any]) -> dict[str, Any]:
+    """The card without the registry's extension (the registry writes that one, nobody else);
+    raises ValueError naming an extension that only looks like it."""
     capabilities = card.get("capabilities")
     extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
     if isinstance(extensions, list):
+        for position, extension in enumerate(extensions):
+            uri = extension.get("uri") if isinstance(extension, dict) else None
+            if registry_like(uri) and uri != REGISTRY_EXTENSION_URI:
+                raise ValueError(f"card.capabilities.extensions.{position}.uri: {uri!r} passes for the registry's "
+                                 f"own extension ({REGISTRY_EXTENSION_URI}), which only the registry writes; give "
+                                 "your extension a URI of your own")
         kept = [e for e in extensions if not (isinstance(e, dict) and e.get("uri") == REGISTRY_EXTENSION_URI)]
         if len(kept) < len(extensions):
             if kept:
@@ -173,4 +190,4 @@ def card_field(location: tuple[int | str, ...]) -> str:
 
 
 __all__ = ["REGISTRY_EXTENSION_URI", "CardRegistration", "capability_name", "card_field", "card_to_registration",
-           "interface_probe"]
+           "interface_probe", "registry_like"]

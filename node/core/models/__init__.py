@@ -102,6 +102,16 @@ from .routing import (
     RouteTicket,
     Scope,
 )
+from .access import (
+    ACL_RULE_ID_PATTERN,
+    MAX_ACL_RULES,
+    AclEffect,
+    AclEntry,
+    AclList,
+    AclRule,
+    CallerPatterns,
+    caller_matches,
+)
 from .search import SearchHit, SearchResponse
 from .summaries import CapabilitySummary, RegionSummary, SummaryView
 from .tokens import (
@@ -125,6 +135,8 @@ from .tokens import (
 from .versions import VersionConstraint, parse_version, version_constraint
 
 __all__ = [
+    "ACL_RULE_ID_PATTERN", "MAX_ACL_RULES", "AclEffect", "AclEntry", "AclList", "AclRule", "CallerPatterns",
+    "caller_matches",
     "BINDING_TRANSPORTS", "CardListing", "DEFAULT_PROTOCOL_VERSION", "PROTOCOL_VERSION_LABEL", "TRANSPORT_BINDINGS",
     "a2a_interface",
     "AGENT_ID_PATTERN", "AGENT_ID_RE", "AGENT_PATTERN_RE", "AgentId", "AgentList", "AgentRecord",

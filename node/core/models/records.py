@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from packaging.version import Version
 from pydantic import Field, field_validator, model_validator
 
+from .access import CallerPatterns
 from .cards import CardListing
 from .fields import (
     CAPABILITY_NAME_PATTERN,
@@ -63,6 +64,10 @@ class Capability(Strict):
         default_factory=list, max_length=32)
     examples: list[Annotated[str, Field(max_length=500, pattern=MULTI_LINE_PATTERN)]] = Field(
         default_factory=list, max_length=16)
+    allowed_callers: CallerPatterns = Field(
+        default_factory=list,
+        description="Caller patterns allowed to be routed to this capability, besides the agent's own "
+                    "allowed_callers ('payment.*.*', 'admin'); empty = whoever may see the agent.")
 
     @field_validator("version")
     @classmethod

@@ -9,9 +9,11 @@ import copy
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from ...core import Envelope, Policy, RouteEvents, SendAccepted, Trace
+from ...core import Envelope, Policy, RouteEvents, SendAccepted, Trace, TraceResult
 from ...core.a2a import CardRegistration
 from ...core.models import (
+    AclList,
+    AclRule,
     AgentList,
     AgentRecord,
     ChangeEvent,
@@ -37,6 +39,7 @@ from .patterns import AGENT_PATTERN, JSON_VALUE, MULTI_LINE, SINGLE_LINE, STORED
 from .refinements import CARD_REFINEMENTS, REFINEMENTS, close_pattern_properties, refine
 from .shapes import (
     Accepted,
+    AclChanged,
     AgentDecisions,
     Breakers,
     Deregistered,
@@ -60,7 +63,7 @@ _MODELS: list[type[BaseModel]] = [
     SendAccepted, RouteEvents, Trace, Policy, ChangeEvent, Deregistered, Accepted, Regions, QuarantineList,
     VectorRequest, VectorResponse, FederationStatus, ExportedAgentCard, Health, Ready, Unready, WatchHello,
     WatchOverflow, WatchRevoked, WatchExpired, CredentialRequest, IssuedCredential, KeySet, KeyRotated, Breakers, TokenRevoked, RevocationRequest,
-    AgentDecisions,
+    AgentDecisions, AclList, AclRule, AclChanged, TraceResult,
 ]
 
 

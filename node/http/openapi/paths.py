@@ -5,7 +5,7 @@ statuses it can answer. ``build_openapi`` leaves out what a node does not serve.
 from __future__ import annotations
 
 from ...core.a2a import AGENT_CARD_PATH, AGENT_CARD_ROUTE
-from ...core.models import INT64_MAX, KEY_ID_PATTERN, Scope
+from ...core.models import ACL_RULE_ID_PATTERN, INT64_MAX, KEY_ID_PATTERN, Scope
 from ...routing import DEFAULT_SEARCH_K, MAX_SEARCH_K
 from ...trust import JWKS_PATH
 from ..console import console_files
@@ -25,6 +25,8 @@ from .operations import (
     scope_query,
 )
 from .patterns import CONSTRAINT_DESCRIPTION, CONSTRAINT_PATTERN, Schema
+
+RULE_ID = path_parameter("rule_id", {"type": "string", "pattern": ACL_RULE_ID_PATTERN}, "The ACL rule's id")
 
 Paths = dict[str, dict[str, Schema]]
 
@@ -214,6 +216,20 @@ def _feeds() -> Paths:
                               {"200": json_answer("TokenRevoked", "Revoked")}, body="RevocationRequest",
                               errors=(403, 503), notes={403: "Admin tokens only"}),
         },
+        "/v1/acl": {
+            "get": operation("The region's ACL rules in force, from every region",
+                             {"200": json_answer("AclList", "OK")}, errors=(403,),
+                             notes={403: "Peer and admin tokens only"}),
+        },
+        "/v1/acl/{rule_id}": {
+            "put": operation("Set an ACL rule: it holds on every node of the region within acl_poll_interval_ms, "
+                             "without any agent registering again, and reaches the peer regions",
+                             {"200": json_answer("AclChanged", "Set")}, body="AclRule", errors=(403, 409, 503),
+                             parameters=[RULE_ID], notes={403: "Admin tokens only", 409: "The region holds the "
+                                                          "most rules it may (acl_full)"}),
+            "delete": operation("Delete an ACL rule", {"200": json_answer("AclChanged", "Deleted")},
+                                errors=(403, 404, 422, 503), parameters=[RULE_ID], notes={403: "Admin tokens only"}),
+        },
         "/v1/admin/quarantine": {
             "get": operation("Stored records and events that do not parse, skipped by every reader",
                              {"200": json_answer("QuarantineList", "OK")}, errors=(403,),
@@ -260,6 +276,15 @@ def _proxy() -> Paths:
                                                           "an admin gets every writer's")},
                              errors=(404, 422, 503), parameters=[TRACE_ID],
                              notes={404: "No events of this trace that the caller took part in (traces expire)"}),
+        },
+        "/v1/traces/{trace_id}/result": {
+            "get": operation("The final answer of the caller's own proxied delivery in this trace (sync, or the "
+                             "result its callback carried), kept as long as the trace",
+                             {"200": json_answer("TraceResult", "The answer, as JSON, text or base64, or only its "
+                                                                "facts when larger than result_max_bytes")},
+                             errors=(404, 422, 503), parameters=[TRACE_ID],
+                             notes={404: "No result of this trace for this caller: only the caller that sent it reads "
+                                         "it (unknown_result)"}),
         },
         "/v1/traces": {
             "post": operation("Record the caller's own direct-call route events",

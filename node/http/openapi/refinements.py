@@ -49,11 +49,22 @@ _RECORD_REFINEMENTS: dict[str, Schema] = {
     "liveness_probe": {"anyOf": [{"$ref": "#/components/schemas/ProbeRecord"}, {"type": "null"}], "default": None},
     "readiness_probe": {"anyOf": [{"$ref": "#/components/schemas/ProbeRecord"}, {"type": "null"}], "default": None},
 }
+_RECORDED_EXTENSIONS: Schema = {
+    "anyOf": [{"type": "object", "maxProperties": 64, "propertyNames": {"maxLength": 200},
+               "additionalProperties": JSON_REF}, {"type": "null"}], "default": None,
+    "description": "The envelope's extensions, secret-looking values kept to their last 4 characters."}
 REFINEMENTS: dict[str, dict[str, Schema]] = {
     "Registration": _REGISTRATION_REFINEMENTS,
     "AgentRecord": _RECORD_REFINEMENTS,
     "Capability": {"version": {"type": "string", "maxLength": 40, "pattern": VERSION_PATTERN, "default": "1",
-                               "description": "A PEP 440 version; 'v2' and '2' are the same."}},
+                               "description": "A PEP 440 version; 'v2' and '2' are the same."},
+                   "allowed_callers": {**_REGISTRATION_REFINEMENTS["allowed_callers"],
+                                       "description": "Caller patterns allowed to be routed to this capability "
+                                                      "('payment.*.*', 'admin'); empty = whoever may see the agent."}},
+    "AclRule": {"agents": {"type": "string", "maxLength": 200, "pattern": AGENT_PATTERN,
+                           "description": "namespace.group.name with '*' wildcards within a segment"},
+                "callers": {"type": "array", "minItems": 1, "maxItems": 64,
+                            "items": {"type": "string", "maxLength": 200, "pattern": CALLER_PATTERN}}},
     "Probe": {"url": NODE_URL},
     "RouteRequest": {
         "version": {"anyOf": [{"type": "string", "maxLength": 100, "pattern": CONSTRAINT_PATTERN}, {"type": "null"}],
@@ -61,6 +72,8 @@ REFINEMENTS: dict[str, dict[str, Schema]] = {
         "pattern": {"anyOf": [{"type": "string", "maxLength": 200, "pattern": AGENT_PATTERN}, {"type": "null"}],
                     "default": None, "description": "namespace.group.name with '*' wildcards within a segment"},
     },
+    "RouteEvent": {"extensions": _RECORDED_EXTENSIONS},
+    "TraceEvent": {"extensions": _RECORDED_EXTENSIONS},
     "Envelope": {
         "payload": {**JSON_REF, "default": None},
         "extensions": {"type": "object", "maxProperties": 64, "propertyNames": {"maxLength": 200},
@@ -83,8 +96,15 @@ def _free_object(max_properties: int) -> Schema:
             "additionalProperties": JSON_REF}
 
 
+# A link a client may follow: http(s) only (node.core.a2a.card.WebUrl).
+_WEB_URL = {"anyOf": [{**NODE_URL, "description": "An http(s) link"}, {"type": "null"}], "default": None}
 CARD_REFINEMENTS: dict[str, dict[str, Schema]] = {
+    "OAuthFlow": {name: _WEB_URL for name in ("authorizationUrl", "tokenUrl", "refreshUrl", "deviceAuthorizationUrl")},
+    "SchemeDetails": {"oauth2MetadataUrl": _WEB_URL, "openIdConnectUrl": _WEB_URL},
+    "SecurityScheme": {"oauth2MetadataUrl": _WEB_URL, "openIdConnectUrl": _WEB_URL},
     "AgentCard": {
+        "iconUrl": _WEB_URL,
+        "documentationUrl": _WEB_URL,
         "name": {**SHORT_TEXT, "minLength": 1},
         "description": _OPTIONAL_PROSE,
         "url": {"anyOf": [ENDPOINT_URL, HOST_PORT, {"type": "null"}], "default": None},
@@ -110,7 +130,7 @@ CARD_REFINEMENTS: dict[str, dict[str, Schema]] = {
                                                                              **MULTI_LINE}}, {"type": "null"}],
                      "default": None},
     },
-    "AgentProvider": {"organization": {**SHORT_TEXT}},
+    "AgentProvider": {"organization": {**SHORT_TEXT}, "url": _WEB_URL},
     # Free-form JSON in a card is bounded like any other (node.core.models.check_json_value).
     "AgentExtension": {"params": {"anyOf": [_free_object(64), {"type": "null"}], "default": None}},
     "AgentCardSignature": {"header": {"anyOf": [_free_object(32), {"type": "null"}], "default": None}},

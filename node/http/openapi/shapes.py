@@ -96,6 +96,15 @@ class TokenRevoked(Shape):
                                          "it takes effect within about a second (empty: no federation)")
 
 
+class AclChanged(Shape):
+    """``PUT``/``DELETE /v1/acl/{rule_id}``: the entry as the region holds it now."""
+
+    region: str
+    rule: dict[str, Any] = Field(description="An AclEntry: id, rule (null once deleted), origin, at_ms")
+    version: int = Field(description="The rules' version in this region after the change")
+    poll_interval_ms: int = Field(description="Every node of the region applies it within about this long")
+
+
 class Regions(Shape):
     """``GET /v1/regions``: this node and, with federation, its view of every peer."""
 
@@ -156,8 +165,8 @@ class FederationStatus(BaseModel):
 class ExportedAgentCard(BaseModel):
     """An A2A Agent Card (v1.0) as the registry serves it: the card the agent registered as it was
     given (a v0.3 card converted as the A2A SDK reads it) with the registry's extension
-    (urn:agent-reach:a2a:registry:v1) appended to ``capabilities.extensions`` — unless the card is
-    signed, which is served exactly as registered — or, for an agent registered by hand, a card
+    (urn:agent-reach:a2a:registry:v1) appended to ``capabilities.extensions`` — a signed card keeps
+    its signatures, verified over the card without that extension — or, for an agent registered by hand, a card
     made from its record; the registry's own card at ``/.well-known/agent-card.json``."""
 
     model_config = ConfigDict(extra="allow")

@@ -1,10 +1,10 @@
-"""Proxy mode: the node routes and delivers an envelope itself, for traffic that must be audited.
+"""``POST /v1/send``: the node routes and delivers an envelope itself, for traffic that must be audited.
 
 ``POST /v1/send`` (body: an :class:`~node.core.envelope.Envelope`; query ``delivery=sync|callback``,
 optional ``version`` and ``scope``):
 
 1. **Refusals first.** ``hop_count`` — the highest of the envelope's, the ``X-Reach-Hop`` stamp
-   the sender got with the delivery it acts on, and the trace's ledger (:mod:`node.http.hops`):
+   the sender got with the delivery it acts on, and the trace's ledger (:mod:`node.http.proxy.hops`):
    an agent can raise it, never lower it — at or beyond the maximum (default 5) is refused with 422
    ``hop_limit_exceeded`` — an A→B→A loop dies after five hops instead of storming; an envelope
    past ``expire_at_ms`` is refused with 410 ``envelope_expired`` (no ghost messages).
@@ -24,7 +24,8 @@ optional ``version`` and ``scope``):
    never to an address found in the payload, and only for an agent (or admin) token: a caller
    token named like an agent is not that agent. At most ``max_background`` such deliveries are in
    flight, at most ``max_background_per_caller`` (default: a tenth of them) of one tenant (its
-   token's role and subject): one tenant's slow endpoint fills its own share, not the pool.
+   token's role and subject): one tenant's slow endpoint fills its own share, not the pool
+   (:mod:`node.http.proxy.callbacks`).
 5. **Route events.** Every decision, delivery attempt, outcome, duplicate, refusal and callback
    goes to the node's trace log (:mod:`node.http.traces`). ``GET /v1/policy`` tells a client the
    region's rules before it registers.
@@ -35,31 +36,32 @@ Limits are ``NodeConfig.proxy`` (:class:`~node.config.ProxySettings`); the sends
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 from pydantic import ValidationError
 
-from ..config import ProxySettings
-from ..core import (Conflict, Envelope, EnvelopeExpired, EnvelopeType, HopLimitExceeded, NodeError, Policy,
-                    RateLimited, RouteEvent, RouteEventKind, SendAccepted, Span, SpanKind, StoreUnavailable,
-                    ValidationFailed, cancel_and_wait, carried, now_ms, traceparent_of)
-from ..core.models import (CredentialRequest, Outcome, OutcomeReport, RouteRequest, RouteTarget, RouteTicket,
+from ...config import ProxySettings
+from ...core import (Conflict, Envelope, EnvelopeExpired, EnvelopeType, HopLimitExceeded, NodeError, Policy,
+                    RouteEvent, RouteEventKind, SendAccepted, Span, SpanKind, StoreUnavailable,
+                    ValidationFailed, carried, now_ms, seconds_hint, traceparent_of)
+from ...core.models import (CredentialRequest, Outcome, OutcomeReport, RouteRequest, RouteTarget, RouteTicket,
                            TokenClaims, TokenRole, compat)
-from ..delivery import Failover, Pacing, Tried, deliver
-from ..service import RegistryNode
-from ..store import Answer, DeliveryInProgress, OnceCache
-from ..trust import EgressDenied, EgressPolicy, egress_denial, egress_session, tenant_of
-from .plumbing import CALLER, json_response, parse_body, validation_error
+from ...delivery import Failover, Pacing, Tried, deliver
+from ...routing import reachable_transports
+from ...service import RegistryNode
+from ...store import Answer, DeliveryInProgress, OnceCache
+from ...trust import EgressPolicy, PayloadPolicy, egress_denial, egress_session, mask_secrets, tenant_of
+from ..plumbing import CALLER, json_response, parse_body, validation_error
+from ..traces import TraceLog, charged, install_trace_routes
+from .callbacks import CallbackPool, post_callback
 from .hops import HOP_HEADER, HopLedger
-from .proxy_results import described, result_envelope
-from .traces import TraceLog, charged, install_trace_routes
+from .results import described, kept_result, result_envelope
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +117,8 @@ class Proxy:
         self.guard = _EgressGuard(self.egress)
         self.policy = self.settings.retry_policy()
         self.limits = self.settings.attempt_limits(owner="the proxy's")
+        self.payload = PayloadPolicy(refused_keys=self.settings.refused_payload_keys,
+                                     passthrough=self.settings.payload_policy_passthrough, region=node.region)
         self.rng = rng or random.Random()
         self.traces = traces  # api.py's direct-mode decisions still reach the log through here
         self.hops = HopLedger(traces.redis, signer=node.signer, prefix=traces.prefix, region=node.region,
@@ -123,8 +127,7 @@ class Proxy:
                                  pending_ttl_ms=self.settings.request_timeout_ms + _CLAIM_GRACE_MS,
                                  max_body_bytes=self.settings.idempotency_max_body_bytes)
         self.session: aiohttp.ClientSession | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._held: dict[str, int] = {}  # tenant -> its background deliveries in flight
+        self.callbacks = CallbackPool(self.settings)
         self._closed = False
 
     async def start(self) -> None:
@@ -135,7 +138,7 @@ class Proxy:
         if self._closed:
             return
         self._closed = True
-        await cancel_and_wait(list(self._tasks))
+        await self.callbacks.aclose()
         if self.session is not None:
             await self.session.close()
 
@@ -153,13 +156,15 @@ class Proxy:
         if route.capability:
             self.node.budgets.spend(caller, route.capability)
         self.traces.refuse_if_over(charged(caller))
-        await self._refuse_if_needed(envelope, caller)
         callback_endpoint = self._callback_endpoint(caller) if delivery == "callback" else None
+        # A callback send is answered before routing: what every local target would refuse, refuse now.
+        await self._refuse_if_needed(envelope, caller, reachable_transports(
+            self.node.cache.index, agent_id=route.agent_id, capability=route.capability) if callback_endpoint else [])
         wait_s = self.settings.request_timeout_ms / 1000 + 1.0
 
         if callback_endpoint is not None:
             async def accept() -> Answer:
-                self._spawn(self._deliver_later(envelope, route, caller, callback_endpoint), tenant_of(caller))
+                self.callbacks.spawn(self._deliver_later(envelope, route, caller, callback_endpoint), tenant_of(caller))
                 body = SendAccepted(id=envelope.id, trace_id=envelope.trace_id, callback_endpoint=callback_endpoint)
                 return Answer(202, "application/json", body.model_dump_json().encode())
 
@@ -169,9 +174,12 @@ class Proxy:
             async def deliver_now() -> Answer:
                 events: list[RouteEvent] = []
                 try:
-                    return await self._deliver(envelope, route, caller, events)
+                    answer = await self._deliver(envelope, route, caller, events)
                 finally:
                     await self.traces.append(events, charge=charged(caller))
+                await self.traces.keep_result(kept_result(envelope, caller, answer, delivery="sync",
+                                                          max_bytes=self.settings.result_max_bytes))
+                return answer
 
             answer, duplicate = await self.once.run(self.once.key(tenant_of(caller), envelope.id), deliver_now,
                                                     wait_s=wait_s)
@@ -190,7 +198,8 @@ class Proxy:
         return json_response(Policy(region=self.node.region, allowed_transports=config.allowed_transports,
                                     max_body_bytes=config.max_body_bytes, max_hops=self.settings.max_hops,
                                     ticket_ttl_ms=config.ticket_ttl_ms, egress_allow=list(config.egress.allow),
-                                    egress_deny=list(config.egress.deny), caller=request[CALLER]))
+                                    egress_deny=list(config.egress.deny), caller=request[CALLER],
+                                    refused_payload_keys=sorted(self.payload.refused_keys)))
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -218,15 +227,20 @@ class Proxy:
         except ValidationError as exc:
             raise validation_error(exc) from exc
 
-    async def _refuse_if_needed(self, envelope: Envelope, caller: TokenClaims) -> None:
+    async def _refuse_if_needed(self, envelope: Envelope, caller: TokenClaims, transports: list[str]) -> None:
         refusal: NodeError | None = None
         if envelope.hop_count >= self.settings.max_hops:
             refusal = HopLimitExceeded(
                 f"hop_count {envelope.hop_count} reached the limit of {self.settings.max_hops} hops: "
                 "a loop between agents, or a chain longer than this region allows", field="hop_count")
+        elif envelope.expire_at_ms is not None and (hint := seconds_hint("expire_at_ms", envelope.expire_at_ms)):
+            refusal = ValidationFailed(hint, field="expire_at_ms", code="expire_at_in_seconds",
+                                       details={"use": "expire_at_ms"})
         elif envelope.expired(now_ms=now_ms()):
             refusal = EnvelopeExpired(f"the envelope expired at {envelope.expire_at_ms} ms; send a new one",
                                       field="expire_at_ms")
+        else:  # transports: the targets a callback send may reach, judged before it is answered
+            refusal = self.payload.refusal(envelope.payload, envelope.extensions, transports)
         if refusal is None:
             return
         self._count(refusal.code)
@@ -242,29 +256,6 @@ class Proxy:
                                      "with the token of an agent registered with one (results never go to an "
                                      "address written in the payload)", field="callback_endpoint")
         return record.callback_endpoint
-
-    def _spawn(self, coroutine: Coroutine[Any, Any, None], tenant: str) -> None:
-        """Run a callback-mode delivery in the background, within the pool and ``tenant``'s share of it."""
-        held = self._held.get(tenant, 0)
-        share = self.settings.background_share
-        if len(self._tasks) >= self.settings.max_background or held >= share:
-            coroutine.close()
-            whose = (f"{tenant} holds {held} background deliveries, its share of the node's"
-                     if held >= share else f"{len(self._tasks)} background deliveries in flight, the node's")
-            raise RateLimited(f"{whose} {self.settings.max_background}; retry when some have answered",
-                              code="background_full", details={"retry_after_ms": 1_000})
-        task = asyncio.ensure_future(coroutine)
-        self._tasks.add(task)
-        self._held[tenant] = held + 1
-        task.add_done_callback(lambda done: self._task_done(done, tenant))
-
-    def _task_done(self, task: asyncio.Task[None], tenant: str) -> None:
-        self._tasks.discard(task)
-        held = self._held.pop(tenant, 1) - 1
-        if held > 0:
-            self._held[tenant] = held
-        if not task.cancelled() and task.exception() is not None:
-            log.error("a background delivery failed: %r", task.exception(), exc_info=task.exception())
 
     # -- delivery ----------------------------------------------------------------------------
 
@@ -288,6 +279,7 @@ class Proxy:
 
         async def decide(request: RouteRequest, *, fresh: bool) -> RouteTicket:
             ticket = await self._decide(request, first=not fresh, envelope=envelope, caller=caller, events=events)
+            self._check_payload(envelope, ticket.target, caller, events)
             await self.hops.delivering(envelope.trace_id, envelope.hop_count + 1,
                                        [ticket.target.agent_id, *(other.agent_id for other in ticket.alternates)])
             return ticket
@@ -302,6 +294,7 @@ class Proxy:
                                     "http.response.status_code": tried.status})
 
         async def issue(ticket: RouteTicket, target: RouteTarget) -> str:
+            self._check_payload(envelope, target, caller, events)
             request = CredentialRequest(signature=ticket.signature, agent_id=target.agent_id)
             return self.node.issue_credential(request, caller).credential
 
@@ -331,8 +324,9 @@ class Proxy:
     async def _decide(self, request: RouteRequest, *, first: bool, envelope: Envelope, caller: TokenClaims,
                       events: list[RouteEvent]) -> RouteTicket:
         """A ticket from the router in process; every decision (or why there is none) joins the trace."""
+        noted = mask_secrets(envelope.extensions) if envelope.extensions else None
         try:
-            ticket = await self.node.resolve(request, caller)
+            ticket = await self.node.resolve(request, caller, extensions=noted)
         except NodeError as exc:
             events.append(self._event(RouteEventKind.DECISION, envelope, caller, result=exc.code, detail=exc.message))
             if first:
@@ -341,8 +335,19 @@ class Proxy:
         alternates = ", ".join(a.agent_id for a in ticket.alternates) or "none"
         detail = f"ticket {ticket.ticket_id}, {ticket.locality.value}; alternates: {alternates}"
         events.append(self._event(RouteEventKind.DECISION, envelope, caller, target=ticket.target,
-                                  result=ticket.match.kind.value, detail=detail))
+                                  result=ticket.match.kind.value, detail=detail, extensions=noted))
         return ticket
+
+    def _check_payload(self, envelope: Envelope, target: RouteTarget, caller: TokenClaims,
+                       events: list[RouteEvent]) -> None:
+        """The region's payload policy (``node.trust.payload``) for a send to ``target``: raises
+        :class:`~node.trust.PayloadRefused` before anything is delivered."""
+        refusal = self.payload.refusal(envelope.payload, envelope.extensions, [target.transport])
+        if refusal is not None:
+            self._count(refusal.code)
+            events.append(self._event(RouteEventKind.REFUSED, envelope, caller, target=target, result=refusal.code,
+                                      status=refusal.status, detail=refusal.message))
+            raise refusal
 
     def _after_attempt(self, tried: Tried, envelope: Envelope, caller: TokenClaims, events: list[RouteEvent],
                        failures: list[dict[str, Any]]) -> None:
@@ -373,57 +378,35 @@ class Proxy:
                              callback_endpoint: str) -> None:
         events: list[RouteEvent] = []
         try:
+            status, agent = 200, {}
             try:
                 answer = await self._deliver(envelope, route, caller, events)
                 result = result_envelope(envelope, caller, answer)
+                agent = {"X-Reach-Agent": answer.headers["X-Reach-Agent"]}
             except NodeError as exc:
                 result = Envelope(type=EnvelopeType.EVENT, operation="reach.delivery_failed",
                                   payload={"error": exc.code, "message": exc.message, "details": exc.details},
                                   trace_id=envelope.trace_id, target_agent=caller.sub, reply_to_id=envelope.id,
                                   hop_count=envelope.hop_count + 1, expire_at_ms=envelope.expire_at_ms)
+                status = exc.status
+            await self.traces.keep_result(kept_result(envelope, caller, Answer(status, "application/json",
+                result.to_json(), agent), delivery="callback", max_bytes=self.settings.result_max_bytes))
             await self._callback(callback_endpoint, result, envelope, caller, events)
         finally:
             await self.traces.append(events, charge=charged(caller))
 
     async def _callback(self, url: str, result: Envelope, original: Envelope, caller: TokenClaims,
                         events: list[RouteEvent]) -> None:
-        session = self.session
-        if session is None:
+        if self.session is None:
             return
-        timeout = aiohttp.ClientTimeout(total=self.settings.read_timeout_ms / 1000,
-                                        sock_connect=self.settings.connect_timeout_ms / 1000)
-        headers = {"Content-Type": "application/json", "X-Reach-Trace-Id": result.trace_id,
-                   "X-Reach-Reply-To": original.id}
-        for attempt in range(self.settings.callback_attempts):
-            if attempt:
-                await asyncio.sleep(self.policy.backoff_s(attempt - 1, self.rng))
-            began = time.perf_counter()
-            status: int | None = None
-            denied: EgressDenied | None = None
-            try:
-                self.egress.check_url(url)
-                # The body is not read: only the status matters, and an unread answer cannot
-                # fill the node's memory (the connection is closed instead of reused).
-                async with session.post(url, data=result.to_json(), headers=headers, timeout=timeout,
-                                        allow_redirects=False) as response:
-                    status = response.status
-                error = None if status < 300 else f"HTTP {status}"
-            except asyncio.CancelledError:
-                raise
-            except EgressDenied as exc:
-                denied, error = exc, f"egress_denied: {exc.message}"
-            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                denied = egress_denial(exc)
-                error = f"egress_denied: {denied.message}" if denied else f"{type(exc).__name__}: {exc}"
-            latency = (time.perf_counter() - began) * 1000
+
+        def recorded(attempt: int, status: int | None, latency_ms: float, error: str | None) -> None:
             events.append(self._event(RouteEventKind.CALLBACK, original, caller, endpoint=url, attempt=attempt,
                                       agent_id=caller.sub, result="success" if error is None else "failure",
-                                      status=status, latency_ms=latency, detail=error))
-            if error is None:
-                return
-            if denied is not None:
-                break  # the policy will say the same on every retry
-        log.warning("could not deliver the result of %s to %s", original.id, url)
+                                      status=status, latency_ms=latency_ms, detail=error))
+
+        await post_callback(self.session, url, result, original, settings=self.settings, egress=self.egress,
+                            backoff_s=lambda attempt: self.policy.backoff_s(attempt, self.rng), on_attempt=recorded)
 
     # -- helpers -----------------------------------------------------------------------------
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from redis import asyncio as aioredis
 
-from ..core import HOP_HEADER, Envelope, ValidationFailed
-from ..store import RedisErrors
-from ..trust import Signer
+from ...core import HOP_HEADER, Envelope, ValidationFailed
+from ...store import RedisErrors
+from ...trust import Signer
 
 __all__ = ["HOP_HEADER", "HopLedger", "InvalidHopStamp"]
 
