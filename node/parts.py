@@ -70,7 +70,8 @@ def build_parts(config: NodeConfig, *, secret: bytes) -> NodeParts:
     sweeper = Sweeper(store, interval_ms=config.sweep_interval_ms, max_expire_fraction=config.max_expire_fraction,
                       protect_min_agents=config.protect_min_agents,
                       protection_max_hold_ms=config.protection_max_hold_ms)
-    prober = Prober(store, cache, max_concurrent=config.max_concurrent_probes, egress=config.egress, tls=config)
+    prober = Prober(store, cache, max_concurrent=config.max_concurrent_probes, egress=config.egress, tls=config,
+                    history=config.probe_history)
     leadership.add_duty("sweeper", sweeper.run)
     leadership.add_duty("prober", prober.run)
     watch = WatchHub(streams_per_caller=config.watch_streams_per_caller, write_timeout_ms=config.watch_write_timeout_ms)

@@ -75,6 +75,7 @@ from .records import (
     MAX_LEASE_TTL_MS,
     MIN_LEASE_TTL_MS,
     ROUTABLE_STATUSES,
+    AgentChange,
     AgentList,
     AgentRecord,
     Capability,
@@ -127,7 +128,7 @@ from .versions import VersionConstraint, parse_version, version_constraint
 __all__ = [
     "BINDING_TRANSPORTS", "CardListing", "DEFAULT_PROTOCOL_VERSION", "PROTOCOL_VERSION_LABEL", "TRANSPORT_BINDINGS",
     "a2a_interface",
-    "AGENT_ID_PATTERN", "AGENT_ID_RE", "AGENT_PATTERN_RE", "AgentId", "AgentList", "AgentRecord",
+    "AGENT_ID_PATTERN", "AGENT_ID_RE", "AGENT_PATTERN_RE", "AgentChange", "AgentId", "AgentList", "AgentRecord",
     "CAPABILITY_NAME_PATTERN", "CallClaims", "Capability", "CapabilitySummary", "CredentialRequest", "IssuedCredential", "ChangeEvent", "ChangeKind", "Count", "DEFAULT_FAILURE_THRESHOLD",
     "DEFAULT_LEASE_TTL_MS", "DEFAULT_PROBE_INTERVAL_MS", "DEFAULT_PROBE_TIMEOUT_MS", "DEFAULT_SUCCESS_THRESHOLD",
     "DEFAULT_WEIGHT", "DeleteReason", "EndpointName", "ErrorBody", "Forwarding", "Heartbeat", "HeartbeatResponse", "LoadReportResponse", "INT64_MAX",

@@ -12,6 +12,7 @@ from pydantic.json_schema import models_json_schema
 from ...core import Envelope, Policy, RouteEvents, SendAccepted, Trace
 from ...core.a2a import CardRegistration
 from ...core.models import (
+    AgentChange,
     AgentList,
     AgentRecord,
     ChangeEvent,
@@ -37,7 +38,10 @@ from .patterns import AGENT_PATTERN, JSON_VALUE, MULTI_LINE, SINGLE_LINE, STORED
 from .refinements import CARD_REFINEMENTS, REFINEMENTS, close_pattern_properties, refine
 from .shapes import (
     Accepted,
+    AgentChanged,
     AgentDecisions,
+    AgentProbes,
+    AgentTokensRevoked,
     Breakers,
     Deregistered,
     ExportedAgentCard,
@@ -52,7 +56,7 @@ from .shapes import (
     VectorRequest,
     VectorResponse,
 )
-from .watch_events import WatchExpired, WatchHello, WatchOverflow, WatchRevoked, watch_event_schema
+from .watch_events import WatchExpired, WatchHello, WatchLeases, WatchOverflow, WatchRevoked, watch_event_schema
 
 _MODELS: list[type[BaseModel]] = [
     Registration, RegisterResponse, Heartbeat, HeartbeatResponse, Load, LoadReportResponse, AgentRecord, AgentList, RouteRequest,
@@ -60,7 +64,7 @@ _MODELS: list[type[BaseModel]] = [
     SendAccepted, RouteEvents, Trace, Policy, ChangeEvent, Deregistered, Accepted, Regions, QuarantineList,
     VectorRequest, VectorResponse, FederationStatus, ExportedAgentCard, Health, Ready, Unready, WatchHello,
     WatchOverflow, WatchRevoked, WatchExpired, CredentialRequest, IssuedCredential, KeySet, KeyRotated, Breakers, TokenRevoked, RevocationRequest,
-    AgentDecisions,
+    AgentDecisions, AgentProbes, AgentChange, AgentChanged, AgentTokensRevoked, WatchLeases,
 ]
 
 
@@ -79,6 +83,9 @@ def components(max_hops: int) -> dict[str, Schema]:
     # node.core.models.RouteRequest._one_selector: a non-empty capability, agent_id or pattern.
     schemas["RouteRequest"]["anyOf"] = [_non_empty("capability"), _non_empty("agent_id"), _non_empty("pattern"),
                                         {"required": ["tags"], "properties": {"tags": {"type": "array", "minItems": 1}}}]
+    # node.core.models.AgentChange._something: a status or a weight.
+    schemas["AgentChange"]["anyOf"] = [{"required": ["status"], "properties": {"status": {"type": "string"}}},
+                                       {"required": ["weight"], "properties": {"weight": {"type": "integer"}}}]
     schemas["AgentCard"]["anyOf"] = [
         {"required": ["supportedInterfaces"], "properties": {"supportedInterfaces": {"type": "array", "minItems": 1}}},
         _non_empty("url")]
