@@ -99,9 +99,25 @@ def waiter(driver: webdriver.Chrome) -> WebDriverWait:
     return WebDriverWait(driver, WAIT_S)
 
 
+def texts(driver: webdriver.Chrome, selector: str) -> list[str]:
+    """The text of every element ``selector`` finds, read in one go: the page draws its tables again
+    whenever the watch says something (leases, about every second), so an element found in one call
+    may be gone by the next."""
+    return driver.execute_script("return [...document.querySelectorAll(arguments[0])].map((el) => el.innerText)",
+                                 selector)
+
+
+def attributes(driver: webdriver.Chrome, selector: str, name: str) -> list[str | None]:
+    """The attribute ``name`` of every element ``selector`` finds, read in one go (see :func:`texts`)."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map((el) => el.getAttribute(arguments[1]))",
+        selector, name)
+
+
 def severe_errors(driver: webdriver.Chrome) -> list[str]:
     return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
 
 
 __all__ = ["By", "CHROMEDRIVER", "CHROMIUM", "WAIT_S", "agent", "browser", "call", "call_status", "console_node",
-           "needs_chromium", "present", "ready", "severe_errors", "visible", "waiter", "webdriver"]
+           "needs_chromium", "present", "ready", "severe_errors", "texts", "attributes", "visible", "waiter",
+           "webdriver"]

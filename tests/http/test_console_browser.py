@@ -15,7 +15,6 @@ import asyncio
 import os
 import re
 import shutil
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,16 +23,18 @@ import pytest
 
 from node.core.models import TokenRole
 
-from ..helpers import AgentServer, RunningNode, wait_for
-from .browser import By, console_node, needs_chromium, present, ready, severe_errors, visible, waiter  # noqa: F401
+from ..helpers import AgentServer, RunningNode
+from .browser import By, attributes, console_node, needs_chromium, present, ready, severe_errors, texts  # noqa: F401
+from .browser import visible, waiter
 from .browser import agent as _agent
 from .browser import browser as _browser
 from .browser import call as _call
 
 try:
     from selenium.webdriver.support.select import Select
+    from selenium.webdriver.support.ui import WebDriverWait
 except ImportError:  # pragma: no cover - skipped then (needs_chromium)
-    Select = None
+    Select = WebDriverWait = None
 
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "console.png"
 
@@ -84,7 +85,7 @@ def _drive(node: RunningNode, out: Path) -> dict[str, object]:
                                                        "1", "ready", {"team": "lang"}))
         wait.until(css('tr[data-agent-id="lang.summarize.brief"]'))
         seen["no_reload"] = browser.execute_script("return window.__loadedOnce === true")
-        seen["rows"] = len(browser.find_elements(By.CSS_SELECTOR, "#agents-table tbody tr"))
+        seen["rows"] = len(texts(browser, "#agents-table tbody tr"))
         browser.save_screenshot(str(out / "console-agents.png"))
 
         browser.find_element(By.CSS_SELECTOR, 'a[data-view="search"]').click()
@@ -111,8 +112,7 @@ def _drive(node: RunningNode, out: Path) -> dict[str, object]:
         browser.get(f"{url}/ui/#/agents")
         wait.until(css('tr[data-agent-id="lang.translate.deepl_eu"]'))
         wait.until(css("#live.on"))
-        seen["outsider_rows"] = sorted(row.get_attribute("data-agent-id") for row in
-                                       browser.find_elements(By.CSS_SELECTOR, "#agents-table tbody tr"))
+        seen["outsider_rows"] = sorted(attributes(browser, "#agents-table tbody tr", "data-agent-id"))
         seen["console_errors"] = severe_errors(browser)
     finally:
         browser.quit()
@@ -161,6 +161,7 @@ BEATING = "lang.translate.beating"
 LEASE_MS = 4_000  # short, so the test spans four leases; the page's leases arrive about every second
 BEAT_EVERY_S = 0.5
 HEARTBEATING_S = 16.0
+MAX_BEATS = int((HEARTBEATING_S + 90) / BEAT_EVERY_S)  # the page's start and WAIT_S'es included
 # Every 250 ms the page notes what its row of the agent says (status cell, lease cell), and whether
 # the page's own rule calls the agent routable.
 SAMPLER = """
@@ -173,7 +174,8 @@ window.__sampler = setInterval(() => {
 """ % BEATING
 
 
-def _sample_the_row(node: RunningNode, started: threading.Event, done: threading.Event) -> list[dict[str, object]]:
+def _sample_the_row(node: RunningNode) -> list[dict[str, object]]:
+    """What the page says of the agent every 250 ms, over HEARTBEATING_S once it shows it."""
     browser = _browser()
     wait = waiter(browser)
     try:
@@ -182,12 +184,11 @@ def _sample_the_row(node: RunningNode, started: threading.Event, done: threading
         wait.until(present(f'tr[data-agent-id="{BEATING}"]'))
         wait.until(present("#live.on"))
         browser.execute_script(SAMPLER)
-        started.set()
-        if not done.wait(timeout=HEARTBEATING_S + 60):
-            raise AssertionError("the heartbeats did not end")
+        spanned = ("const s = window.__samples; return s.length > 1 && s[s.length - 1].at - s[0].at >= arguments[0]")
+        WebDriverWait(browser, HEARTBEATING_S + 30).until(lambda driver: driver.execute_script(spanned,
+                                                                                               HEARTBEATING_S * 1000))
         return browser.execute_script("clearInterval(window.__sampler); return window.__samples")
     finally:
-        started.set()
         browser.quit()
 
 
@@ -195,19 +196,16 @@ async def test_a_heartbeating_agent_stays_routable_in_the_page(console_node: Run
     node = console_node
     await node.register(_agent(BEATING, "Beating", "Renews its lease every half second", "translate.text", "1",
                                "ready", {"team": "lang"}, lease_ttl_ms=LEASE_MS))
-    started, done = threading.Event(), threading.Event()
-    sampling = asyncio.ensure_future(asyncio.to_thread(_sample_the_row, node, started, done))
-    try:
-        await wait_for(started.is_set, timeout_s=60, message="the page to show the agent")
-        beats, began = 0, time.monotonic()
-        while time.monotonic() - began < HEARTBEATING_S and beats < HEARTBEATING_S / BEAT_EVERY_S + 5:
-            status, body = await node.call("PUT", f"/v1/agents/{BEATING}/heartbeat", json={})
-            assert status == 200, body
-            beats += 1
-            await asyncio.sleep(BEAT_EVERY_S)  # the agent's pace, not a synchronisation
-    finally:
-        done.set()
-        samples = await sampling
+    # The agent heartbeats from its registration on, until the page has watched it long enough;
+    # bounded in count and time all the same.
+    sampling = asyncio.ensure_future(asyncio.to_thread(_sample_the_row, node))
+    beats, began = 0, time.monotonic()
+    while not sampling.done() and beats < MAX_BEATS and time.monotonic() - began < MAX_BEATS * BEAT_EVERY_S:
+        status, body = await node.call("PUT", f"/v1/agents/{BEATING}/heartbeat", json={})
+        assert status == 200, body
+        beats += 1
+        await asyncio.wait({sampling}, timeout=BEAT_EVERY_S)  # the agent's pace, not a synchronisation
+    samples = await sampling
     spanned_s = (samples[-1]["at"] - samples[0]["at"]) / 1000
     assert spanned_s >= HEARTBEATING_S - 2 and len(samples) >= 40, (spanned_s, len(samples))
     assert spanned_s * 1000 >= 3 * LEASE_MS  # several leases ran out and were renewed meanwhile
@@ -342,8 +340,8 @@ def _narrow_tour(node: RunningNode, probed: AgentServer, out: Path) -> dict[str,
         wait.until(lambda driver: len(driver.find_elements(By.CSS_SELECTOR, '.probe-strip[data-kind="readiness"] .tick.ok')) >= 2)
         probed.ready = False  # its readiness probe answers 503 from now on
         wait.until(present('.probe-strip[data-kind="readiness"] .tick.bad'))
-        seen["latest_probe"] = browser.find_element(By.CSS_SELECTOR, "table.probe-results tbody tr").text
-        seen["strip"] = browser.find_element(By.CSS_SELECTOR, '.probe-strip[data-kind="readiness"]').text
+        seen["latest_probe"] = texts(browser, "table.probe-results tbody tr")[0]
+        seen["strip"] = texts(browser, '.probe-strip[data-kind="readiness"]')[0]
         browser.save_screenshot(str(out / "console-probes-700.png"))
         seen["errors"] = severe_errors(browser)
     finally:

@@ -12,7 +12,7 @@ import pytest
 
 from ..federation.test_summaries import Trio
 from ..helpers import RunningNode, registration, wait_for
-from .browser import By, browser, needs_chromium, present, severe_errors, waiter
+from .browser import By, attributes, browser, needs_chromium, present, severe_errors, texts, waiter
 
 pytestmark = [needs_chromium, pytest.mark.timeout(180)]
 
@@ -27,18 +27,20 @@ def _tour(home: RunningNode, peer: RunningNode, peer_region: str) -> dict[str, o
     try:
         driver.get(f"{home.url}/ui/#token={home.admin_token}")
         driver.get(f"{home.url}/ui/#/agents")
-        row = wait.until(present(f'tr[data-agent-id="{REMOTE}"]'))
-        seen["row"] = driver.execute_script("return [...arguments[0].children].map((cell) => cell.innerText)", row)
-        switch = wait.until(present(f'#region-switch a[data-region="{peer_region}"]'))
-        seen["switch_href"] = switch.get_attribute("href")
-        seen["switch_text"] = driver.find_element(By.CSS_SELECTOR, "#region-switch").text
+        wait.until(present(f'tr[data-agent-id="{REMOTE}"]'))
+        seen["row"] = texts(driver, f'tr[data-agent-id="{REMOTE}"] > td')
+        wait.until(present(f'#region-switch a[data-region="{peer_region}"]'))
+        seen["switch_href"] = attributes(driver, f'#region-switch a[data-region="{peer_region}"]', "href")[0]
+        seen["switch_text"] = texts(driver, "#region-switch")[0]
 
         driver.get(f"{home.url}/ui/#/agent/{REMOTE}")
         seen["elsewhere"] = wait.until(present("#actions .empty")).text
         seen["lease"] = driver.find_element(By.CSS_SELECTOR, "#agent-lease").text
         seen["errors"] = severe_errors(driver)
 
-        driver.find_element(By.CSS_SELECTOR, f'#region-switch a[data-region="{peer_region}"]').click()
+        # Clicked in the page: the switcher is drawn again when a peer's freshness changes.
+        driver.execute_script("document.querySelector(arguments[0]).click()",
+                              f'#region-switch a[data-region="{peer_region}"]')
         wait.until(lambda d: d.current_url.startswith(peer.url))
         wait.until(present("#live.on"))
         wait.until(lambda d: peer_region in d.find_element(By.CSS_SELECTOR, "#node-facts").text)

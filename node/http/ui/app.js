@@ -309,6 +309,9 @@ function applyChange(change) {
     }
   } else if (change.record) {
     if (!current || change.record.version >= current.record.version) {
+      // The record carries its lease as of this change; a renewal heard before it may be of a
+      // registration it replaced.
+      if (change.region === homeRegion() && change.kind === 'upsert') state.leases.delete(change.agent_id);
       state.agents.set(k, {record: change.record, seq: state.seq});
       state.tombstones.delete(k);
       state.flash.add(k);
