@@ -336,6 +336,13 @@ def _narrow_tour(node: RunningNode, probed: AgentServer, out: Path) -> dict[str,
         seen["width_agent"] = browser.execute_script(OVERFLOW)
         browser.save_screenshot(str(out / "console-agent-700.png"))
 
+        browser.get(f"{url}/ui/#/")
+        wait.until(present("#region-cards .card[data-region]"))
+        seen["width_overview"] = browser.execute_script(OVERFLOW)
+        browser.get(f"{url}/ui/#/search?q=translate")
+        wait.until(present(".hits .hit"))
+        seen["width_search"] = browser.execute_script(OVERFLOW)
+
         browser.get(f"{url}/ui/#/agent/docs.ocr.probed")
         wait.until(lambda driver: len(driver.find_elements(By.CSS_SELECTOR, '.probe-strip[data-kind="readiness"] .tick.ok')) >= 2)
         probed.ready = False  # its readiness probe answers 503 from now on
@@ -367,7 +374,7 @@ async def test_groups_probes_wrapping_and_a_700_px_window(console_node: RunningN
     finally:
         await probed.aclose()
 
-    for page in ("width_agents", "width_agent"):
+    for page in ("width_agents", "width_agent", "width_overview", "width_search"):
         scroll_width, window_width = seen[page]  # type: ignore[misc]
         assert scroll_width <= window_width, (page, seen[page])  # nothing runs off the side at 700 px
     assert seen["table_fits"] is True
