@@ -828,7 +828,7 @@ function regionSwitch(node) {
   nav.hidden = !node.peers.length;  // one region: nowhere to switch to
   const links = [h('span', {class: 'region current', title: "this node's region", dataset: {region: node.region}, text: node.region})];
   for (const peer of node.peers) {
-    const url = (peer.node_urls || [])[0];
+    const url = (peer.node_urls || []).find((candidate) => /^https?:\/\/[^\s]+$/i.test(candidate));
     if (!url) {
       links.push(h('span', {class: 'region muted', dataset: {region: peer.region}, title: 'no console address known', text: peer.region}));
       continue;
