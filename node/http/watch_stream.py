@@ -243,4 +243,5 @@ async def end_watches(app: web.Application) -> None:
     app[NODE_KEY].watch.end_all()
 
 
-__all__ = ["LEASE_EVENT_INTERVAL_S", "LEASE_SCAN_SHARE", "SSE_KEEPALIVE_S", "WATCH_REPLAY_MAX", "WATCH_REPLAY_PAGE", "end_watches", "watch"]
+__all__ = ["LEASE_EVENT_INTERVAL_S", "LEASE_SCAN_SHARE", "SSE_KEEPALIVE_S", "WATCH_REPLAY_MAX", "WATCH_REPLAY_PAGE",
+           "end_watches", "watch"]

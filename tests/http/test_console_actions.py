@@ -11,8 +11,8 @@ from pathlib import Path
 from node.core.models import TokenRole
 
 from ..helpers import RunningNode
-from .browser import agent, browser, call, call_status, console_node, needs_chromium, present, severe_errors  # noqa: F401
-from .browser import By, visible, waiter
+from .browser import By, agent, browser, call, call_status, needs_chromium, present, severe_errors, visible, waiter
+from .browser import console_node  # noqa: F401 - the fixture
 
 pytestmark = needs_chromium
 

@@ -24,8 +24,8 @@ import pytest
 from node.core.models import TokenRole
 
 from ..helpers import AgentServer, RunningNode
-from .browser import By, attributes, console_node, needs_chromium, present, ready, severe_errors, texts  # noqa: F401
-from .browser import visible, waiter
+from .browser import By, attributes, needs_chromium, present, ready, severe_errors, texts, visible, waiter
+from .browser import console_node  # noqa: F401 - the fixture
 from .browser import agent as _agent
 from .browser import browser as _browser
 from .browser import call as _call
@@ -344,7 +344,7 @@ def _narrow_tour(node: RunningNode, probed: AgentServer, out: Path) -> dict[str,
         seen["width_search"] = browser.execute_script(OVERFLOW)
 
         browser.get(f"{url}/ui/#/agent/docs.ocr.probed")
-        wait.until(lambda driver: len(driver.find_elements(By.CSS_SELECTOR, '.probe-strip[data-kind="readiness"] .tick.ok')) >= 2)
+        wait.until(lambda driver: len(texts(driver, '.probe-strip[data-kind="readiness"] .tick.ok')) >= 2)
         probed.ready = False  # its readiness probe answers 503 from now on
         wait.until(present('.probe-strip[data-kind="readiness"] .tick.bad'))
         seen["latest_probe"] = texts(browser, "table.probe-results tbody tr")[0]

@@ -215,7 +215,8 @@ class AgentChange(Strict):
     it out of routing) or its routing weight; at least one of them."""
 
     status: Status | None = Field(default=None, description="The agent's new status; the agent's own next "
-                                                             "heartbeat that names a status replaces it.")
+                                                             "heartbeat that names a status, or its next "
+                                                             "registration, replaces it.")
     weight: int | None = Field(default=None, ge=0, le=10_000, description="The routing weight (0: no traffic).")
     reason: str | None = Field(default=None, max_length=200, pattern=SINGLE_LINE_PATTERN,
                                description="Why, for the decision log.")

@@ -3,7 +3,8 @@
 * ``PATCH`` (:class:`~node.core.models.AgentChange`): a new status (``draining`` takes the agent
   out of routing, ``ready`` brings it back) and/or routing weight, as one versioned change of the
   record that every replica and peer region sees; no lease is moved. The agent's own next
-  heartbeat that names a status replaces the admin's.
+  heartbeat that names a status (the SDK names one once ``set_status`` was called), or its next
+  registration, replaces the admin's.
 * ``DELETE``: deregister it (a tombstone, like the agent's own ``DELETE /v1/agents/{agent_id}``).
 * ``POST …/revoke-tokens``: refuse every agent token of that id issued so far, in this region and
   (with federation) its peers (:meth:`~node.trust.RevocationList.revoke_subject`); its next

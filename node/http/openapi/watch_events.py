@@ -2,7 +2,8 @@
 the stream's ``itemSchema``): ``hello`` first, then one ``change`` (a
 :class:`~node.core.models.ChangeEvent`) per event, ``overflow`` when a watcher fell behind,
 ``revoked`` when the watcher's token was revoked, ``expired`` when it expired (each ends the stream);
-``leases`` (asked for with ``leases=true``) when leases moved. The stream itself is written by ``node.http.watch_stream``.
+``leases`` (asked for with ``leases=true``) when leases moved. The stream itself is written by
+``node.http.watch_stream``.
 """
 
 from __future__ import annotations

@@ -89,7 +89,8 @@ function setStatus(record, status, reason) {
     body: [line('Its status is ', h('b', {text: record.status}), ' now.'),
       line(['ready', 'degraded', 'busy'].includes(status) ? 'It can be routed to with this status.'
         : 'With this status no new calls are routed to it; calls in flight finish.'),
-      line("The agent's own next heartbeat that names a status replaces this one.")],
+      line("It holds until the agent names a status itself (a heartbeat with one, or registering again); ",
+        'to keep it out for good, revoke its tokens and deregister it.')],
     method: 'PATCH', path: agentPath(record), payload: {status, ...(reason ? {reason} : {})},
     done: (answer) => answer.changed ? `${record.agent_id}: status ${record.status} → ${answer.status} (version ${answer.version}).`
       : `${record.agent_id} had status ${answer.status} already.`,
