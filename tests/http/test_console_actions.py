@@ -61,6 +61,7 @@ def _act(node: RunningNode, agent_token: str, out: Path) -> dict[str, object]:
         seen["drain_row"] = _admin_rows(driver)[0]
         seen["page_status"] = driver.find_element(By.CSS_SELECTOR, "#agent-status").text
         seen["page_routable"] = driver.find_element(By.CSS_SELECTOR, "#agent-routable").text
+        driver.execute_script("document.querySelector('#decisions').scrollIntoView()")
         driver.save_screenshot(str(out / "console-drained.png"))
 
         # Status back to ready, chosen from the list.

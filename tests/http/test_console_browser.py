@@ -349,6 +349,7 @@ def _narrow_tour(node: RunningNode, probed: AgentServer, out: Path) -> dict[str,
         wait.until(present('.probe-strip[data-kind="readiness"] .tick.bad'))
         seen["latest_probe"] = texts(browser, "table.probe-results tbody tr")[0]
         seen["strip"] = texts(browser, '.probe-strip[data-kind="readiness"]')[0]
+        browser.execute_script("document.querySelector('#probes').scrollIntoView()")
         browser.save_screenshot(str(out / "console-probes-700.png"))
         seen["errors"] = severe_errors(browser)
     finally:
