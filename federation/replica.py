@@ -22,7 +22,7 @@ region (the node's watch hub, the semantic index) — synchronously, so listener
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from pydantic import ValidationError
 
@@ -211,13 +211,17 @@ class PeerCatalog(StreamFollower[FeedEntry]):
     stream_name = "replica feed"
 
     def __init__(self, store: ReplicaStore, *, peers: Sequence[str], stale_after_ms: int,
-                 feed_block_ms: int = 1_000, replicated: Collection[str] | None = None) -> None:
+                 feed_block_ms: int = 1_000, replicated: Collection[str] | None = None,
+                 node_urls: Mapping[str, Sequence[str]] | None = None) -> None:
+        """``node_urls``: where each peer's nodes serve (the topology's), named in ``describe()``
+        so a console can link to theirs."""
         super().__init__(region=store.region, task_name=f"federation-feed-{store.region}")
         self.store = store
         self.feed_block_ms = feed_block_ms
         self._peers = [PeerReplica(peer, stale_after_ms=stale_after_ms,
                                    replicated=replicated is None or peer in replicated) for peer in peers]
         self._by_region = {peer.region: peer for peer in self._peers}
+        self._node_urls = {region: list(urls) for region, urls in (node_urls or {}).items()}
 
     # -- node.remote.RemoteCatalog -----------------------------------------------------------
 
@@ -225,7 +229,7 @@ class PeerCatalog(StreamFollower[FeedEntry]):
         return self._peers
 
     def describe(self) -> list[dict[str, object]]:
-        return [peer.describe() for peer in self._peers]
+        return [{**peer.describe(), "node_urls": self._node_urls.get(peer.region, [])} for peer in self._peers]
 
     # subscribe(listener) -> unsubscribe: node.view.follower.StreamFollower
 

@@ -79,7 +79,8 @@ class Federation:
                                           feed_maxlen=config.feed_maxlen, quarantine=store.quarantine)
         self.catalog = PeerCatalog(self.replica_store, peers=[peer.region for peer in config.peers],
                                    stale_after_ms=config.stale_after_ms, feed_block_ms=config.feed_block_ms,
-                                   replicated=[peer.region for peer in config.replicated_peers])
+                                   replicated=[peer.region for peer in config.replicated_peers],
+                                   node_urls={peer.region: peer.node_urls for peer in config.peers})
         signer = Signer(secret)
         self.forwarder = Forwarder(config, signer=signer, ssl_context=peer_ssl_context)
         self.summaries = SummaryReader(config, catalog=self.catalog)

@@ -77,7 +77,7 @@ def build_parts(config: NodeConfig, *, secret: bytes) -> NodeParts:
                       protection_max_hold_ms=config.protection_max_hold_ms)
     tracing = NodeTracing(config, region=config.region, node_id=node_id)
     prober = Prober(store, cache, max_concurrent=config.max_concurrent_probes, egress=config.egress, tls=config,
-                    spans=tracing.spans)
+                    spans=tracing.spans, history=config.probe_history)
     leadership.add_duty("sweeper", sweeper.run)
     leadership.add_duty("prober", prober.run)
     watch = WatchHub(streams_per_caller=config.watch_streams_per_caller, write_timeout_ms=config.watch_write_timeout_ms)

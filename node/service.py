@@ -157,8 +157,7 @@ class RegistryNode:
         claims = self.signer.verify(token.strip())
         # A forwarded request (federation.forward) comes with a token the forwarding node minted:
         # the caller's own token, named by fwd.jti, is what this region may have revoked.
-        forwarded_jti = claims.fwd.jti if claims.fwd is not None else None
-        if any(jti is not None and self.revocations.revoked(jti) for jti in (claims.jti, forwarded_jti)):
+        if self.revocations.refuses(claims):
             raise Unauthorized("the token was revoked; ask for a new one ('agent-reach token issue')",
                                code="token_revoked")
         return claims

@@ -14,6 +14,10 @@ Probes go out under the region's egress policy (:mod:`node.trust.egress`): a pro
 denies is never connected — the probe fails with ``egress_denied`` and the reason — so probe
 URLs cannot turn the leader into an open-port scanner of its own network. Redirects are not
 followed (a 3xx is a failed probe) and response bodies are never read.
+
+The leader keeps the last ``history`` results of each probe in memory (:meth:`Prober.history`,
+``GET /v1/agents/{agent_id}/probes``, the console's probe chart): when, how long, and why one
+failed. They are this process's, and start again when another node becomes the leader.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-from dataclasses import dataclass
+import time
+from collections import deque
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -35,6 +41,7 @@ from ..view import RegionCache
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONCURRENT_PROBES = 64
+DEFAULT_PROBE_HISTORY = 30
 # After connecting: the server closed or answered what is not HTTP/1.1 (a probe with accept=listening passes).
 _ANSWERED_OTHERWISE = (aiohttp.ServerDisconnectedError, aiohttp.ClientResponseError, aiohttp.ClientPayloadError)
 LIVENESS = "liveness"
@@ -48,6 +55,8 @@ class ProbeState:
     probed: int = 0
     last_error: str | None = None
     registered_at_ms: int = 0
+    # (at_ms, latency_ms, error or None), oldest first; kept across a re-registration
+    history: deque[tuple[int, float, str | None]] = field(default_factory=deque)
 
 
 class Prober:
@@ -56,16 +65,18 @@ class Prober:
     ``egress``: the region's policy (``NodeConfig.egress``); the default allows public addresses only.
     ``tls``: what an https probe URL is checked against (``NodeConfig`` is one: its ``ca_file``).
     ``spans``: each probe a ``probe {kind}`` span (the node's OpenTelemetry tracer, if any).
+    ``history``: results kept per probe (0: none).
     """
 
     def __init__(self, store: RegionStore, cache: RegionCache, *,
                  max_concurrent: int = DEFAULT_MAX_CONCURRENT_PROBES,
                  egress: EgressPolicy = DEFAULT_EGRESS_POLICY, tls: ClientTlsSettings | None = None,
-                 spans: Spans = NO_SPANS) -> None:
+                 spans: Spans = NO_SPANS, history: int = DEFAULT_PROBE_HISTORY) -> None:
         self.store = store
         self.spans = spans
         self.cache = cache
         self.max_concurrent = max_concurrent
+        self.history_size = history
         self.egress = egress
         self.tls = tls or ClientTlsSettings()
         self.probes_run = 0
@@ -122,7 +133,8 @@ class Prober:
             state = self._states.get((record.agent_id, kind))
             if state is not None and state.registered_at_ms == record.registered_at_ms:
                 continue
-            self._states[(record.agent_id, kind)] = ProbeState(registered_at_ms=record.registered_at_ms)
+            kept = state.history if state is not None else deque(maxlen=self.history_size)
+            self._states[(record.agent_id, kind)] = ProbeState(registered_at_ms=record.registered_at_ms, history=kept)
             heapq.heappush(self._heap, (now_ms(), record.agent_id, kind, record.registered_at_ms))
             self._wake.set()
 
@@ -131,16 +143,27 @@ class Prober:
         state = self._states.get((agent_id, kind))
         return None if state is None else state.last_error
 
+    def history(self, agent_id: str) -> list[dict[str, object]]:
+        """The results this process kept of ``agent_id``'s probes, newest first: ``kind``
+        (liveness/readiness), ``at_ms``, ``ok``, ``latency_ms`` and ``error`` (None when it passed)."""
+        found = [{"kind": kind, "at_ms": at_ms, "ok": error is None, "latency_ms": latency_ms, "error": error}
+                 for kind in (LIVENESS, READINESS) if (state := self._states.get((agent_id, kind))) is not None
+                 for at_ms, latency_ms, error in state.history]
+        return sorted(found, key=lambda result: result["at_ms"], reverse=True)  # type: ignore[arg-type,return-value]
+
     async def _probe(self, session: aiohttp.ClientSession, record: AgentRecord, kind: str, probe: Probe) -> None:
+        started = time.perf_counter()
         with self.spans.start(f"probe {kind}", kind=SpanKind.CLIENT, attributes={
                 "gen_ai.agent.id": record.agent_id, "agent_reach.probe.kind": kind, "url.full": probe.url}) as span:
             error = await self._probe_error(session, kind, probe, span.context)
             if error is not None:
                 span.fail(error)
+        latency_ms = round((time.perf_counter() - started) * 1000, 1)
         self.probes_run += 1
         state = self._states.get((record.agent_id, kind))
         if state is None:
             return
+        state.history.append((now_ms(), latency_ms, error))
         state.probed += 1
         if error is None:
             state.successes += 1

@@ -11,7 +11,7 @@ from pydantic import Field
 
 from ..core import Settings
 from .leader import DEFAULT_LEADER_TTL_MS
-from .prober import DEFAULT_MAX_CONCURRENT_PROBES
+from .prober import DEFAULT_MAX_CONCURRENT_PROBES, DEFAULT_PROBE_HISTORY
 from .sweeper import DEFAULT_MAX_EXPIRE_FRACTION, DEFAULT_PROTECTION_MAX_HOLD_MS, DEFAULT_SWEEP_INTERVAL_MS
 
 __all__ = ["DutySettings"]
@@ -34,3 +34,6 @@ class DutySettings(Settings):
                                                     "anyway.")
     max_concurrent_probes: int = Field(default=DEFAULT_MAX_CONCURRENT_PROBES, ge=1,
                                        description="Liveness/readiness probes in flight at once (leader).")
+    probe_history: int = Field(default=DEFAULT_PROBE_HISTORY, ge=0, le=1_000,
+                               description="Results the leader keeps of each probe, for GET /v1/agents/{agent_id}/probes "
+                                           "and the console (0: none).")

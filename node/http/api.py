@@ -46,6 +46,7 @@ from ..routing import DEFAULT_SEARCH_K, MAX_SEARCH_K, AgentQuery, described_for
 from ..service import RegistryNode
 from ..trust import JWKS_PATH, AclFull, require_peer
 from .a2a_routes import registry_agent_card, v1_agent_card, well_known_agent_card
+from .admin import ADMIN_AGENT_ROUTES
 from .console import install_console
 from .guard import PUBLIC_PATHS, guard, public_path
 from .openapi import build_openapi
@@ -124,6 +125,18 @@ async def agent_decisions(request: web.Request) -> web.Response:
     entries = node.recent_decisions(agent_id, _caller(request))
     return json_response({"agent_id": agent_id, "region": node.region, "node_id": node.node_id,
                           "count": len(entries), "decisions": entries})
+
+
+async def agent_probes(request: web.Request) -> web.Response:
+    """The results of an agent's liveness and readiness probes this node ran (the region's leader
+    runs them: a follower has none), newest first."""
+    agent_id = request.match_info["agent_id"]
+    node = _node(request)
+    record = node.get(agent_id, _caller(request))
+    kept = record.region == node.region and node.leadership.is_leader
+    return json_response({"agent_id": agent_id, "region": record.region, "node_id": node.node_id,
+                          "leader": node.leadership.is_leader,
+                          "probes": node.prober.history(agent_id) if kept else []})
 
 
 async def register_card(request: web.Request) -> web.Response:
@@ -383,6 +396,7 @@ ROUTES: tuple[web.RouteDef, ...] = (
     web.get("/v1/agents/{agent_id}", get_agent),
     web.get("/v1/agents/{agent_id}/agent-card.json", v1_agent_card),
     web.get("/v1/agents/{agent_id}/decisions", agent_decisions),
+    web.get("/v1/agents/{agent_id}/probes", agent_probes),
     web.post("/v1/agent-cards", register_card),
     web.get("/v1/search", search),
     web.get("/v1/agents", list_agents),
@@ -418,6 +432,7 @@ def build_app(node: RegistryNode) -> web.Application:
     app[IN_FLIGHT_KEY] = in_flight
     app.on_shutdown.append(end_watches)
     app.add_routes(ROUTES)
+    app.add_routes(ADMIN_AGENT_ROUTES)
     for extension in node.extensions:
         extension(app)
     install_proxy_routes(app, node)

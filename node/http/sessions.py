@@ -303,7 +303,7 @@ class SessionHub:
         if claims.exp <= time.time():
             raise Unauthorized("the token the agent joined with has expired; issue a new one and join again",
                                code="token_expired")
-        if claims.jti is not None and self.node.revocations.revoked(claims.jti):
+        if self.node.revocations.refuses(claims):
             raise Unauthorized("the token was revoked; ask for a new one ('agent-reach token issue')",
                                code="token_revoked")
         return claims

@@ -1,7 +1,8 @@
 """The decision log: every route decision and reported outcome as a JSON line keyed by trace_id.
 
 Each resolve this node decides (``kind: "decision"``, ``result: "ok"`` or the error code of a
-refusal) and each outcome report it accepts (``kind: "outcome"``) becomes one JSON object per
+refusal), each outcome report it accepts (``kind: "outcome"``) and each admin's action on an agent
+through it (``kind: "admin"``: status, weight, deregister, revoke its tokens) becomes one JSON object per
 line in the configured sink (``NodeConfig.decision_log``: ``"stdout"``, ``"stderr"`` or a file
 path, appended to), so a collaboration can be followed across log pipelines by its
 ``trace_id``. A decision names its ticket; an outcome names the ticket it reports on, and its
@@ -88,6 +89,14 @@ class DecisionLog:
         self._write({"kind": "outcome", "at_ms": at_ms, "trace_id": trace_id, "ticket_id": ticket_id,
                      "node_region": self.region, "caller": caller, "agent_id": agent_id, "outcome": outcome,
                      "latency_ms": latency_ms})
+
+    def administered(self, *, at_ms: int, caller: str, agent_id: str, action: str, detail: str,
+                     version: int | None = None) -> None:
+        """An admin's action on an agent (``kind: "admin"``): ``action`` is ``status``, ``weight``,
+        ``deregister`` or ``revoke_tokens``, ``detail`` what it did (``"ready -> draining"``)."""
+        self._write({"kind": "admin", "at_ms": at_ms, "node_region": self.region, "caller": caller,
+                     "agent_id": agent_id, "action": action, "result": "ok", "detail": detail[:500],
+                     "version": version})
 
     def recent(self, agent_id: str, caller: TokenClaims, *, visible: Callable[[str], bool]) -> list[dict[str, Any]]:
         """The agent's last entries this node holds, newest first, as ``caller`` may see them:

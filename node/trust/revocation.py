@@ -24,27 +24,47 @@ federation's relay (``federation.revocations``) reads to send this region's own 
 through (:meth:`RevocationList.apply`, ``origin`` = the peer), so nothing is sent back and
 forth. :meth:`RevocationList.wait_changed` wakes the relay on a change this node made or read.
 While Redis cannot be reached the last list read stays in force.
+
+Every token of one subject (an agent's, when an admin revokes "the agent's tokens") is refused
+by one entry of the same list, :meth:`RevocationList.revoke_subject`: its id is
+``s-<digest of role and subject>-<cut-off>`` (a token id's alphabet, so the federation carries it
+like any other), and it refuses the subject's tokens issued at or before the cut-off second, for
+as long as such a token may live (tokens are issued with any lifetime, so until
+:data:`MAX_TOKEN_EXPIRY_S`). A token issued after it is accepted: the agent gets a new one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
 from ..core import now_ms
-from ..core.models import MAX_TOKEN_EXPIRY_S
+from ..core.models import MAX_TOKEN_EXPIRY_S, TokenClaims, TokenRole
 from ..store import RedisErrors, RegionStore
 from .polled import PolledList, PollState
 
 __all__ = ["DEFAULT_REVOCATION_POLL_INTERVAL_MS", "MAX_TOKEN_EXPIRY_S", "REVOKE", "LoggedRevocation", "Revocation",
-           "RevocationList", "RevocationState"]
+           "RevocationList", "RevocationState", "subject_entry"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_REVOCATION_POLL_INTERVAL_MS = 250
 DEFAULT_LOG_MAXLEN = 10_000  # the log only has to cover what the relay has not sent yet
+_SUBJECT_ENTRY = re.compile(r"^s-([0-9a-f]{40})-([0-9]{1,12})$")
+
+
+def _subject_digest(role: TokenRole, subject: str) -> str:
+    return hashlib.sha256(f"{role.value}\n{subject}".encode()).hexdigest()[:40]
+
+
+def subject_entry(role: TokenRole, subject: str, *, issued_until_s: int) -> str:
+    """The deny-list id refusing every token of ``subject`` (as ``role``) issued at or before
+    ``issued_until_s`` (seconds since the epoch)."""
+    return f"s-{_subject_digest(role, subject)}-{issued_until_s}"
 
 # KEYS: the deny list, its version, its log. ARGV: jti, until (ms), now (ms), origin, log maxlen.
 # Answers {1 if the id was not on the list, the list's version, 1 if the list changed};
@@ -111,6 +131,7 @@ class RevocationList(PolledList):
         self.peers: tuple[str, ...] = ()  # the regions a revocation here reaches (set by the federation)
         self.loads = 0
         self._revoked: dict[str, int] = {}  # jti -> until (ms)
+        self._subjects: dict[str, int] = {}  # subject digest -> the latest cut-off (s), from the "s-" entries
         self._version: str | None = None
         self._made = 0  # revocations through this list, so a read that raced one does not undo it
         self._revoke = redis.register_script(REVOKE)
@@ -127,6 +148,24 @@ class RevocationList(PolledList):
         """Whether the token ``jti`` is on the list (and its entry has not ended)."""
         until = self._revoked.get(jti)
         return until is not None and until > (now_ms() if at_ms is None else at_ms)
+
+    def refuses(self, claims: TokenClaims) -> bool:
+        """Whether a token with ``claims`` is revoked: by its id, by the id of the caller's token
+        it was forwarded for (``fwd.jti``, federation.forward), or with every token of its subject."""
+        if claims.jti is not None and self.revoked(claims.jti):
+            return True
+        if claims.fwd is not None and claims.fwd.jti is not None and self.revoked(claims.fwd.jti):
+            return True
+        if not self._subjects:  # the common case: no subject revoked, no digest computed
+            return False
+        cut_off = self._subjects.get(_subject_digest(claims.role, claims.sub))
+        return cut_off is not None and claims.iat <= cut_off
+
+    async def revoke_subject(self, role: TokenRole, subject: str, *, issued_until_s: int) -> Revocation:
+        """Refuse every token of ``subject`` (as ``role``) issued at or before ``issued_until_s``,
+        in this region and, through the federation, its peers; raises :class:`StoreUnavailable`."""
+        return await self.apply(subject_entry(role, subject, issued_until_s=issued_until_s),
+                                until_ms=MAX_TOKEN_EXPIRY_S * 1000, origin=self.region)
 
     async def revoke(self, jti: str, *, expires_at_s: int) -> Revocation:
         """Put ``jti`` on the region's list until ``expires_at_s`` (the token's ``exp``), as this
@@ -156,6 +195,7 @@ class RevocationList(PolledList):
                 args=[jti, until_ms, now, origin, DEFAULT_LOG_MAXLEN])
         self._made += 1
         self._revoked[jti] = max(until_ms, self._revoked.get(jti, 0))
+        self._subjects = _cut_offs(self._revoked)
         if changed:
             self._changed.set()
         return Revocation(jti=jti, until_ms=until_ms, new=bool(added), expired=False, version=int(version),
@@ -195,7 +235,19 @@ class RevocationList(PolledList):
         if made != self._made:
             return
         self._revoked = {str(jti): int(until) for jti, until in entries}
+        self._subjects = _cut_offs(self._revoked)
         if self.loads and version != self._version:
             self._changed.set()
         self._version = version
         self.loads += 1
+
+
+def _cut_offs(revoked: dict[str, int]) -> dict[str, int]:
+    """Subject digest -> the latest cut-off (s) of the subject entries among ``revoked``'s ids."""
+    cut_offs: dict[str, int] = {}
+    for jti in revoked:
+        found = _SUBJECT_ENTRY.match(jti) if jti.startswith("s-") else None
+        if found is not None:
+            digest, cut_off = found.group(1), int(found.group(2))
+            cut_offs[digest] = max(cut_off, cut_offs.get(digest, 0))
+    return cut_offs

@@ -58,7 +58,7 @@ from topology import build_node
 from ..conftest import TEST_SECRET
 from ..helpers import AgentServer, RunningNode, Watcher, registration, start_node, wait_for
 
-pytestmark = pytest.mark.timeout(170)
+pytestmark = pytest.mark.timeout(200)  # about 40 operations, each fuzzed a bounded number of times
 
 FUZZ_SEED = 20_250_601
 FUZZ_EXAMPLES = 30                      # per operation and pass
@@ -120,6 +120,9 @@ REFUSALS: dict[str, tuple[Refusal, ...]] = {
     "GET /v1/agents/{agent_id}/agent-card.json": (_UNKNOWN_AGENT,),
     "GET /agents/{agent_id}/.well-known/agent-card.json": (_UNKNOWN_AGENT,),
     "GET /v1/agents/{agent_id}/decisions": (_UNKNOWN_AGENT,),
+    "GET /v1/agents/{agent_id}/probes": (_UNKNOWN_AGENT,),
+    "PATCH /v1/admin/agents/{agent_id}": (_UNKNOWN_AGENT,),
+    "DELETE /v1/admin/agents/{agent_id}": (_UNKNOWN_AGENT,),
     "DELETE /v1/agents/{agent_id}": (_UNKNOWN_AGENT,),
     "PUT /v1/agents/{agent_id}/heartbeat": (_UNKNOWN_AGENT,),
     "PUT /v1/agents/{agent_id}/load": (_UNKNOWN_AGENT,),
@@ -146,7 +149,7 @@ REFUSALS: dict[str, tuple[Refusal, ...]] = {
 INTEGER_BODIES = frozenset({"POST /v1/agents", "POST /v1/agent-cards", "PUT /v1/agents/{agent_id}/heartbeat",
                             "PUT /v1/agents/{agent_id}/load",
                             "POST /v1/resolve", "POST /v1/reports", "POST /v1/send", "POST /v1/traces",
-                            "POST /v1/admin/tokens/revoke"})
+                            "POST /v1/admin/tokens/revoke", "PATCH /v1/admin/agents/{agent_id}"})
 # Routes whose answer to a valid request is a redirect (to the console's page).
 REDIRECTS = {"GET /": "302", "GET /ui": "302"}
 # The 5xx an operation documents and gives while the node is healthy: not the node's failure.
@@ -155,7 +158,9 @@ REGISTERING = ("POST /v1/agents", "POST /v1/agent-cards")
 # Run again with the agents registered so far; deregistration last.
 ON_ONE_AGENT = ("GET /v1/agents/{agent_id}", "GET /v1/agents/{agent_id}/agent-card.json",
                 "GET /agents/{agent_id}/.well-known/agent-card.json",
-                "PUT /v1/agents/{agent_id}/heartbeat", "PUT /v1/agents/{agent_id}/load", "DELETE /v1/agents/{agent_id}")
+                "GET /v1/agents/{agent_id}/probes", "PUT /v1/agents/{agent_id}/heartbeat",
+                "PUT /v1/agents/{agent_id}/load", "PATCH /v1/admin/agents/{agent_id}", "DELETE /v1/agents/{agent_id}",
+                "DELETE /v1/admin/agents/{agent_id}")
 
 
 def refusal_reason(case: schemathesis.Case, response: schemathesis.Response) -> str | None:
@@ -393,6 +398,8 @@ def _explicit(run: FuzzRun) -> None:
     run.explicit("GET /.well-known/agent-card.json", 200)
     run.explicit("GET /v1/agents", 200, query={"tag": ["echo"]})
     run.explicit("GET /v1/agents/{agent_id}/decisions", 200, path_parameters={"agent_id": ECHO})
+    run.explicit("GET /v1/agents/{agent_id}/probes", 200, path_parameters={"agent_id": ECHO})
+    run.explicit("PATCH /v1/admin/agents/{agent_id}", 200, path_parameters={"agent_id": ECHO}, body={"weight": 100})
     run.explicit("GET /v1/watch", 200, query={"since": 0})
 
 

@@ -169,3 +169,32 @@ def test_a_token_id_can_be_given_to_the_command_line() -> None:
     ids = [new_token_id() for _ in range(2_000)]
     assert not any(token_id.startswith("-") for token_id in ids) and len(set(ids)) == len(ids)
     assert all(len(token_id) == 16 for token_id in ids)
+
+
+@pytest.mark.unit
+def test_a_subject_revocation_is_a_token_id_the_federation_carries() -> None:
+    from federation.events import RevokedToken
+    from node.core.models import MAX_TOKEN_EXPIRY_S, TOKEN_ID_PATTERN
+    from node.trust.revocation import subject_entry
+
+    entry = subject_entry(TokenRole.AGENT, "payment.risk_check.prod_01_with_a_rather_long_name", issued_until_s=2**40)
+    assert RevokedToken(jti=entry, until_ms=MAX_TOKEN_EXPIRY_S * 1000).jti == entry
+    assert __import__("re").match(TOKEN_ID_PATTERN, entry)
+    assert entry != subject_entry(TokenRole.CALLER, "payment.risk_check.prod_01_with_a_rather_long_name",
+                                  issued_until_s=2**40)
+
+
+async def test_a_subject_revocation_refuses_that_subjects_older_tokens_only(node: RunningNode) -> None:
+    signer, revocations = node.node.signer, node.node.revocations
+    cut_off = int(time.time())
+    await revocations.revoke_subject(TokenRole.AGENT, "lang.translate.old", issued_until_s=cut_off)
+    older = signer.verify(signer.issue("lang.translate.old", TokenRole.AGENT, now_s=cut_off))
+    newer = signer.verify(signer.issue("lang.translate.old", TokenRole.AGENT, now_s=cut_off + 1))
+    as_caller = signer.verify(signer.issue("lang.translate.old", TokenRole.CALLER, now_s=cut_off))
+    other = signer.verify(signer.issue("lang.translate.new", TokenRole.AGENT, now_s=cut_off))
+    assert revocations.refuses(older)
+    assert not revocations.refuses(newer) and not revocations.refuses(as_caller) and not revocations.refuses(other)
+    # Read back from Redis as another replica would (the list's own poll).
+    fresh = RevocationList.of(node.node.store, poll_interval_ms=POLL_MS)
+    await fresh.refresh()
+    assert fresh.refuses(older) and not fresh.refuses(newer)

@@ -215,6 +215,24 @@ class Heartbeat(Strict):
     load: Load | None = None
 
 
+class AgentChange(Strict):
+    """``PATCH /v1/admin/agents/{agent_id}``: an admin sets an agent's status (``draining`` takes
+    it out of routing) or its routing weight; at least one of them."""
+
+    status: Status | None = Field(default=None, description="The agent's new status; the agent's own next "
+                                                             "heartbeat that names a status, or its next "
+                                                             "registration, replaces it.")
+    weight: int | None = Field(default=None, ge=0, le=10_000, description="The routing weight (0: no traffic).")
+    reason: str | None = Field(default=None, max_length=200, pattern=SINGLE_LINE_PATTERN,
+                               description="Why, for the decision log.")
+
+    @model_validator(mode="after")
+    def _something(self) -> AgentChange:
+        if self.status is None and self.weight is None:
+            raise ValueError("give status or weight (or both)")
+        return self
+
+
 class HeartbeatResponse(Strict):
     agent_id: AgentId
     version: int

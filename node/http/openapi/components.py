@@ -14,6 +14,7 @@ from ...core.a2a import CardRegistration
 from ...core.models import (
     AclList,
     AclRule,
+    AgentChange,
     AgentList,
     AgentRecord,
     ChangeEvent,
@@ -40,7 +41,10 @@ from .refinements import CARD_REFINEMENTS, REFINEMENTS, close_pattern_properties
 from .shapes import (
     Accepted,
     AclChanged,
+    AgentChanged,
     AgentDecisions,
+    AgentProbes,
+    AgentTokensRevoked,
     Breakers,
     Deregistered,
     ExportedAgentCard,
@@ -55,7 +59,7 @@ from .shapes import (
     VectorRequest,
     VectorResponse,
 )
-from .watch_events import WatchExpired, WatchHello, WatchOverflow, WatchRevoked, watch_event_schema
+from .watch_events import WatchExpired, WatchHello, WatchLeases, WatchOverflow, WatchRevoked, watch_event_schema
 
 _MODELS: list[type[BaseModel]] = [
     Registration, RegisterResponse, Heartbeat, HeartbeatResponse, Load, LoadReportResponse, AgentRecord, AgentList, RouteRequest,
@@ -63,7 +67,8 @@ _MODELS: list[type[BaseModel]] = [
     SendAccepted, RouteEvents, Trace, Policy, ChangeEvent, Deregistered, Accepted, Regions, QuarantineList,
     VectorRequest, VectorResponse, FederationStatus, ExportedAgentCard, Health, Ready, Unready, WatchHello,
     WatchOverflow, WatchRevoked, WatchExpired, CredentialRequest, IssuedCredential, KeySet, KeyRotated, Breakers, TokenRevoked, RevocationRequest,
-    AgentDecisions, AclList, AclRule, AclChanged, TraceResult,
+    AgentDecisions, AclList, AclRule, AclChanged, TraceResult, AgentProbes, AgentChange, AgentChanged,
+    AgentTokensRevoked, WatchLeases,
 ]
 
 
@@ -82,6 +87,9 @@ def components(max_hops: int) -> dict[str, Schema]:
     # node.core.models.RouteRequest._one_selector: a non-empty capability, agent_id or pattern.
     schemas["RouteRequest"]["anyOf"] = [_non_empty("capability"), _non_empty("agent_id"), _non_empty("pattern"),
                                         {"required": ["tags"], "properties": {"tags": {"type": "array", "minItems": 1}}}]
+    # node.core.models.AgentChange._something: a status or a weight.
+    schemas["AgentChange"]["anyOf"] = [{"required": ["status"], "properties": {"status": {"type": "string"}}},
+                                       {"required": ["weight"], "properties": {"weight": {"type": "integer"}}}]
     schemas["AgentCard"]["anyOf"] = [
         {"required": ["supportedInterfaces"], "properties": {"supportedInterfaces": {"type": "array", "minItems": 1}}},
         _non_empty("url")]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ...core.models import AGENT_ID_PATTERN, TRACE_ID_PATTERN, Scope
+from ...core.models import AGENT_ID_PATTERN, SINGLE_LINE_PATTERN, TRACE_ID_PATTERN, Scope
 from .patterns import AGENT_PATTERN, Schema
 
 _ERRORS = {
@@ -104,3 +104,7 @@ REMOTE = query("remote", {"type": "string", "enum": ["true", "false", "1", "0", 
 PATTERN = query("pattern", {"type": "string", "maxLength": 200, "pattern": f"^(?:{AGENT_PATTERN[1:-1]})?$"},
                 "namespace.group.name with '*' wildcards within a segment (empty: no filter)")
 CAPABILITY = query("capability", {"type": "string"}, "Only agents with this capability (empty: no filter)")
+LEASES = query("leases", {"type": "string", "enum": ["true", "false", "1", "0", "yes", "no"], "default": "false"},
+               "true: also a leases event about every second, the lease ends of this region's agents that moved")
+REASON = query("reason", {"type": "string", "maxLength": 200, "pattern": SINGLE_LINE_PATTERN},
+               "Why, for the decision log (one line)")

@@ -12,7 +12,9 @@ from ..console import console_files
 from .operations import (
     AGENT_ID,
     CAPABILITY,
+    LEASES,
     PATTERN,
+    REASON,
     REMOTE,
     ROUTABLE,
     TRACE_ID,
@@ -90,13 +92,12 @@ def _agents() -> Paths:
         AGENT_CARD_PATH: {"get": operation(
             "The registry's own A2A Agent Card: its skills resolve, search and list, its interface the v1 API",
             {"200": json_answer("ExportedAgentCard", "The registry's card")}, public=True)},
-        "/v1/agents/{agent_id}/decisions": {
-            "get": operation("This node's recent route decisions and outcomes about an agent",
-                             {"200": json_answer("AgentDecisions", "Newest first; callers other than admins, "
-                                                                   "peers and the agent see only their own")},
-                             errors=agent_lookup, parameters=[AGENT_ID],
-                             notes={404: "No such agent here or in a peer region (or the caller may not see it)"}),
-        },
+        "/v1/agents/{agent_id}/decisions": {"get": _about_agent(
+            "This node's recent route decisions, outcomes and admin actions about an agent", "AgentDecisions",
+            "Newest first; callers other than admins, peers and the agent see only their own")},
+        "/v1/agents/{agent_id}/probes": {"get": _about_agent(
+            "The results of the agent's liveness and readiness probes this node ran", "AgentProbes",
+            "Newest first; empty on a node that is not its region's leader (the leader runs the probes)")},
         "/v1/agent-cards": {
             "post": operation(
                 "Register an agent from an A2A Agent Card (v1.0 or v0.3)",
@@ -107,6 +108,12 @@ def _agents() -> Paths:
                             "capability name, an address the egress policy refuses (egress_denied)"}),
         },
     }
+
+
+def _about_agent(summary: str, answer: str, description: str) -> Schema:
+    """A read about one agent the caller may see."""
+    return operation(summary, {"200": json_answer(answer, description)}, errors=(404,), parameters=[AGENT_ID],
+                     notes={404: "No such agent here or in a peer region (or the caller may not see it)"})
 
 
 def _optional_token(entry: Schema) -> Schema:
@@ -191,7 +198,7 @@ def _feeds() -> Paths:
                                                "already (too_many_watches)"}, parameters=[
                     query("since", {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
                           "Replay the changes after this region version first"),
-                    CAPABILITY, PATTERN]),
+                    CAPABILITY, PATTERN, LEASES]),
         },
         "/v1/regions": {"get": operation("Topology, peer freshness, counts", {"200": json_answer("Regions", "OK")})},
         "/v1/federation/snapshot": {
@@ -230,10 +237,36 @@ def _feeds() -> Paths:
             "delete": operation("Delete an ACL rule", {"200": json_answer("AclChanged", "Deleted")},
                                 errors=(403, 404, 422, 503), parameters=[RULE_ID], notes={403: "Admin tokens only"}),
         },
+        **_admin_agents(),
         "/v1/admin/quarantine": {
             "get": operation("Stored records and events that do not parse, skipped by every reader",
                              {"200": json_answer("QuarantineList", "OK")}, errors=(403,),
                              notes={403: "Admin tokens only"}),
+        },
+    }
+
+
+def _admin_agents() -> Paths:
+    """An admin's actions on one agent (node.http.admin), each recorded in the decision log."""
+    admins_only = {403: "Admin tokens only (admins_only)"}
+    return {
+        "/v1/admin/agents/{agent_id}": {
+            "patch": operation("Set an agent's status (draining takes it out of routing) or routing weight",
+                               {"200": json_answer("AgentChanged", "Changed (or already so: changed is false)")},
+                               body="AgentChange", errors=(403, 404, 409, 503), parameters=[AGENT_ID],
+                               notes={**admins_only, 404: "The agent is not registered in this region",
+                                      409: "A peer region keeps the agent (not_home_region), or concurrent "
+                                           "changes won"}),
+            "delete": operation("Deregister an agent (admin), recorded in the decision log",
+                                {"200": json_answer("Deregistered", "Deregistered; a tombstone was written")},
+                                errors=(403, 404, 409, 422, 503), parameters=[AGENT_ID, REASON],
+                                notes={**admins_only, 404: "The agent is not registered in this region",
+                                       409: "A peer region keeps the agent (not_home_region)"}),
+        },
+        "/v1/admin/agents/{agent_id}/revoke-tokens": {
+            "post": operation("Refuse every agent token of this agent_id issued so far, in this region and its "
+                              "peers", {"200": json_answer("AgentTokensRevoked", "Revoked")},
+                              errors=(403, 422, 503), parameters=[AGENT_ID, REASON], notes=admins_only),
         },
     }
 

@@ -29,9 +29,10 @@ class Accepted(Shape):
 
 
 class DecisionEntry(Shape):
-    """One line of the decision log (``node.decisions``): a route decision or a reported outcome."""
+    """One line of the decision log (``node.decisions``): a route decision, a reported outcome, or
+    an admin's action on the agent."""
 
-    kind: Literal["decision", "outcome"]
+    kind: Literal["decision", "outcome", "admin"]
     at_ms: int
     trace_id: str | None = Field(default=None, description="The collaboration's trace (absent on a refusal that "
                                                              "named none, or an outcome on another node's ticket)")
@@ -49,6 +50,9 @@ class DecisionEntry(Shape):
     detail: str | None = None
     outcome: str | None = Field(default=None, description="Outcomes: success, error, timeout …")
     latency_ms: float | None = None
+    action: str | None = Field(default=None, description="Admin actions: status, weight, status_weight, deregister, "
+                                                         "revoke_tokens")
+    version: int | None = Field(default=None, description="Admin actions: the record's region version after it")
 
 
 class AgentDecisions(Shape):
@@ -59,6 +63,49 @@ class AgentDecisions(Shape):
     node_id: str
     count: int = Field(ge=0)
     decisions: list[DecisionEntry]
+
+
+class ProbeResult(Shape):
+    """One probe the leader ran (``node.duties.prober``)."""
+
+    kind: Literal["liveness", "readiness"]
+    at_ms: int
+    ok: bool
+    latency_ms: float = Field(ge=0)
+    error: str | None = Field(description="Why it failed (None when it passed)")
+
+
+class AgentProbes(Shape):
+    """``GET /v1/agents/{agent_id}/probes``: the probe results this node kept, newest first."""
+
+    agent_id: str
+    region: str
+    node_id: str
+    leader: bool = Field(description="This node is its region's leader, the one that probes (a follower has none)")
+    probes: list[ProbeResult]
+
+
+class AgentChanged(Shape):
+    """``PATCH /v1/admin/agents/{agent_id}``: the record after the change."""
+
+    agent_id: str
+    region: str
+    version: int
+    status: Literal["ready", "degraded", "busy", "draining", "unready"]
+    weight: int = Field(ge=0)
+    changed: bool = Field(description="False when the agent had that status and weight already")
+
+
+class AgentTokensRevoked(Shape):
+    """``POST /v1/admin/agents/{agent_id}/revoke-tokens``: the agent's tokens issued so far are refused."""
+
+    agent_id: str
+    region: str
+    issued_until_s: int = Field(description="Agent tokens of this id issued at or before this second (since the "
+                                            "epoch) are refused; one issued later is accepted")
+    new: bool = Field(description="False when such a revocation was in force already")
+    poll_interval_ms: int = Field(description="Every node of the region refuses them within about this long")
+    peers: list[str] = Field(description="The regions the federation sends the revocation to")
 
 
 class KeyRotated(Shape):

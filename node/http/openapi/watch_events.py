@@ -1,11 +1,14 @@
 """The server-sent events of ``GET /v1/watch`` as the document describes them (``WatchEvent``,
 the stream's ``itemSchema``): ``hello`` first, then one ``change`` (a
 :class:`~node.core.models.ChangeEvent`) per event, ``overflow`` when a watcher fell behind,
-``revoked`` when the watcher's token was revoked, ``expired`` when it expired (each ends the stream). The
-stream itself is written by ``node.http.watch_stream``.
+``revoked`` when the watcher's token was revoked, ``expired`` when it expired (each ends the stream);
+``leases`` (asked for with ``leases=true``) when leases moved. The stream itself is written by
+``node.http.watch_stream``.
 """
 
 from __future__ import annotations
+
+from pydantic import Field
 
 from .patterns import Schema
 from .shapes import Shape
@@ -30,6 +33,15 @@ class WatchRevoked(Shape):
     message: str
 
 
+class WatchLeases(Shape):
+    """With ``leases=true``, about every second: the lease ends of this region's agents that moved
+    since the last one (a renewal is no change event)."""
+
+    region: str
+    now_ms: int = Field(description="The node's clock when it was sent: compare the leases to it")
+    leases: dict[str, int] = Field(description="agent_id -> lease end (ms since the epoch)")
+
+
 class WatchExpired(Shape):
     """The last event of a watcher whose token expired while it watched."""
 
@@ -44,6 +56,7 @@ def watch_event_schema() -> Schema:
         _sse_event("overflow", "WatchOverflow"),
         _sse_event("revoked", "WatchRevoked"),
         _sse_event("expired", "WatchExpired"),
+        _sse_event("leases", "WatchLeases"),
     ]}
 
 

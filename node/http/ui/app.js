@@ -23,6 +23,9 @@ const state = {
   flash: new Set(),
   view: null,
   timers: [],
+  viewTimer: null,      // the open view's own refresh (the agent page's probes)
+  skew: 0,              // the node's clock minus this browser's, from the leases events
+  leases: new Map(),    // agent_id -> lease end (ms) of this region's agents, from the leases events
 };
 
 // -- small helpers ---------------------------------------------------------------------------
@@ -56,9 +59,20 @@ function ago(ms) {
   return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
 }
 
-function clock(ms) {
-  return new Date(ms).toLocaleTimeString([], {hour: '2-digit', minute: '2-digit', second: '2-digit'});
+// Full date and time, local: "2026-12-04 13:05:09" (the title carries UTC, ISO 8601).
+function stamp(ms) {
+  const d = new Date(ms);
+  const two = (n) => String(n).padStart(2, '0');
+  return `${d.getFullYear()}-${two(d.getMonth() + 1)}-${two(d.getDate())} ${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}`;
 }
+
+function stampCell(ms) {
+  return h('td', {class: 'mono nowrap', text: stamp(ms), title: new Date(ms).toISOString()});
+}
+
+// The node's clock, as far as this page can tell (leases are compared with it, not with the browser's).
+const serverNow = () => Date.now() + state.skew;
+const homeRegion = () => state.node && state.node.region;
 
 function pill(text, tone) { return h('span', {class: `pill ${tone || ''}`, text}); }
 
@@ -73,13 +87,38 @@ function decodeClaims(token) {
 
 // -- the token -------------------------------------------------------------------------------
 
-// A signed-in link carries the token in the fragment (#token=…), which browsers never send to a
-// server. Read it once into this tab's session storage and take it out of the address bar.
-function takeTokenFromFragment() {
-  const match = location.hash.match(/^#(?:.*&)?token=([^&]+)/);
-  if (!match) return false;
-  sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(match[1]));
-  history.replaceState(null, '', location.pathname + location.search + '#/');
+// A signed-in link carries the token in the fragment (#token=…, #/agents&token=…), which browsers
+// never send to a server. Take it out of the address bar at once, keeping the view it names.
+function takeLinkToken() {
+  const parts = location.hash.replace(/^#/, '').split('&');
+  const found = parts.find((part) => part.startsWith('token='));
+  if (found === undefined) return null;
+  const rest = parts.filter((part) => !part.startsWith('token=')).join('&');
+  history.replaceState(null, '', location.pathname + location.search + '#' + (rest || '/'));
+  try { return decodeURIComponent(found.slice('token='.length)) || null; } catch (e) { return null; }
+}
+
+function who(token) {
+  const claims = decodeClaims(token);
+  return claims ? `${claims.sub} (${claims.role})` : 'an unreadable token';
+}
+
+// A link signs this tab in only when it has no session (or the link's token is the one in use);
+// a tab signed in with another token asks first, so a link cannot switch a session silently.
+// Resolves true when the session changed.
+async function adoptLinkToken(token) {
+  if (!token) return false;
+  const current = sessionStorage.getItem(TOKEN_KEY);
+  if (!current) { sessionStorage.setItem(TOKEN_KEY, token); return true; }
+  if (current === token) return false;
+  const switchTo = await confirmDialog({
+    id: 'switch-session', title: 'Switch to another token?',
+    body: [h('p', {}, 'The link you opened carries a token for ', h('b', {text: who(token)}), '.'),
+      h('p', {}, 'This tab is signed in as ', h('b', {text: who(current)}), '. Keep that session, or sign in with the ',
+        "link's token instead?")],
+    ok: "Sign in with the link's token", cancel: 'Keep my session'});
+  if (!switchTo) { notice("Kept this tab's session; the link's token was not used."); return false; }
+  sessionStorage.setItem(TOKEN_KEY, token);
   return true;
 }
 
@@ -114,8 +153,13 @@ class ApiError extends Error {
   }
 }
 
-async function api(path) {
-  const response = await fetch(path, {headers: {Authorization: `Bearer ${state.token}`}, cache: 'no-store'});
+async function api(path, {method = 'GET', payload} = {}) {
+  // Signed out meanwhile (a poll half done): nothing to send, and no 401 to provoke.
+  if (!state.token) throw new ApiError(0, {message: 'signed out'});
+  const headers = {Authorization: `Bearer ${state.token}`};
+  if (payload !== undefined) headers['Content-Type'] = 'application/json';
+  const response = await fetch(path, {method, headers, cache: 'no-store',
+    body: payload === undefined ? undefined : JSON.stringify(payload)});
   let body = null;
   try { body = await response.json(); } catch (e) { body = null; }
   if (response.status === 401) {
@@ -129,6 +173,14 @@ async function api(path) {
 function banner(message) {
   const el = $('#banner');
   el.hidden = !message;
+  el.textContent = message || '';
+}
+
+// A short line under the tabs saying what an action did (or why it failed); it stays until the next.
+function notice(message, tone) {
+  const el = $('#notice');
+  el.hidden = !message;
+  el.className = `notice ${tone || 'ok'}`;
   el.textContent = message || '';
 }
 
@@ -181,7 +233,8 @@ async function watchLoop() {
     const controller = new AbortController();
     state.watch = controller;
     try {
-      const response = await fetch('/v1/watch', {headers: {Authorization: `Bearer ${state.token}`},
+      // leases=true: lease renewals too (they are no change), so a heartbeating agent stays routable here.
+      const response = await fetch('/v1/watch?leases=true', {headers: {Authorization: `Bearer ${state.token}`},
         signal: controller.signal, cache: 'no-store'});
       if (response.status === 401) { signOut('The node refused the token on /v1/watch'); return; }
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
@@ -230,6 +283,11 @@ async function onEvent(event) {
   } else if (event.event === 'change' && event.data) {
     applyChange(JSON.parse(event.data));
     render();
+  } else if (event.event === 'leases' && event.data) {
+    const data = JSON.parse(event.data);
+    state.skew = data.now_ms - Date.now();
+    for (const [agentId, lease] of Object.entries(data.leases)) state.leases.set(agentId, lease);
+    render();
   } else if (event.event === 'overflow') {
     setLive('off');
   } else if (event.event === 'revoked') {
@@ -246,10 +304,14 @@ function applyChange(change) {
   if (change.kind === 'delete') {
     if (!current || change.version >= current.record.version) {
       state.agents.delete(k);
+      if (change.region === homeRegion()) state.leases.delete(change.agent_id);
       state.tombstones.set(k, {version: change.version, seq: state.seq});
     }
   } else if (change.record) {
     if (!current || change.record.version >= current.record.version) {
+      // The record carries its lease as of this change; a renewal heard before it may be of a
+      // registration it replaced.
+      if (change.region === homeRegion() && change.kind === 'upsert') state.leases.delete(change.agent_id);
       state.agents.set(k, {record: change.record, seq: state.seq});
       state.tombstones.delete(k);
       state.flash.add(k);
@@ -269,9 +331,18 @@ function setLive(mode) {
 
 // -- what an agent looks like ----------------------------------------------------------------
 
+// A record's lease as the API reads it: the record's, or a later renewal the watch told of.
+function leaseEnd(record) {
+  return Math.max(record.lease_expires_at_ms, state.leases.get(record.agent_id) || 0);
+}
+
 function routable(record) {
-  const leased = record.region !== (state.node && state.node.region) || record.lease_expires_at_ms > Date.now();
+  const leased = record.region !== homeRegion() || leaseEnd(record) > serverNow();
   return record.live && record.ready && ['ready', 'degraded', 'busy'].includes(record.status) && leased;
+}
+
+function leaseText(record) {
+  return `in ${ago(leaseEnd(record) - serverNow())}`;
 }
 
 function statusPill(record) {
@@ -300,8 +371,8 @@ function loadCell(record) {
   return cell;
 }
 
+// This node's breaker of the agent (remote ones too: this node's callers reach them).
 function breakerPill(record) {
-  if (state.node && record.region !== state.node.region) return h('span', {class: 'sub', text: 'home region'});
   const breaker = state.breakers.get(record.agent_id);
   if (!breaker || breaker.state === 'closed') {
     return breaker ? pill(`closed · ×${breaker.error_factor}`, 'warn') : pill('closed', 'ok');
@@ -315,9 +386,11 @@ function localityPill(record) {
     pill(local ? 'local' : 'remote', local ? 'info' : ''));
 }
 
+// An agent id may wrap after each dot, never inside a part.
 function agentLink(agentId, region) {
+  const parts = agentId.split('.').flatMap((part, i) => i ? [h('wbr'), `.${part}`] : [part]);
   return h('a', {href: `#/agent/${encodeURIComponent(agentId)}${region ? '?region=' + encodeURIComponent(region) : ''}`,
-    class: 'agent-id', text: agentId});
+    class: 'agent-id'}, parts);
 }
 
 // -- views -----------------------------------------------------------------------------------
@@ -354,7 +427,7 @@ const views = {
       recent.replaceChildren(h('table', {}, h('thead', {}, h('tr', {},
         ['Time', 'Change', 'Agent', 'Region', 'Version'].map((t) => h('th', {text: t})))),
       h('tbody', {}, state.recent.map((change) => h('tr', {},
-        h('td', {class: 'mono', text: clock(change.at_ms)}),
+        stampCell(change.at_ms),
         h('td', {}, pill(change.kind === 'delete' ? (change.reason || 'delete') : change.kind,
           change.kind === 'delete' ? 'bad' : 'info')),
         h('td', {}, agentLink(change.agent_id, change.region)),
@@ -364,9 +437,10 @@ const views = {
   },
 
   agents: {
-    filter: {text: '', status: '', region: '', routable: false},
-    mount(main) {
+    filter: {text: '', status: '', region: '', routable: false, group: ''},
+    mount(main, params) {
       const f = this.filter;
+      if (params.has('group')) f.group = GROUPINGS.has(params.get('group')) ? params.get('group') : '';
       const rerender = () => this.update();
       const text = h('input', {type: 'search', id: 'agent-filter', placeholder: 'Filter by id, name, capability or label…',
         value: f.text, oninput: (e) => { f.text = e.target.value; rerender(); }});
@@ -376,7 +450,12 @@ const views = {
       const region = h('select', {id: 'region-filter', onchange: (e) => { f.region = e.target.value; rerender(); }});
       const onlyRoutable = h('input', {type: 'checkbox', checked: f.routable,
         onchange: (e) => { f.routable = e.target.checked; rerender(); }});
-      main.append(h('div', {class: 'toolbar'}, text, status, region, h('label', {}, onlyRoutable, 'routable only'),
+      const group = h('select', {id: 'group-by', title: 'Group the agents', onchange: (e) => {
+        f.group = e.target.value;
+        history.replaceState(null, '', f.group ? `#/agents?group=${f.group}` : '#/agents');
+        rerender();
+      }}, [...GROUPINGS].map(([value, label]) => h('option', {value, text: label, selected: value === f.group})));
+      main.append(h('div', {class: 'toolbar'}, text, status, region, group, h('label', {}, onlyRoutable, 'routable only'),
         h('span', {class: 'muted', id: 'agents-shown'})),
       h('div', {class: 'panel', id: 'agents-table'}));
       text.focus();
@@ -400,9 +479,9 @@ const views = {
         table.replaceChildren(h('div', {class: 'empty', text: state.listed ? 'No agent matches.' : 'Loading…'}));
         return;
       }
-      table.replaceChildren(h('table', {}, h('thead', {}, h('tr', {},
-        ['Agent', 'Region', 'Status', 'Probes', 'Load', 'Breaker', 'Capabilities', 'Lease'].map((t) => h('th', {text: t})))),
-      h('tbody', {}, rows.map(([k, {record}]) => agentRow(k, record)))));
+      table.replaceChildren(h('table', {class: 'agents'}, h('thead', {}, h('tr', {},
+        AGENT_COLUMNS.map(([t, wide]) => h('th', {text: t, class: wide ? 'wide' : null})))),
+      groupedBodies(rows, f.group)));
       state.flash.clear();
     },
   },
@@ -446,8 +525,10 @@ const views = {
     mount(main, params, agentId) {
       this.agentId = agentId;
       this.region = params.get('region');
+      this.record = null;
       main.append(h('div', {id: 'agent-page'}, h('div', {class: 'empty', text: 'Loading…'})));
       this.load();
+      state.viewTimer = setInterval(() => this.loadProbes(), POLL_MS);
     },
     async load() {
       const id = encodeURIComponent(this.agentId);
@@ -463,11 +544,92 @@ const views = {
       const [card, decisions] = await Promise.all([
         api(`/v1/agents/${id}/agent-card.json`).catch((error) => ({error: error.message})),
         api(`/v1/agents/${id}/decisions`).catch((error) => ({error: error.message, decisions: []}))]);
+      if (state.view !== 'agent' || this.agentId !== record.agent_id) return;  // the page moved on meanwhile
+      this.record = record;
       page.replaceChildren(agentPage(record, card, decisions));
+      this.loadProbes();
     },
-    update() {},
+    async loadProbes() {
+      const panel = $('#probes');
+      if (!panel || !this.record) return;
+      const record = this.record;
+      if (!record.liveness_probe && !record.readiness_probe) {
+        panel.replaceChildren(h('h3', {text: 'Probes over time'}), h('div', {class: 'empty', text: 'This agent registered no probes.'}));
+        return;
+      }
+      let found;
+      try {
+        found = await api(`/v1/agents/${encodeURIComponent(record.agent_id)}/probes`);
+      } catch (error) {
+        found = {error: error.message};
+      }
+      if ($('#probes') === panel) panel.replaceChildren(h('h3', {text: 'Probes over time'}), probeHistory(record, found));
+    },
+    update() {
+      if (!this.record) return;
+      // A change on the watch (a probe's verdict, a status, an admin's action) redraws the record.
+      const seen = state.agents.get(key(this.record.region, this.record.agent_id));
+      if (seen && seen.record.version > this.record.version && $('#record-panel')) {
+        this.record = seen.record;
+        $('#record-panel').replaceWith(recordPanel(seen.record));
+        $('#agent-status').replaceChildren(statusPill(seen.record));
+      }
+      // Renewals arrive on the watch too: the lease and routability read as the API reads them.
+      const record = this.record;
+      const lease = $('#agent-lease');
+      if (lease) lease.textContent = record.region === homeRegion() ? `ends ${leaseText(record)}` : `kept by its home region, ${record.region}`;
+      const verdict = $('#agent-routable');
+      if (verdict) verdict.replaceChildren(routable(record) ? pill('routable', 'ok') : pill('not routable', 'bad'));
+    },
   },
 };
+
+const GROUPINGS = new Map([['', 'no grouping'], ['capability', 'by capability'], ['namespace', 'by namespace → group']]);
+// [title, wide]: wide columns give way below 860 px (the agent's page shows them).
+const AGENT_COLUMNS = [['Agent'], ['Region'], ['Status'], ['Probes', true], ['Load', true], ['Breaker', true],
+  ['Capabilities'], ['Lease']];
+
+// The table's bodies: one, or one per group with a heading row saying how many agents, how many routable.
+// By capability an agent is listed under each of its capabilities; by namespace, under namespace → group
+// (the first two parts of its id).
+function groupedBodies(rows, grouping) {
+  if (!grouping) return [h('tbody', {}, rows.map(([k, {record}]) => agentRow(k, record)))];
+  const groups = new Map();
+  const add = (name, row) => { if (!groups.has(name)) groups.set(name, []); groups.get(name).push(row); };
+  for (const row of rows) {
+    const record = row[1].record;
+    if (grouping === 'capability') {
+      const names = [...new Set(record.capabilities.map((c) => c.name))];
+      (names.length ? names : ['(no capability)']).forEach((name) => add(name, row));
+    } else {
+      const [namespace, group] = record.agent_id.split('.');
+      add(`${namespace}/${group}`, row);
+    }
+  }
+  const bodies = [];
+  let lastNamespace = null;
+  for (const name of [...groups.keys()].sort()) {
+    const members = groups.get(name);
+    const count = `${members.length} agent${members.length === 1 ? '' : 's'} · ${members.filter(([, e]) => routable(e.record)).length} routable`;
+    const heads = [];
+    if (grouping === 'namespace') {
+      const [namespace, group] = name.split('/');
+      if (namespace !== lastNamespace) {
+        const inNamespace = [...groups.entries()].filter(([other]) => other.startsWith(`${namespace}/`));
+        heads.push(h('tr', {class: 'group-head namespace', dataset: {namespace}}, h('th', {colspan: AGENT_COLUMNS.length},
+          h('span', {class: 'mono', text: namespace}), ' ', h('span', {class: 'sub', text: `namespace · ${inNamespace.length} group${inNamespace.length === 1 ? '' : 's'}`}))));
+        lastNamespace = namespace;
+      }
+      heads.push(h('tr', {class: 'group-head'}, h('th', {colspan: AGENT_COLUMNS.length},
+        h('span', {class: 'mono', text: `${namespace} → ${group}`}), ' ', h('span', {class: 'sub', text: count}))));
+    } else {
+      heads.push(h('tr', {class: 'group-head'}, h('th', {colspan: AGENT_COLUMNS.length},
+        h('span', {class: 'chip', text: name}), ' ', h('span', {class: 'sub', text: count}))));
+    }
+    bodies.push(h('tbody', {dataset: {group: name}}, heads, members.map(([k, {record}]) => agentRow(k, record))));
+  }
+  return bodies;
+}
 
 function haystack(record) {
   return [record.agent_id, record.display_name, record.description, record.region,
@@ -481,19 +643,18 @@ function localFirst(a, b) {
 }
 
 function agentRow(k, record) {
-  const lease = record.region === (state.node && state.node.region)
-    ? `in ${ago(record.lease_expires_at_ms - Date.now())}` : 'home region';
   return h('tr', {class: `clickable${state.flash.has(k) ? ' flash' : ''}`, dataset: {agentId: record.agent_id, region: record.region},
     onclick: () => { location.hash = `#/agent/${encodeURIComponent(record.agent_id)}?region=${encodeURIComponent(record.region)}`; }},
   h('td', {}, agentLink(record.agent_id, record.region),
     record.display_name && record.display_name !== record.agent_id ? h('div', {class: 'sub', text: record.display_name}) : null),
   h('td', {}, localityPill(record)),
   h('td', {}, statusPill(record), routable(record) ? null : h('div', {class: 'sub', text: 'not routable'})),
-  h('td', {}, probesCell(record)),
-  h('td', {}, loadCell(record)),
-  h('td', {}, breakerPill(record)),
+  h('td', {class: 'wide'}, probesCell(record)),
+  h('td', {class: 'wide'}, loadCell(record)),
+  h('td', {class: 'wide'}, breakerPill(record)),
   h('td', {}, record.capabilities.map((c) => h('span', {class: 'chip', text: `${c.name}@${c.version}`}))),
-  h('td', {class: 'mono sub', text: lease}));
+  record.region === homeRegion() ? h('td', {class: 'mono sub lease nowrap', text: leaseText(record)})
+    : h('td', {class: 'sub lease', text: '—', title: `its home region, ${record.region}, keeps the lease`}));
 }
 
 function regionCards() {
@@ -534,55 +695,96 @@ function searchHit(hit) {
       + ` · ${hit.region}`)));
 }
 
-function agentPage(record, card, decisions) {
+function recordPanel(record) {
   const kv = (pairs) => h('dl', {class: 'kv'}, pairs.flatMap(([k, v]) => [h('dt', {text: k}), h('dd', {}, v)]));
-  const endpoints = Object.entries(record.endpoints).map(([name, url]) => h('div', {class: 'mono', text: `${name}: ${url}`}));
+  const endpoints = Object.entries(record.endpoints).map(([name, url]) => h('div', {class: 'mono url', text: `${name}: ${url}`}));
   const labels = Object.entries(record.labels || {}).map(([k, v]) => h('span', {class: 'chip', text: `${k}=${v}`}));
+  const local = record.region === homeRegion();
   const facts = kv([
-    ['Display name', record.display_name || '—'], ['Description', record.description || '—'],
+    ['Display name', record.display_name || '—'], ['Description', h('span', {class: 'prose', text: record.description || '—'})],
     ['Region', localityPill(record)], ['Status', h('span', {}, statusPill(record), ' ',
-      routable(record) ? pill('routable', 'ok') : pill('not routable', 'bad'))],
+      h('span', {id: 'agent-routable'}, routable(record) ? pill('routable', 'ok') : pill('not routable', 'bad')))],
     ['Probes', probesCell(record)], ['Load', loadCell(record)], ['Breaker', breakerPill(record)],
     ['Endpoints', h('div', {}, endpoints)], ['Transport', record.transport],
-    ['Weight', String(record.weight)], ['Labels', labels.length ? h('div', {}, labels) : '—'],
+    ['Weight', h('span', {id: 'agent-weight', text: String(record.weight)})], ['Labels', labels.length ? h('div', {}, labels) : '—'],
     ['Allowed callers', record.allowed_callers.length ? record.allowed_callers.join(', ') : 'anyone'],
     ['Semantic fallback', record.semantic_fallback ? 'yes' : 'no'],
-    ['Version', String(record.version)], ['Registered', new Date(record.registered_at_ms).toLocaleString()],
-    ['Lease', record.region === (state.node && state.node.region) ? `ends in ${ago(record.lease_expires_at_ms - Date.now())}` : 'kept by its home region'],
+    ['Version', String(record.version)], ['Registered', h('span', {class: 'mono', text: stamp(record.registered_at_ms)})],
+    ['Lease', h('span', {id: 'agent-lease', text: local ? `ends ${leaseText(record)}` : `kept by its home region, ${record.region}`})],
   ]);
+  return h('div', {class: 'panel', id: 'record-panel', dataset: {version: String(record.version)}}, h('h3', {text: 'Record'}), facts);
+}
+
+function agentPage(record, card, decisions) {
   const capabilities = h('table', {}, h('thead', {}, h('tr', {}, ['Capability', 'Version', 'Description'].map((t) => h('th', {text: t})))),
     h('tbody', {}, record.capabilities.map((c) => h('tr', {}, h('td', {}, h('span', {class: 'chip', text: c.name})),
-      h('td', {class: 'mono', text: c.version}), h('td', {text: c.description || '—'})))));
+      h('td', {class: 'mono', text: c.version}), h('td', {class: 'prose', text: c.description || '—'})))));
   return h('div', {},
-    h('div', {class: 'agent-head'}, h('a', {href: '#/agents', text: '← Agents'}), h('h1', {text: record.agent_id}),
-      statusPill(record)),
+    h('div', {class: 'agent-head'}, h('a', {href: '#/agents', text: '← Agents'}), h('h1', {}, [...agentLink(record.agent_id).childNodes]),
+      h('span', {id: 'agent-status'}, statusPill(record))),
     h('div', {class: 'grid2'},
-      h('div', {class: 'stack'}, h('div', {class: 'panel'}, h('h3', {text: 'Record'}), facts),
+      h('div', {class: 'stack'}, recordPanel(record),
         h('div', {class: 'panel'}, h('h3', {text: 'Capabilities'}), capabilities)),
-      h('div', {class: 'stack'}, h('div', {class: 'panel', id: 'decisions'}, h('h3', {text: 'Recent route decisions (this node)'}),
-        decisionsTable(decisions)),
-      h('div', {class: 'panel'}, h('h3', {text: 'A2A agent card'}),
-        h('pre', {class: 'json', text: card.error ? `Not available: ${card.error}` : JSON.stringify(card, null, 2)})))));
+      h('div', {class: 'stack'}, actionsPanel(record),
+        h('div', {class: 'panel', id: 'probes'}, h('h3', {text: 'Probes over time'}), h('div', {class: 'empty', text: 'Loading…'})))),
+    h('div', {class: 'panel wide-panel', id: 'decisions'}, h('h3', {text: 'Recent decisions and actions (this node)'}),
+      decisionsTable(decisions)),
+    h('div', {class: 'panel wide-panel'}, h('h3', {text: 'A2A agent card'}),
+      h('pre', {class: 'json', text: card.error ? `Not available: ${card.error}` : JSON.stringify(card, null, 2)})));
+}
+
+// The probe results the region's leader kept: a strip per probe, oldest to newest, and the latest few.
+function probeHistory(record, found) {
+  if (found.error) return h('div', {class: 'empty', text: `Not available: ${found.error}`});
+  if (!found.leader) {
+    return h('div', {class: 'empty', text: `The region's leader runs the probes and keeps their results; this node (${found.node_id}) is not the leader.`});
+  }
+  if (!found.probes.length) return h('div', {class: 'empty', text: 'No probe has run yet.'});
+  const strips = ['liveness', 'readiness'].filter((kind) => record[`${kind}_probe`]).map((kind) => {
+    const results = found.probes.filter((p) => p.kind === kind).reverse();  // oldest first
+    const passed = results.filter((p) => p.ok).length;
+    return h('div', {class: 'probe-strip', dataset: {kind}},
+      h('div', {class: 'probe-label'}, h('b', {text: kind}), h('span', {class: 'sub', text: ` ${passed} of ${results.length} passed`})),
+      h('div', {class: 'ticks'}, results.map((p) => h('span', {class: `tick ${p.ok ? 'ok' : 'bad'}`,
+        title: `${stamp(p.at_ms)} · ${p.ok ? 'passed' : 'failed'} · ${p.latency_ms} ms${p.error ? ' · ' + p.error : ''}`}))));
+  });
+  const latest = found.probes.slice(0, 8);
+  return h('div', {}, h('div', {class: 'probe-strips'}, strips), h('div', {class: 'table-scroll'}, h('table', {class: 'probe-results'},
+    h('thead', {}, h('tr', {}, ['Time', 'Probe', 'Result', 'Latency', 'Error'].map((t) => h('th', {text: t})))),
+    h('tbody', {}, latest.map((p) => h('tr', {dataset: {ok: String(p.ok)}}, stampCell(p.at_ms), h('td', {text: p.kind}),
+      h('td', {}, pill(p.ok ? 'passed' : 'failed', p.ok ? 'ok' : 'bad')), h('td', {class: 'mono num', text: `${p.latency_ms} ms`}),
+      h('td', {class: 'sub prose', text: p.error || '—'})))))));
 }
 
 function decisionsTable(decisions) {
   if (decisions.error) return h('div', {class: 'empty', text: `Not available: ${decisions.error}`});
   if (!decisions.decisions.length) return h('div', {class: 'empty', text: 'No route decisions about this agent on this node yet.'});
-  return h('table', {}, h('thead', {}, h('tr', {}, ['Time', 'Kind', 'Caller', 'Result', 'Match', 'Trace'].map((t) => h('th', {text: t})))),
-    h('tbody', {}, decisions.decisions.map((d) => h('tr', {},
-      h('td', {class: 'mono', text: clock(d.at_ms)}),
-      h('td', {}, pill(d.kind, d.kind === 'decision' ? 'info' : '')),
+  const result = (d) => {
+    if (d.kind === 'outcome') {
+      const latency = d.latency_ms !== undefined && d.latency_ms !== null ? ` · ${Math.round(d.latency_ms)} ms` : '';
+      return pill(`${d.outcome}${latency}`, d.outcome === 'success' ? 'ok' : 'bad');
+    }
+    if (d.kind === 'admin') return pill(d.action.replace('_', ' '), 'warn');
+    return pill(d.result || '—', d.result === 'ok' ? 'ok' : 'bad');
+  };
+  const detail = (d) => d.kind === 'admin' ? d.detail
+    : [d.match, d.capability, d.score !== undefined && d.score !== null ? d.score.toFixed(3) : null, d.locality]
+      .filter((x) => x !== null && x !== undefined).join(' · ') || d.detail || '—';
+  return h('div', {class: 'table-scroll'}, h('table', {class: 'decisions'},
+    h('thead', {}, h('tr', {}, ['Time', 'Kind', 'Caller', 'Result', 'Detail', 'Trace'].map((t) => h('th', {text: t})))),
+    h('tbody', {}, decisions.decisions.map((d) => h('tr', {dataset: {kind: d.kind}},
+      stampCell(d.at_ms),
+      h('td', {}, pill(d.kind, d.kind === 'decision' ? 'info' : d.kind === 'admin' ? 'warn' : '')),
       h('td', {class: 'mono', text: d.caller || '—'}),
-      h('td', {}, d.kind === 'outcome' ? pill(`${d.outcome}${d.latency_ms !== undefined && d.latency_ms !== null ? ' · ' + Math.round(d.latency_ms) + ' ms' : ''}`,
-        d.outcome === 'success' ? 'ok' : 'bad') : pill(d.result || '—', d.result === 'ok' ? 'ok' : 'bad')),
-      h('td', {class: 'sub', text: [d.match, d.capability, d.score !== undefined && d.score !== null ? d.score.toFixed(3) : null, d.locality]
-        .filter((x) => x !== null && x !== undefined).join(' · ') || '—'}),
-      h('td', {class: 'mono sub', text: d.trace_id || '—'})))));
+      h('td', {}, result(d)),
+      h('td', {class: 'sub prose', text: detail(d)}),
+      h('td', {class: 'mono sub trace', text: d.trace_id || '—'}))))));
 }
 
 // -- routing and the frame -------------------------------------------------------------------
 
 function route() {
+  if (state.viewTimer) { clearInterval(state.viewTimer); state.viewTimer = null; }
   const hash = location.hash.replace(/^#/, '') || '/';
   const [path, query] = hash.split('?');
   const params = new URLSearchParams(query || '');
@@ -610,8 +812,37 @@ function render() {
     const fact = (label, value) => h('span', {class: 'fact'}, `${label} `, h('b', {text: value}));
     facts.replaceChildren(fact('region', node.region), fact('version', String(node.version)),
       fact('node', node.node_id), fact('role', node.leader ? 'leader' : 'follower'));
+    regionSwitch(node);
   }
   views[state.view].update();
+}
+
+// This region and a link to each peer region's console (the first of its node URLs in the topology).
+// The token goes along in the link's fragment only when the link is followed, so the page never
+// holds a link with a token in it; the peer's console signs in with it (that tab has no session there).
+function regionSwitch(node) {
+  const nav = $('#region-switch');
+  const shape = JSON.stringify([node.region, node.peers.map((peer) => [peer.region, peer.stale, peer.node_urls])]);
+  if (nav.dataset.shape === shape) return;
+  nav.dataset.shape = shape;
+  nav.hidden = !node.peers.length;  // one region: nowhere to switch to
+  const links = [h('span', {class: 'region current', title: "this node's region", dataset: {region: node.region}, text: node.region})];
+  for (const peer of node.peers) {
+    const url = (peer.node_urls || []).find((candidate) => /^https?:\/\/[^\s]+$/i.test(candidate));
+    if (!url) {
+      links.push(h('span', {class: 'region muted', dataset: {region: peer.region}, title: 'no console address known', text: peer.region}));
+      continue;
+    }
+    const base = `${url.replace(/\/+$/, '')}/ui/`;
+    links.push(h('a', {class: `region${peer.stale ? ' stale' : ''}`, href: base, dataset: {region: peer.region},
+      title: `${peer.region}'s console${peer.stale ? ' (stale: not heard from lately)' : ''}`,
+      onclick: (event) => {
+        if (event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey) return;
+        event.preventDefault();
+        location.href = `${base}#token=${encodeURIComponent(state.token)}`;
+      }}, peer.region, h('span', {class: 'out', text: ' ↗'})));
+  }
+  nav.replaceChildren(...links);
 }
 
 function start() {
@@ -622,6 +853,7 @@ function start() {
   $('#app').hidden = false;
   $('#whoami').textContent = state.claims ? `${state.claims.sub} · ${state.claims.role}` : 'token';
   setLive('connecting');
+  state.skew = 0;
   route();
   const poll = async () => { await loadRegion(); render(); };
   poll();
@@ -633,23 +865,30 @@ function stop() {
   for (const timer of state.timers) clearInterval(timer);
   state.timers = [];
   if (state.watch) state.watch.abort();
+  if (state.viewTimer) { clearInterval(state.viewTimer); state.viewTimer = null; }
   state.agents = new Map();
+  state.leases = new Map();
   state.tombstones = new Map();
   state.recent = [];
   state.listed = false;
   state.view = null;
 }
 
-document.addEventListener('DOMContentLoaded', () => {
-  takeTokenFromFragment();
+document.addEventListener('DOMContentLoaded', async () => {
+  const linkToken = takeLinkToken();
   $('#signin-form').addEventListener('submit', (event) => {
     event.preventDefault();
     const token = $('#signin-token').value.trim();
     if (token) { $('#signin-token').value = ''; signIn(token); }
   });
   $('#signout').addEventListener('click', () => signOut(null));
-  window.addEventListener('hashchange', () => {
-    if (takeTokenFromFragment()) { stop(); start(); } else if (state.token) route(); else start();
+  window.addEventListener('hashchange', async () => {
+    const token = takeLinkToken();
+    if (token !== null && await adoptLinkToken(token)) { stop(); start(); return; }
+    if (state.token) route(); else start();
   });
+  const hadSession = sessionStorage.getItem(TOKEN_KEY) !== null;
+  if (!hadSession) await adoptLinkToken(linkToken);  // no session: the link signs this tab in
   start();
+  if (hadSession && await adoptLinkToken(linkToken)) { stop(); start(); }
 });
