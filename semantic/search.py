@@ -87,6 +87,7 @@ from .lexical import DEFAULT_B, DEFAULT_BIGRAMS, DEFAULT_K1, mostly_cjk
 from .ranking import QuerySignals, Ranking, SearchHit, Weights, best_cosines, rank_owners
 from .results import (
     SUGGESTED_MIN_SCORE_HYBRID,
+    SUGGESTED_MIN_SCORE_HYBRID_CJK,
     SUGGESTED_MIN_SCORE_LEXICAL,
     SearchMode,
     SearchResult,
@@ -113,6 +114,7 @@ __all__ = [
     "default_embedders",
     "default_encoder_weights",
     "SUGGESTED_MIN_SCORE_HYBRID",
+    "SUGGESTED_MIN_SCORE_HYBRID_CJK",
     "SUGGESTED_MIN_SCORE_LEXICAL",
     "suggested_min_score",
 ]

@@ -65,8 +65,6 @@ async def _search(node: RunningNode, query: str) -> tuple[int, Any]:
     return await node.call("GET", f"/v1/search?k=5&q={quote(query)}")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 25 open: the blend ranks zh.legal.hetong (contract review) above the "
-                   "translator for the demo's Chinese contract request")
 async def test_the_chinese_contract_request_finds_the_translator_through_search(catalog: RunningNode) -> None:
     status, body = await _search(catalog, CONTRACT_REQUEST)
     assert status == 200, body
@@ -76,8 +74,6 @@ async def test_the_chinese_contract_request_finds_the_translator_through_search(
     assert best["vector_score"] is not None  # ranked by the multilingual encoder, not by its bigrams alone
 
 
-@pytest.mark.xfail(strict=True, reason="issue 25 open: the blend ranks zh.legal.hetong (contract review) above the "
-                   "translator for the demo's Chinese contract request")
 async def test_the_chinese_contract_request_resolves_to_the_translator_by_semantic_fallback(
         catalog: RunningNode) -> None:
     status, ticket = await catalog.resolve(capability=CONTRACT_REQUEST)
