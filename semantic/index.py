@@ -151,11 +151,16 @@ class VectorIndex:
         """``query_vector`` checked (:class:`InvalidVectorError`) and scaled to unit length."""
         return self._validated(query_vector, expected_rows=1)[0]
 
-    def products(self, query: np.ndarray) -> np.ndarray:
+    def products(self, query: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """Every row's dot product with ``query``, a float32 vector of this index's dimension that
         the caller checked (:meth:`unit_query`, then scaled as it likes); BLAS threads as they are
-        (:func:`one_blas_thread` around a query's products)."""
-        return self._matrix[: len(self._ids)] @ query
+        (:func:`one_blas_thread` around a query's products). With ``rows``, only those rows are
+        multiplied (the others read -1, below any cosine)."""
+        if rows is None:
+            return self._matrix[: len(self._ids)] @ query
+        products = np.full(len(self._ids), -1.0, dtype=np.float32)
+        products[rows] = self._matrix[rows] @ query
+        return products
 
     def top_k(
         self,

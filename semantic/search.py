@@ -69,6 +69,7 @@ multilingual USE by default); a query mostly in CJK leaves the English-only Mini
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -96,7 +97,7 @@ from .errors import EmbedderUnavailable, SearchClosedError
 from .holdings import Holdings
 from .index import one_blas_thread
 from .lexical import DEFAULT_B, DEFAULT_BIGRAMS, DEFAULT_K1, mostly_cjk
-from .ranking import QuerySignals, Ranking, SearchHit, Weights, best_cosines, rank_owners
+from .ranking import QuerySignals, Ranking, SearchHit, Weights, best_cosines, candidate_pool, rank_owners
 from .results import (
     SUGGESTED_MIN_SCORE_HYBRID,
     SUGGESTED_MIN_SCORE_HYBRID_CJK,
@@ -138,6 +139,9 @@ DEFAULT_AGENT_VECTOR_WEIGHT = 0.7
 DEFAULT_AGENT_LEXICAL_WEIGHT = 1.0
 DEFAULT_EXAMPLE_WEIGHT = 0.5
 MAX_K = 1_000
+# Owners whose capabilities and examples a hybrid query reads at 10,000 capabilities and more
+# (bench.semantic: the same top 10 as reading every owner for every tuning query).
+DEFAULT_CANDIDATE_POOL = 512
 class SearchState(Enum):
     """Lifecycle of a :class:`SemanticSearch`."""
 
@@ -155,6 +159,8 @@ class SemanticSearch:
       * ``semantic_enabled``: ``False`` forces lexical mode (no torch needed at all).
       * ``vector_weight``: the share of cosine against BM25 coverage (module docstring);
         ``cjk_vector_weight`` that of a query mostly in CJK script (None: ``vector_weight``).
+      * ``candidate_pool``: with more owners than this, a hybrid query's single texts are read
+        for the pool's owners alone (:func:`~semantic.ranking.candidate_pool`); None: every owner.
       * ``agent_vector_weight``, ``agent_lexical_weight``: the share of the agent-level document
         in an owner's cosine and in its BM25 coverage (0: best capability alone, 1: the agent
         document alone); the matched capability is named either way.
@@ -183,6 +189,7 @@ class SemanticSearch:
         semantic_enabled: bool = True,
         vector_weight: float = DEFAULT_VECTOR_WEIGHT,
         cjk_vector_weight: float | None = DEFAULT_CJK_VECTOR_WEIGHT,
+        candidate_pool: int | None = DEFAULT_CANDIDATE_POOL,
         agent_vector_weight: float = DEFAULT_AGENT_VECTOR_WEIGHT,
         agent_lexical_weight: float = DEFAULT_AGENT_LEXICAL_WEIGHT,
         example_weight: float = DEFAULT_EXAMPLE_WEIGHT,
@@ -197,6 +204,9 @@ class SemanticSearch:
                                 agent_lexical=agent_lexical_weight, example=example_weight)
         self._cjk_weights = self._weights if cjk_vector_weight is None else replace(self._weights,
                                                                                     vector=cjk_vector_weight)
+        if candidate_pool is not None and candidate_pool < 1:
+            raise ValueError(f"candidate_pool must be >= 1 or None, got {candidate_pool}")
+        self._candidate_pool = candidate_pool
         self._holdings = Holdings(text_format=text_format, bm25_k1=bm25_k1, bm25_b=bm25_b, bm25_bigrams=bm25_bigrams)
         self._semantic_enabled = semantic_enabled
         if embedder is not None and embedders is not None:
@@ -443,46 +453,43 @@ class SemanticSearch:
         return SearchResult(query, self._mode, chosen, hits, timings,
                             corrected_query=searched if searched != query else None, mostly_cjk=mostly_cjk(bounded))
 
-    def _cosines(self, vectors: QueryVectors) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Agent cosines by agent row, capability cosines and each capability's or its closest
-        example request's, whichever is higher (:func:`~semantic.ranking.best_cosines`), by
-        capability row: each the share-weighted mean over the models that read the query (the
-        share folded into the query vector, the models' products summed in place)."""
-        sums: list[np.ndarray] = []
-        with one_blas_thread():
-            for position, share, vector in vectors.parts:
-                model = self._holdings.models[position]
-                query = model.agents.unit_query(vector) * np.float32(share)
-                products = [index.products(query) for index in (model.agents, model.capabilities, model.examples)]
-                sums = products if not sums else [np.add(total, part, out=total) for total, part in zip(sums, products)]
-        if not sums:
-            raise SearchClosedError("no query vector: the facade is not in hybrid mode")
-        agents, capabilities, examples = sums
-        return agents, capabilities, best_cosines(capabilities, examples, self._holdings.example_rows())
-
-    def _rank(
-        self,
-        query: str,
-        vectors: QueryVectors,
-        k: int,
-        ranking: Ranking,
-        allow: Callable[[str], bool] | None,
-    ) -> list[SearchHit]:
+    def _rank(self, query: str, vectors: QueryVectors, k: int, ranking: Ranking,
+              allow: Callable[[str], bool] | None, *, pooled: bool = True) -> list[SearchHit]:
         holdings = self._holdings
-        agent_cosines = capability_cosines = capability_best = None
-        if vectors and ranking is not Ranking.LEXICAL:
-            agent_cosines, capability_cosines, capability_best = self._cosines(vectors)
-        lexical = ranking is not Ranking.VECTOR
-        signals = QuerySignals(
-            agent_cosines=agent_cosines,
-            capability_cosines=capability_cosines,
-            capability_best=capability_best,
-            agent_lexical=holdings.agent_lexical.score(query) if lexical else None,
-            capability_lexical=holdings.capability_lexical.score(query) if lexical else None,
-        )
+        if pooled and self._candidate_pool and allow is not None:  # a fallback asks no owner twice
+            allow = functools.lru_cache(maxsize=None)(allow)
         weights = self._cjk_weights if mostly_cjk(query) else self._weights
-        return rank_owners(holdings.layout(), signals, weights=weights, ranking=ranking, k=k, allow=allow,
-                           capability_of=holdings.capability_of)
+        agent_lexical = holdings.agent_lexical.score(query) if ranking is not Ranking.VECTOR else None
+        cosines: tuple[np.ndarray | None, ...] = (None, None, None)
+        pool = None
+        if vectors and ranking is not Ranking.LEXICAL:
+            # Each model's share folded into its query vector, the models' products summed.
+            models = [holdings.models[position] for position, _, _ in vectors.parts]
+            queries = [(model, model.agents.unit_query(vector) * np.float32(share))
+                       for model, (_, share, vector) in zip(models, vectors.parts)]
+            with one_blas_thread():
+                agents = _summed([model.agents.products(vector) for model, vector in queries])
+                if pooled and self._candidate_pool and ranking is Ranking.HYBRID:
+                    pool = candidate_pool(holdings.layout(), holdings.example_rows(), agents, agent_lexical, weights,
+                                          self._candidate_pool)
+                rows = (None, None) if pool is None else (pool.capability_rows, pool.example_rows)
+                capabilities = _summed([model.capabilities.products(vector, rows[0]) for model, vector in queries])
+                examples = _summed([model.examples.products(vector, rows[1]) for model, vector in queries])
+            cosines = (agents, capabilities, best_cosines(capabilities, examples, holdings.example_rows()))
+        capability_lexical = None if agent_lexical is None else holdings.capability_lexical.score(query)
+        signals = QuerySignals(*cosines, agent_lexical=agent_lexical,  # type: ignore[arg-type]
+                               capability_lexical=capability_lexical)
+        hits = rank_owners(holdings.layout(), signals, weights=weights, ranking=ranking, k=k, allow=allow,
+                           capability_of=holdings.capability_of, candidates=None if pool is None else pool.owners)
+        if pool is not None and len(hits) < k:  # ``allow`` turned most of the pool down: every owner, whole
+            return self._rank(query, vectors, k, ranking, allow, pooled=False)
+        return hits
+
+
+def _summed(parts: list[np.ndarray]) -> np.ndarray:
+    for part in parts[1:]:
+        np.add(parts[0], part, out=parts[0])
+    return parts[0]
 
 
 def _packaged_dictionary() -> frozenset[str] | None:
