@@ -11,8 +11,10 @@ One owner (agent) is scored from three kinds of vectors and two lexical indexes,
   an example is close to that capability even when it shares little with the description.
 
 Every owner is scored for every query, in a few array operations over :class:`OwnerLayout`
-(where each owner's rows and BM25 slots are), so no candidate pool can leave a good owner out
-and the cost is that of the matrix products, not of a Python loop per candidate.
+(where each owner's rows and BM25 slots are), and the cost is that of the matrix products, not
+of a Python loop per candidate. Past ``candidate_pool`` owners (512), the single texts' cosines
+(most of those products) are read for the pool's owners alone: the best by the score without
+them (:func:`candidate_pool`); at 10,000 capabilities every tuning query's top 10 was the same.
 
 The formula (weights in :class:`Weights`, chosen in ``semantic/search.py``'s docstring)::
 
