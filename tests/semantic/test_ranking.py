@@ -161,3 +161,37 @@ async def test_cosine_is_the_agent_vector_blended_with_its_closest_text() -> Non
     assert closest > float(vectors[0] @ query)
     assert hit.vector_score == pytest.approx(0.7 * agent_cosine + 0.3 * closest, abs=1e-5)
     assert hit.capability == "translate.text"  # the example's capability is the one named
+
+
+async def test_a_candidate_pool_ranks_as_every_owner_would_and_widens_past_a_filter() -> None:
+    """With more owners than ``candidate_pool``, a hybrid query reads the single texts of the pool's
+    owners alone (the best by agent vector and coverage); the hits are the same, and when ``allow``
+    turns the pool down the query ranks every owner, asking ``allow`` once per owner still."""
+    words = ["render", "bill", "photo", "clause", "sum", "mandarin", "similar", "english"]
+    fillers = {f"eu/misc.filler.a{number}": [Document.for_capability(
+        owner_id=f"eu/misc.filler.a{number}", name=f"misc.task{number}",
+        description=f"{words[number % 8]} {words[number * 3 % 7]} chores", examples=(f"{words[number % 5]} for me",))]
+        for number in range(40)}
+    queries = ("translate chinese contract into english", "the sum of a bill", "find photos like this one")
+    results = {}
+    for pool in (None, 4):
+        embedder = ConceptEmbedder()
+        async with SemanticSearch(embedder=embedder, candidate_pool=pool) as search:  # type: ignore[arg-type]
+            await search.upsert_owners({**AGENTS, **fillers})
+            full = [[(hit.owner_id, hit.score) for hit in (await search.search(query, k=5)).hits] for query in queries]
+            asked: list[str] = []
+
+            def allow(owner_id: str) -> bool:
+                asked.append(owner_id)
+                return owner_id.endswith(("7", "9"))  # 8 of 43 owners; the pool of 4 holds few of them
+
+            filtered = []
+            for query in queries:
+                asked.clear()
+                filtered.append([hit.owner_id for hit in (await search.search(query, k=5, allow=allow)).hits])
+                assert len(asked) == len(set(asked)), asked  # once per owner, the widened ranking included
+            results[pool] = (full, filtered)
+    assert results[4] == results[None]
+    assert all(len(hits) == 5 for hits in results[4][1])
+    with pytest.raises(ValueError, match="candidate_pool"):
+        SemanticSearch(embedder=ConceptEmbedder(), candidate_pool=0)  # type: ignore[arg-type]

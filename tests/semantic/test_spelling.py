@@ -72,3 +72,28 @@ def test_vocabulary_file_is_read_or_reported_missing(tmp_path) -> None:
     path.write_text("[PAD]\nhello\n##lo\nworld\n", encoding="utf-8")
     assert read_vocabulary_file(path) == frozenset({"hello", "world"})
     assert read_vocabulary_file(tmp_path / "missing.txt") is None
+
+
+def test_words_past_the_length_bounds_are_neither_corrected_nor_ranked_nor_embedded() -> None:
+    """What keeps a 2,000-letter word cheap (issue 25: it held the loop 0.5-0.9 s in the speller):
+    no word past ``MAX_WORD_LENGTH`` is spell-corrected (its edits are never made), none past
+    ``MAX_WORD_CHARS`` is a BM25 term, none past ``MAX_EMBEDDED_WORD_CHARS`` reaches an encoder,
+    only the first ``MAX_QUERY_CHARS`` of a query are ranked and ``MAX_EMBEDDED_CHARS`` embedded."""
+    from semantic.blend import MAX_EMBEDDED_CHARS, MAX_EMBEDDED_WORD_CHARS, MAX_QUERY_CHARS, bounded_query, embeddable
+    from semantic.lexical import MAX_WORD_CHARS, tokenize
+    from semantic.spelling import MAX_WORD_LENGTH
+
+    long_word = "translate" * 4  # 36 letters, indexed below; one edit away from its typo
+    corrector = SpellingCorrector(DICTIONARY | {long_word[:MAX_WORD_LENGTH]})
+    corrector.upsert("lang.long", f"{long_word} {long_word[:MAX_WORD_LENGTH - 1]}")
+    assert corrector.correct(long_word[:MAX_WORD_LENGTH - 1] + "x") == long_word[:MAX_WORD_LENGTH - 1]  # in reach
+    assert corrector.correct(long_word + "x") == long_word + "x"  # past the bound: left alone
+    flood = "q" * 2_000
+    assert corrector.correct(flood) == flood
+    assert tokenize("q" * MAX_WORD_CHARS) and not tokenize(flood)
+    assert embeddable(f"translate {flood} this") == "translate this"
+    assert embeddable("q" * MAX_EMBEDDED_WORD_CHARS) == "q" * MAX_EMBEDDED_WORD_CHARS
+    huge = "translate " * 6_554  # 64 KiB
+    assert bounded_query(huge) == huge[:MAX_QUERY_CHARS]
+    embedded = embeddable(bounded_query(huge))
+    assert embedded == ("translate " * (len(embedded) // 10 + 1)).strip() and len(embedded) <= MAX_EMBEDDED_CHARS

@@ -53,3 +53,23 @@ def test_scope_defaults_resolve_and_list_local_first_search_global() -> None:
     scope = {path: next(p for p in paths[path]["get"]["parameters"] if p["name"] == "scope")["schema"]["default"]
              for path in ("/v1/agents", "/v1/search")}
     assert scope == {"/v1/agents": "local-first", "/v1/search": "global"}
+
+
+@pytest.mark.parametrize("semantic, model_ids", [
+    ({}, ["sentence-transformers/all-MiniLM-L6-v2", "universal-sentence-encoder-multilingual-3"]),
+    ({"encoders": ["usem3"]}, ["universal-sentence-encoder-multilingual-3"]),
+    ({"model": "minilm"}, ["sentence-transformers/all-MiniLM-L6-v2"]),
+])
+def test_a_node_ranks_with_the_encoders_its_topology_names(semantic: dict[str, object], model_ids: list[str]) -> None:
+    """Unset, a node ranks with all-MiniLM-L6-v2 and the multilingual USE together (a Chinese
+    request finds an English-described agent); ``[semantic] encoders`` or ``model`` say otherwise.
+    Built, not started: no model is loaded."""
+    from topology import build_node
+    from topology.composition import SemanticDiscovery
+    from topology.spec import Topology
+
+    topology = Topology.model_validate({"regions": [{"name": "eu", "node_urls": ["http://127.0.0.1:7101"]}],
+                                        "semantic": semantic})
+    node = build_node(topology.node_config("eu", redis_url="redis://127.0.0.1:1/0"), secret=b"s" * 32)
+    assert isinstance(node.searcher, SemanticDiscovery)
+    assert [embedder.model_id for embedder in node.searcher.search_index.embedders] == model_ids

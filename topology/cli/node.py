@@ -256,9 +256,9 @@ async def _start(args: argparse.Namespace, plan: _Plan,
                                                "allow": [*config.egress.allow, *args.egress_allow]})
         config = config.model_copy(update={"egress": egress})
     built = build_node(config, secret=plan.secret, topology=plan.topology, bootstrap_servers=args.kafka)
-    embedder = built.searcher.search_index.embedder if isinstance(built.searcher, SemanticDiscovery) else None
-    if embedder is not None:
-        embedder.on_loaded = freeze_long_lived  # loaded after start, once
+    embedders = built.searcher.search_index.embedders if isinstance(built.searcher, SemanticDiscovery) else []
+    for embedder in embedders:
+        embedder.on_loaded = freeze_long_lived  # loaded after start, once each
     if plan.topology is not None and len(plan.topology.regions) > 1:
         # Before the node's duties start: a broker that refuses our TLS, password or rights is one
         # line (KafkaAccessDenied) rather than every duty logging "Unable to bootstrap" first.

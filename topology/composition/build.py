@@ -34,7 +34,7 @@ def build_node(config: NodeConfig, *, secret: bytes, topology: Topology | None =
     # After federation: discovery indexes the peers' agents through the remote catalog.
     peer_urls = {peer.name: peer.node_urls[0] for peer in topology.peers_of(node.region)} if topology else {}
     attach_discovery(node, semantic_enabled=config.semantic_enabled, model=config.semantic_model,
-                     peer_urls=peer_urls, secret=secret)
+                     encoders=config.semantic_encoders, peer_urls=peer_urls, secret=secret)
     return node
 
 

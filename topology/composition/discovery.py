@@ -41,6 +41,7 @@ from node.store import redis_client
 from node.trust import SelfToken, Signer, require_peer
 from node.view import AgentIndex
 from semantic import (
+    DEFAULT_ENCODERS,
     Document,
     Embedder,
     LayeredVectorCache,
@@ -48,6 +49,7 @@ from semantic import (
     RedisVectorCache,
     SemanticSearch,
     VectorCache,
+    default_embedders,
     suggested_min_score,
 )
 
@@ -58,6 +60,7 @@ _BATCH = 256
 VECTORS_PATH = "/v1/semantic/vectors"
 PEER_VECTOR_TIMEOUT_S = 10.0
 PEER_SETTLE_WAIT_S = 5.0
+MAX_VECTOR_KEYS = 1_000  # keys of one POST /v1/semantic/vectors
 
 
 def owner_id(region: str, agent_id: str) -> str:
@@ -193,23 +196,25 @@ class SemanticDiscovery:
 
     async def _prefetch_from_home_regions(self, upserts: Mapping[str, list[Document]]) -> None:
         """Put the vectors that remote agents' home regions computed into our cache first."""
-        embedder = self.search_index.embedder
+        embedders = self.search_index.embedders
         session = self._peer_session
-        if embedder is None or self._vector_cache is None or session is None:
+        if not embedders or self._vector_cache is None or session is None:
             return
         keys_by_region: dict[str, list[str]] = {}
         for owner, documents in upserts.items():
             region = owner.partition(_OWNER_SEPARATOR)[0]
             if region in self._peer_urls:
+                texts = self.search_index.embedding_texts(documents)
                 keys_by_region.setdefault(region, []).extend(
-                    embedder.cache_key(text) for text in self.search_index.embedding_texts(documents))
+                    embedder.cache_key(text) for embedder in embedders for text in texts)
         if not keys_by_region:
             return
         for region, keys in keys_by_region.items():
             have = await self._vector_cache.get_many(keys)
             missing = [key for key in keys if key not in have]
-            if missing:
-                found = await fetch_vectors(session, self._peer_urls[region], missing, token=self.peer_token)
+            for start in range(0, len(missing), MAX_VECTOR_KEYS):  # a peer answers this many keys at once
+                found = await fetch_vectors(session, self._peer_urls[region], missing[start : start + MAX_VECTOR_KEYS],
+                                            token=self.peer_token)
                 if found:
                     await self._vector_cache.set_many(found)
                     self.vectors_from_peers += len(found)
@@ -318,24 +323,29 @@ def _as_sentence(capability: str) -> str:
 
 
 def attach_discovery(node: RegistryNode, *, semantic_enabled: bool = True, model: str | None = None,
-                     embedder: Embedder | None = None, peer_urls: Mapping[str, str] | None = None,
-                     secret: bytes | None = None) -> SemanticDiscovery:
+                     encoders: Sequence[str] | None = None, embedder: Embedder | None = None,
+                     peer_urls: Mapping[str, str] | None = None, secret: bytes | None = None) -> SemanticDiscovery:
     """Attach semantic search and the router's semantic fallback to ``node`` (before it serves).
 
-    With ``peer_urls`` (region → node URL) and the cluster ``secret``, a remote agent's vectors are
-    fetched from its home region before the model would encode them.
+    The search ranks with ``embedder`` when given; else with one embedder per name of
+    ``encoders`` (:func:`semantic.encoder_for`), or ``model`` alone, or the default pair
+    (all-MiniLM-L6-v2 and multilingual USE), all on the region's vector cache (keys name the
+    model). With ``peer_urls`` (region → node URL) and the cluster ``secret``, a remote agent's
+    vectors are fetched from its home region before a model would encode them.
     """
     closers: list[Callable[[], Awaitable[None]]] = []
     region_cache: RedisVectorCache | None = None
     vector_cache: VectorCache | None = None
-    if embedder is None and semantic_enabled:
+    embedders = [embedder] if embedder is not None else None
+    if embedders is None and semantic_enabled:
         # Vectors are raw bytes: a client of its own, without the store's string decoding.
         vectors = redis_client(node.config.redis_url, key_base=node.store.key_base, settings=node.config,
                                decode_responses=False)
         closers.append(vectors.aclose)
         region_cache = RedisVectorCache(vectors, prefix=f"{node.store.key_base}:vec")
         vector_cache = LayeredVectorCache(MemoryVectorCache(), region_cache)
-        embedder = Embedder(model=model, cache=vector_cache)
+        names = list(encoders) if encoders else [model] if model is not None else list(DEFAULT_ENCODERS)
+        embedders = default_embedders(names, cache=vector_cache)
     peer_token = None
     if peer_urls and secret is not None:
         peer_token = SelfToken(Signer(secret), f"{node.region}.semantic.peer", TokenRole.PEER)
@@ -344,7 +354,7 @@ def attach_discovery(node: RegistryNode, *, semantic_enabled: bool = True, model
         for closer in closers:
             await closer()
 
-    search = SemanticSearch(embedder=embedder, semantic_enabled=semantic_enabled)
+    search = SemanticSearch(embedders=embedders, semantic_enabled=semantic_enabled)
     discovery = SemanticDiscovery(node, search, on_close=close, vector_cache=vector_cache, peer_urls=peer_urls,
                                   peer_token=peer_token)
     node.searcher = discovery
@@ -367,10 +377,10 @@ def attach_discovery(node: RegistryNode, *, semantic_enabled: bool = True, model
         app.router.add_post(VECTORS_PATH, vectors_for_peers)
 
     node.extensions.append(install)
-    node.metrics.gauge("agent_reach_semantic_texts_encoded", "Texts this node's model encoded",
-                       lambda: embedder.stats.texts_encoded if embedder is not None else 0)
+    node.metrics.gauge("agent_reach_semantic_texts_encoded", "Texts this node's models encoded (each model's count)",
+                       lambda: sum(each.stats.texts_encoded for each in search.embedders))
     node.metrics.gauge("agent_reach_semantic_cache_hits", "Texts whose vector came from a cache (local or peer)",
-                       lambda: embedder.stats.cache_hits if embedder is not None else 0)
+                       lambda: sum(each.stats.cache_hits for each in search.embedders))
     return discovery
 
 
@@ -379,7 +389,7 @@ class VectorRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    keys: list[Annotated[str, Field(max_length=200)]] = Field(max_length=1_000)
+    keys: list[Annotated[str, Field(max_length=200)]] = Field(max_length=MAX_VECTOR_KEYS)
 
 
 __all__ = ["SemanticDiscovery", "attach_discovery", "documents_of", "fetch_vectors", "owner_id"]
