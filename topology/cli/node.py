@@ -274,7 +274,7 @@ async def _start(args: argparse.Namespace, plan: _Plan,
     # collect less often (node.ops.loopwatch.tune_gc; agent_reach_gc_pause_seconds shows the effect).
     tune_gc()
     node.loop_watch.freezer = FreezeOnGrowth(node.records_held)
-    phase("loading the model" if embedder is not None else "starting the HTTP server")  # as the app starts
+    phase("loading the model" if embedders else "starting the HTTP server")  # as the app starts
     try:
         runner = await serve(node, reuse_port=args.reuse_port)
     except OSError as exc:
