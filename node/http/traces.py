@@ -147,6 +147,19 @@ if held + size >= quota then return freed_in + 1 end
 return 0
 """
 
+# KEYS: the tenant's quota hash, the result's key; ARGV: now_ms, ttl_ms, quota_bytes, the result's
+# bytes, the quota's slice (ms), the result. Keeps it (the request it answers was served) and
+# charges its bytes like APPEND; answers the ms until the tenant is below its quota, else 0.
+KEEP = QUOTA + """
+local now, ttl, quota, size, slice = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]),
+  tonumber(ARGV[5])
+redis.call('SET', KEYS[2], ARGV[6], 'PX', ttl)
+local held, freed_in = quota_held(KEYS[1], now, ttl, slice)
+quota_charge(KEYS[1], now, ttl, slice, size)
+if held + size >= quota then return freed_in + 1 end
+return 0
+"""
+
 
 @dataclass
 class StoredTrace:
@@ -175,6 +188,7 @@ class TraceLog:
         self.caller_bytes = caller_bytes
         self._post = redis.register_script(POST)
         self._append = redis.register_script(APPEND)
+        self._keep = redis.register_script(KEEP)
         self._over: dict[str, float] = {}  # tenant -> monotonic time its quota frees (as last learnt)
 
     @classmethod
@@ -205,13 +219,21 @@ class TraceLog:
     def result_key(self, trace_id: str, caller: str) -> str:
         return f"{self.prefix}{trace_id}/result/{caller}"
 
-    async def keep_result(self, result: TraceResult) -> None:
+    async def keep_result(self, result: TraceResult, *, charge: str | None = None) -> None:
         """Keep the final answer of a delivery for its caller for ``ttl_ms`` (a later one of the same
-        trace and caller replaces it); Redis being down is logged, never raised: the send stands."""
+        trace and caller replaces it); Redis being down is logged, never raised: the send stands.
+
+        ``charge``: the tenant whose ``caller_bytes`` quota the kept answer counts against, as its
+        trace events do (None: an admin's, not counted).
+        """
+        key, kept = self.result_key(result.trace_id, result.caller), result.model_dump_json(exclude_none=True)
         try:
             async with RedisErrors(self.region):
-                await self.redis.set(self.result_key(result.trace_id, result.caller),
-                                     result.model_dump_json(exclude_none=True), px=self.ttl_ms)
+                if charge is None or not self.caller_bytes:
+                    await self.redis.set(key, kept, px=self.ttl_ms)
+                    return
+                args = [now_ms(), self.ttl_ms, self.caller_bytes, len(kept.encode()), self._quota_slice_ms, kept]
+                self._note_over(charge, int(await self._keep(keys=[self.quota_key(charge), key], args=args)))
         except StoreUnavailable as exc:
             log.warning("could not keep the result of trace %s: %s", result.trace_id, exc.message)
 
@@ -258,11 +280,18 @@ class TraceLog:
         size = sum(len(item) for items in grouped.values() for item in items)  # ASCII: JSON escapes the rest
         keys = [self.quota_key(tenant)]
         args: list[str | int] = [now_ms(), self.ttl_ms, self.max_events, self.caller_bytes, size,
-                                 max(1, self.ttl_ms // 24)]
+                                 self._quota_slice_ms]
         for trace_id, items in grouped.items():
             keys.append(self.key(trace_id))
             args += [len(items), *items]
-        freed_in_ms = int(await self._append(keys=keys, args=args))
+        self._note_over(tenant, int(await self._append(keys=keys, args=args)))
+
+    @property
+    def _quota_slice_ms(self) -> int:
+        return max(1, self.ttl_ms // 24)
+
+    def _note_over(self, tenant: str, freed_in_ms: int) -> None:
+        """Remember that ``tenant`` is past its quota for ``freed_in_ms - 1`` ms (0: it is not)."""
         if freed_in_ms:
             self._over[tenant] = time.monotonic() + (freed_in_ms - 1) / 1000
             if len(self._over) > _MAX_OVER_QUOTA:
@@ -299,7 +328,7 @@ class TraceLog:
         quota = 0 if poster is None else self.caller_bytes
         keys: list[str] = [self.quota_key(poster or "")]
         args: list[str | int] = [now_ms(), self.ttl_ms, self.max_events, self.max_callers, quota, size,
-                                 max(1, self.ttl_ms // 24)]
+                                 self._quota_slice_ms]
         for (trace_id, caller), items in grouped.items():
             keys += [self.callers_key(trace_id), self.caller_key(trace_id, caller)]
             args += [caller, len(items), *items]

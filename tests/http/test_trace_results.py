@@ -101,3 +101,25 @@ async def test_a_large_answer_is_kept_without_its_body_and_text_as_text(node_fac
         assert status == 200 and kept["text"] == "total: 42" and kept["too_large"] is False, kept
     finally:
         await runner.cleanup()
+
+
+async def test_a_kept_answer_counts_against_the_callers_trace_quota(node: RunningNode) -> None:
+    # A kept answer is a Redis key of the caller's for the trace's lifetime, as its trace events are:
+    # its bytes are charged to the same quota (trace_caller_bytes), or fresh trace ids would store
+    # answers without bound.
+    agent = await AgentServer("reports").start()
+    try:
+        await node.register(registration("rep.make.one", capability="report.make", endpoint=f"{agent.url}/invoke"))
+        caller = node.token("shop.web.quota", TokenRole.CALLER)
+        envelope = {"type": "request", "operation": "report.make", "trace_id": "result-quota", "payload": {"n": 7}}
+        status, answer = await node.call("POST", "/v1/send", json=envelope, token=caller)
+        assert status == 200, answer
+        redis, prefix = node.node.store.redis, f"ar:{{{node.node.region}}}:trace:"
+        events = await redis.lrange(f"{prefix}result-quota/node", 0, -1)
+        kept = await redis.get(f"{prefix}result-quota/result/shop.web.quota")
+        assert events and kept is not None
+        (quota_key,) = [key async for key in redis.scan_iter(match=f"{prefix}/quota/*shop.web.quota")]
+        charged = sum(int(value) for value in (await redis.hgetall(quota_key)).values())
+        assert charged == sum(len(event) for event in events) + len(kept), (charged, len(kept))
+    finally:
+        await agent.aclose()

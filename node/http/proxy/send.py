@@ -178,7 +178,8 @@ class Proxy:
                 finally:
                     await self.traces.append(events, charge=charged(caller))
                 await self.traces.keep_result(kept_result(envelope, caller, answer, delivery="sync",
-                                                          max_bytes=self.settings.result_max_bytes))
+                                                          max_bytes=self.settings.result_max_bytes),
+                                              charge=charged(caller))
                 return answer
 
             answer, duplicate = await self.once.run(self.once.key(tenant_of(caller), envelope.id), deliver_now,
@@ -389,8 +390,9 @@ class Proxy:
                                   trace_id=envelope.trace_id, target_agent=caller.sub, reply_to_id=envelope.id,
                                   hop_count=envelope.hop_count + 1, expire_at_ms=envelope.expire_at_ms)
                 status = exc.status
-            await self.traces.keep_result(kept_result(envelope, caller, Answer(status, "application/json",
-                result.to_json(), agent), delivery="callback", max_bytes=self.settings.result_max_bytes))
+            kept = kept_result(envelope, caller, Answer(status, "application/json", result.to_json(), agent),
+                               delivery="callback", max_bytes=self.settings.result_max_bytes)
+            await self.traces.keep_result(kept, charge=charged(caller))
             await self._callback(callback_endpoint, result, envelope, caller, events)
         finally:
             await self.traces.append(events, charge=charged(caller))
