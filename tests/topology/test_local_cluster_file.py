@@ -102,7 +102,7 @@ def test_an_unwritable_home_is_one_launcher_error(home: Path) -> None:
 def test_the_banner_names_every_topic_kind_federation_uses() -> None:
     from federation.config import FederationConfig
 
-    names = {"topic", "beacon_topic", "summary_topic", "revocation_topic"}
+    names = {"topic", "beacon_topic", "summary_topic", "revocation_topic", "acl_topic"}
     assert {name for name in dir(FederationConfig) if name.endswith("topic") and not name.startswith("_")} == names
     config = FederationConfig.model_construct(topic_prefix="p")
     assert {getattr(config, name)("r") for name in names} == {f"p.{kind}.r" for kind in TOPIC_KINDS}

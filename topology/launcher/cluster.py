@@ -84,7 +84,7 @@ DEFAULT_NODE_STOP_TIMEOUT_S = 10.0
 # its nodes skip the drain grace (readiness 503 before the listener closes).
 DEFAULT_NODE_DRAIN_TIMEOUT_MS = 2_000
 # Each region's topics, {topic_prefix}.<kind>.<region> (federation.config's topic names; docs/events.md).
-TOPIC_KINDS = ("changes", "beacons", "summaries", "revocations")
+TOPIC_KINDS = ("changes", "beacons", "summaries", "revocations", "acl")
 
 
 class ClusterState(enum.Enum):
