@@ -102,7 +102,9 @@ class NodeSession:
         self.ssl_context = ssl_context
         self.rng = rng or random.Random()
         self.state = SessionState.NEW
+        self.attempts = 0  # connections tried (opened or not): what a restarted node sees of this process
         self.connects = 0  # sessions opened (1 + reconnects)
+        self.opened_at: float | None = None  # time.monotonic() when the connection open now opened
         self.renewals = 0  # renewals the node acknowledged
         self.pushes = 0  # gone frames received
         self._users = 0
@@ -111,6 +113,7 @@ class NodeSession:
         self._joined: set[str] = set()  # agents joined on the connection open now
         self._watched: set[str] = set()
         self._listeners: list[GoneListener] = []
+        self._lost_listeners: list[Callable[[], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._stop: asyncio.Event | None = None
@@ -132,6 +135,8 @@ class NodeSession:
             if session is None:
                 session = cls._shared[key] = NodeSession(key, token=token, ssl_context=ssl_context)
                 session._start()
+            else:
+                session.token = token  # the newest user's: the session outlives the first one's token
             session._users += 1
             return session
 
@@ -207,6 +212,16 @@ class NodeSession:
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
+    def on_lost(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` (on the session's thread) when an open connection ends: ``gone`` may be missed."""
+        self._lost_listeners.append(listener)
+        return lambda: self._lost_listeners.remove(listener) if listener in self._lost_listeners else None
+
+    @property
+    def pushing(self) -> bool:
+        """Whether ``gone`` can arrive now (the connection is open)."""
+        return self.state is SessionState.OPEN
+
     async def renew(self, agent_id: str, heartbeat: Heartbeat, *, timeout_s: float) -> int:
         """Renew ``agent_id``'s lease (the heartbeat's status and load with it); its new expiry (ms)."""
         beat = {"agent_id": agent_id, **heartbeat.model_dump(mode="json", exclude_none=True)}
@@ -247,12 +262,13 @@ class NodeSession:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._ready.set()
-        headers = {"Authorization": f"Bearer {self.token}"}
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.ssl_context)) as http:
             failures = 0
             while not self._stop.is_set():
                 self.state = SessionState.CONNECTING
                 wait_s = self._backoff_s(failures)
+                self.attempts += 1
+                headers = {"Authorization": f"Bearer {self.token}"}
                 try:
                     async with http.ws_connect(self.base_url + SESSION_PATH, headers=headers, heartbeat=PING_S,
                                                max_msg_size=MAX_FRAME_BYTES, timeout=aiohttp.ClientWSTimeout(
@@ -289,6 +305,7 @@ class NodeSession:
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         self._ws = ws
         self.state = SessionState.OPEN
+        self.opened_at = time.monotonic()
         self.connects += 1
         with self._lock:
             members = list(self._members)
@@ -419,8 +436,16 @@ class NodeSession:
 
     def _lost(self) -> None:
         """The connection ended: nothing is joined, and what waits on it fails (the caller uses HTTP)."""
-        self._ws = None
+        was_open, self._ws = self._ws is not None, None
+        if self.state is SessionState.OPEN:
+            self.state = SessionState.DOWN  # before the listeners: nothing may count on a push any more
         self._joined.clear()
+        if was_open:
+            for listener in list(self._lost_listeners):
+                try:
+                    listener()
+                except Exception:  # noqa: BLE001 - one client must not stop the others hearing it
+                    log.exception("a session listener failed")
         for futures in self._waiting.values():
             for future in futures.values():
                 if not future.done():
