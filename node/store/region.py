@@ -114,8 +114,12 @@ class RegionStore:
         self.key_changes = f"{base}:changes"
         self.key_loads = self.load_channel = f"{base}:loads"
         self.key_base = base
+        # Session liveness (node.view.suspects): marks and holders, cleared with the record they name.
+        self.key_suspects = f"{base}:suspects"
+        self.key_holders = f"{base}:holders"
         self.change_stream_maxlen = change_stream_maxlen
         self._mutation_keys = [self.key_agents, self.key_leases, self.key_version, self.key_changes, self.key_loads]
+        self._delete_keys = [*self._mutation_keys, self.key_suspects, self.key_holders]
         # Each coalescer's own connection, batch after batch; with wait_replicas every batch is
         # acknowledged once that many replicas hold it (WAIT), as a deletion is (_remove).
         self._wait = (wait_replicas, wait_timeout_ms)
@@ -264,10 +268,10 @@ class RegionStore:
         replicas, timeout_ms = self._wait
         async with self._translate():
             if replicas == 0:
-                reply = await self._delete(keys=self._mutation_keys, args=args)
+                reply = await self._delete(keys=self._delete_keys, args=args)
             else:  # WAIT counts what its own connection wrote: the same pipeline
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    await self._delete(keys=self._mutation_keys, args=args, client=pipe)
+                    await self._delete(keys=self._delete_keys, args=args, client=pipe)
                     pipe.execute_command("WAIT", replicas, timeout_ms)
                     reply, confirmed = await pipe.execute()
                 if int(confirmed) < replicas:

@@ -82,8 +82,9 @@ if #loads > 0 then redis.call('PUBLISH', ARGV[2], table.concat(loads, '\\n')) en
 return out
 """
 
-# KEYS: agents, leases, version, changes, loads. ARGV: now ms, stream maxlen, reason, only-if-expired
-# ('1'/'0'), agent ids... Returns a flat list {agent_id, version, ...} of the removed ones.
+# KEYS: agents, leases, version, changes, loads, suspects, holders. ARGV: now ms, stream maxlen,
+# reason, only-if-expired ('1'/'0'), agent ids... A removed agent's session marks go with it
+# (node.view.suspects; every replica drops its own when it applies the tombstone). Returns a flat list {agent_id, version, ...} of the removed ones.
 # The tombstone keeps the record's allowed_callers (its JSON array: caller patterns hold no
 # brackets), so watchers who could not see the agent do not see it go either.
 DELETE = """
@@ -100,6 +101,8 @@ for i = 5, #ARGV do
     local acl = string.match(rec, '"allowed_callers":(%b[])') or '[]'
     redis.call('HDEL', KEYS[1], id)
     redis.call('HDEL', KEYS[5], id)
+    redis.call('HDEL', KEYS[6], id)
+    redis.call('HDEL', KEYS[7], id)
     redis.call('ZREM', KEYS[2], id)
     local v = redis.call('INCR', KEYS[3])
     redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], v .. '-0',

@@ -27,7 +27,7 @@ from node.http import bound_port, serve
 from node.service import RegistryNode
 
 from ..conftest import TEST_SECRET
-from ..helpers import RunningNode, free_port, registration, wait_for
+from ..helpers import RunningNode, free_port, registration, terminate, wait_for
 
 # An SDK agent in a process of its own: registers with its lease, says so, then holds its session.
 AGENT_PROCESS = """
@@ -197,6 +197,8 @@ async def test_an_agent_on_its_session_sends_no_http_heartbeat_and_a_kill_is_see
         await wait_for(lambda: _is(agent_status(node.url, node.admin_token, agent_id), 404), timeout_s=15,
                        message="the lease to lapse")
         assert agent_id not in node.node.cache.index.suspects
+        store = node.node.store  # the deletion took the session marks with it
+        assert await store.redis.hlen(store.key_suspects) == await store.redis.hlen(store.key_holders) == 0
     finally:
         agent.close()
 
@@ -315,3 +317,144 @@ def test_the_reconnect_wait_doubles_from_100_ms_to_5_s_with_jitter() -> None:
         ceiling = min(5.0, 0.1 * 2 ** failures)
         assert ceiling / 2 <= wait_s <= ceiling
     assert len({round(w, 6) for w in waits[-3:]}) == 3  # at the cap, still spread
+
+
+async def test_a_gone_target_stops_being_handed_out_at_once_while_tickets_are_kept_long(node_factory) -> None:
+    """Item 3: a caller keeps its tickets for 60 s while its session is open; the node pushes gone
+    when a target is deregistered, drained, suspect or ejected, and the SDK hands it out no more.
+    A caller resolving one capability 5,000 times still costs the node one resolve."""
+    from node.core import NoAgentAvailable
+    from node.http.sessions import SESSIONS_KEY
+
+    node = await node_factory(ticket_ttl_ms=120_000)
+    hub = node.runner.app[SESSIONS_KEY]
+    proxy = TcpProxy(int(node.url.rsplit(":", 1)[1]))
+    proxy_url = await proxy.start()
+    for agent_id in ("push.dereg.a1", "push.drain.a1", "push.eject.a1", "push.eject.b1", "push.eject.c1"):
+        await node.register(lease_agent(agent_id, agent_id.rsplit(".", 1)[0], 60_000))  # the router ejects 1 of 3
+    suspect = ReachClient(proxy_url, token=node.token("push.suspect.a1"),
+                          registration=lease_agent("push.suspect.a1", "push.suspect", 60_000))
+    try:
+        await suspect.start()
+        async with ReachClient(node.url, token=node.admin_token, session_ticket_reuse_ms=60_000) as caller:
+            session = caller._node_session
+            assert session is not None
+            await wait_for(lambda: session.pushing, message="the caller's session")
+
+            resolves_before = metric(await metrics_page(node.url), "agent_reach_resolves_total")
+            first = await caller.resolve("push.dereg")
+            for _ in range(4_999):
+                assert (await caller.resolve("push.dereg")).ticket_id == first.ticket_id
+            assert metric(await metrics_page(node.url), "agent_reach_resolves_total") == resolves_before + 1
+
+            async def deregister() -> None:
+                assert (await node.call("DELETE", "/v1/agents/push.dereg.a1"))[0] == 200
+
+            async def drain() -> None:
+                status, body = await node.call("PUT", "/v1/agents/push.drain.a1/heartbeat",
+                                               json={"status": "draining"}, token=node.token("push.drain.a1"))
+                assert status == 200, body
+
+            async def cut() -> None:
+                proxy.cut()
+
+            async def eject() -> None:  # an admin's failure reports are evidence enough to open the breaker
+                ticket = await caller.resolve("push.eject")
+                reports = [{"signature": ticket.signature, "agent_id": "push.eject.a1", "outcome": "failure"}] * 12
+                assert (await node.call("POST", "/v1/reports", json={"reports": reports}))[0] in (200, 202)
+
+            handed_for: dict[str, float] = {}
+            for case, make_it_go in (("dereg", deregister), ("drain", drain), ("suspect", cut), ("eject", eject)):
+                target, capability = f"push.{case}.a1", f"push.{case}"
+                ticket = await caller.resolve(capability)
+                assert target in names(ticket)
+                await wait_for(lambda t=target: t in hub.watchers, message=f"the node to hear the watch of {target}")
+                assert (await caller.resolve(capability)).ticket_id == ticket.ticket_id  # kept, not asked again
+
+                async def still_handed_out(capability: str = capability, target: str = target) -> bool:
+                    try:
+                        return target in names(await caller.resolve(capability))
+                    except NoAgentAvailable:
+                        return False
+
+                gone_at = time.monotonic()
+                await make_it_go()
+                await wait_for(lambda s=still_handed_out: _not(s()), timeout_s=10, interval_s=0.005,
+                               message=f"{target} to stop being handed out")
+                handed_for[case] = time.monotonic() - gone_at
+            print("handed out after it went (s):", {case: round(s, 3) for case, s in handed_for.items()})
+            # Without the push the cached ticket would be handed out for its 60 s of reuse.
+            assert max(handed_for.values()) < 2.0, handed_for
+            assert session.pushes >= 4
+    finally:
+        await suspect.aclose()
+        await proxy.aclose()
+
+
+def names(ticket) -> set[str]:  # type: ignore[no-untyped-def]
+    """Every agent a ticket hands out: its target and alternates (a call is drawn among them)."""
+    return {ticket.target.agent_id, *(alternate.agent_id for alternate in ticket.alternates)}
+
+
+async def test_under_two_workers_a_session_on_one_keeps_the_regions_lease(redis_url: str, region: str) -> None:
+    """--workers 2: the agent's session lands on one worker; through either the agent stays
+    routable past its lease, and a kill -9 makes it unroutable through both at once."""
+    from node.trust import Signer
+
+    secret = "sessions-workers-secret-0123456789abcdef"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    parent = subprocess.Popen([sys.executable, "-m", "topology.cli", "--log-level", "WARNING", "node", "--region",
+                               region, "--redis", redis_url, "--port", str(port), "--no-semantic", "--egress-allow",
+                               "loopback", "--workers", "2", "--drain-grace-ms", "0"],
+                              env={**os.environ, "AGENT_REACH_SECRET": secret},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    signer = Signer(secret.encode())
+    admin = signer.issue("admin", TokenRole.ADMIN, ttl_s=600)
+    agent_id, capability = "sess.workers.a1", "sess.workers"
+    agent: AgentProcess | None = None
+    try:
+        async def workers_answering() -> set[str]:
+            seen = set()
+            for _ in range(20):
+                try:
+                    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+                        async with http.get(f"{url}/healthz") as response:
+                            seen.add((await response.json())["node_id"])
+                except aiohttp.ClientError:
+                    return set()
+            return seen
+
+        await wait_for(lambda: _len_is(workers_answering(), 2), timeout_s=60, message="both workers")
+        agent = AgentProcess(url, signer.issue(agent_id, TokenRole.AGENT, ttl_s=600),
+                             lease_agent(agent_id, capability, 3_000))
+        await agent.registered()
+
+        async def through_every_worker(expected: bool) -> bool:
+            return all([await routable(url, admin, capability) == expected for _ in range(8)])
+
+        held_until = time.monotonic() + 8  # more than two leases
+        while time.monotonic() < held_until:
+            assert await through_every_worker(True), "a worker stopped routing to the agent"
+            await asyncio.sleep(0.25)
+        agent.kill()
+        killed_at = time.monotonic()
+        await wait_for(lambda: through_every_worker(False), timeout_s=10, interval_s=0.01,
+                       message="both workers to stop routing to the killed agent")
+        unroutable_s = time.monotonic() - killed_at
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/v1/agents/{agent_id}",
+                                                             headers={"Authorization": f"Bearer {admin}"}) as response:
+            body = await response.json()
+        assert response.status == 200 and body["lease_expires_at_ms"] > time.time() * 1000, body  # still leased
+        print(f"unroutable through both workers after kill -9: {unroutable_s:.3f}s")
+        assert unroutable_s < 3.0
+    finally:
+        if agent is not None:
+            agent.close()
+        terminate(parent)
+        if parent.stderr is not None:
+            parent.stderr.close()
+
+
+async def _len_is(awaitable, size: int) -> bool:  # type: ignore[no-untyped-def]
+    return len(await awaitable) == size
