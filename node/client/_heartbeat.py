@@ -172,7 +172,8 @@ class Heartbeater:
                 try:
                     if time.monotonic() >= beat_due:
                         await self._beat(api)
-                        beat_due = time.monotonic() + self.interval_s
+                        beat_due = self._next_due()
+                        wait_s = max(0.0, beat_due - time.monotonic())
                     else:
                         await self._report_load(api)
                     failures = 0
@@ -195,6 +196,14 @@ class Heartbeater:
                 if await self._pause(wait_s):
                     beat_due = 0.0  # woken: a status to push now
         self.state = HeartbeatState.STOPPED
+
+    def _next_due(self) -> float:
+        """When the next renewal is due: an interval from now, or over a session a little earlier,
+        on the session's beat (``NodeSession.aligned``), so the process's agents renew together,
+        in one frame."""
+        due = time.monotonic() + self.interval_s
+        session = self.session
+        return session.aligned(due, self.interval_s) if session is not None and session.pushing else due
 
     async def _pause(self, seconds: float) -> bool:
         """Wait ``seconds``, or less if stopped or woken; True if woken."""

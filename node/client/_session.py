@@ -33,7 +33,7 @@ import orjson
 from pydantic import ValidationError
 
 from ..core import UnknownAgent
-from ..core.models import AgentId, Heartbeat, Load, Strict, compat
+from ..core.models import Gone, Heartbeat, Joined, Load, SessionAnswer, compat
 from ._errors import NodeUnreachable, node_error
 
 log = logging.getLogger("node.client")  # the SDK logs under one name, whichever module it is in
@@ -45,6 +45,7 @@ PING_S = 5.0  # the SDK's own ping: a node that went silent is left for another 
 STOP_TIMEOUT_S = 10.0
 MAX_FRAME_BYTES = 1 << 20
 JOIN_POLL_S = 0.005  # how often a renewal waiting for its agent's join looks again (bounded by its timeout)
+FLUSH_WINDOW_S = 0.005  # a renewal waits this long for the others due at the same beat: one frame for all
 GoneListener = Callable[[list[str]], None]
 
 
@@ -65,25 +66,6 @@ class SessionDown(NodeUnreachable):
     code = "session_down"
 
 
-class _Joined(Strict):
-    t: str
-    agents: list[AgentId]
-    refused: list[dict[str, Any]]
-
-
-class _Answer(Strict):
-    t: str
-    id: int
-    leases: dict[str, int] = {}
-    errors: dict[str, dict[str, Any]]
-
-
-class _Gone(Strict):
-    t: str
-    agents: list[AgentId]
-    reason: str
-
-
 class NodeSession:
     """One process's session with one node, shared by its clients; thread-safe.
 
@@ -101,11 +83,13 @@ class NodeSession:
         self.token = token
         self.ssl_context = ssl_context
         self.rng = rng or random.Random()
+        self.phase = self.rng.random()  # where in each interval this process renews (aligned): spread over processes
         self.state = SessionState.NEW
         self.attempts = 0  # connections tried (opened or not): what a restarted node sees of this process
         self.connects = 0  # sessions opened (1 + reconnects)
         self.opened_at: float | None = None  # time.monotonic() when the connection open now opened
         self.renewals = 0  # renewals the node acknowledged
+        self.renew_frames = 0  # renew frames sent (renewals / frames: how well the agents' beats align)
         self.pushes = 0  # gone frames received
         self._users = 0
         self._lock = threading.Lock()
@@ -211,6 +195,12 @@ class NodeSession:
         """Call ``listener(agent_ids)`` (on the session's thread) when the node says they are gone."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def aligned(self, due: float, interval_s: float) -> float:
+        """The last instant of this session's beat at or before ``due`` (monotonic seconds): agents
+        with the same interval renew at the same instants, in one frame; the phase is this
+        process's own, so the processes of a region do not renew at once."""
+        return due - (due - self.phase * interval_s) % interval_s
 
     def on_lost(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Call ``listener()`` (on the session's thread) when an open connection ends: ``gone`` may be missed."""
@@ -336,21 +326,21 @@ class NodeSession:
             frame = orjson.loads(data)
             kind = frame.get("t") if isinstance(frame, dict) else None
             if kind in ("renewed", "loaded"):
-                self._answered(compat.read_python(_Answer, frame))
+                self._answered(compat.read_python(SessionAnswer, frame))
             elif kind == "joined":
-                joined = compat.read_python(_Joined, frame)
+                joined = compat.read_python(Joined, frame)
                 self._joined.update(joined.agents)
                 for refused in joined.refused:
                     log.warning("node %s refused %s on the session: %s", self.base_url, refused.get("agent_id"),
                                 refused.get("message"))
             elif kind == "gone":
-                self._gone(compat.read_python(_Gone, frame).agents)
+                self._gone(compat.read_python(Gone, frame).agents)
             elif kind == "error":
                 log.warning("node %s on the session: %s", self.base_url, frame.get("message"))
         except (orjson.JSONDecodeError, ValidationError) as exc:
             log.warning("node %s sent a session frame this SDK cannot read: %s", self.base_url, exc)
 
-    def _answered(self, answer: _Answer) -> None:
+    def _answered(self, answer: SessionAnswer) -> None:
         futures = self._waiting.pop(answer.id, {})
         for agent_id, future in futures.items():
             if future.done():
@@ -378,10 +368,10 @@ class NodeSession:
                 log.exception("a session listener failed")
 
     async def _queue(self, kind: str, item: dict[str, Any]) -> int:
-        """Join the frame that goes out next (one per loop turn: every renewal due at once)."""
+        """Join the frame that goes out next (within FLUSH_WINDOW_S: every renewal due at once)."""
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         if not self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
+            asyncio.get_running_loop().call_later(FLUSH_WINDOW_S, self._flush)
         self._pending.append(({"kind": kind, **item}, future))
         return await future
 
@@ -392,6 +382,7 @@ class NodeSession:
             if not items:
                 continue
             frame_id = next(self._ids)
+            self.renew_frames += kind == "renew"
             futures = self._waiting[frame_id] = {item["agent_id"]: future for item, future in items}
             body = [{k: v for k, v in item.items() if k != "kind"} for item, _ in items]
             self._send_nowait({"t": kind, "id": frame_id, key: body}, waiting=futures)

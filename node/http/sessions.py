@@ -4,22 +4,14 @@ renewals and load reports, telling the region when it ends, and pushing ticket i
 The upgrade request is authenticated like any request (the middleware, one bearer token); then
 each agent of the process **joins** with its own token (``{"t": "join", "agents": [{"agent_id",
 "token"}]}``): a session carries any number of agents, each authorised for its own id (an admin
-token for any). Frames are JSON objects, a text or binary frame each (``node.http.openapi`` does
-not describe them; the models below are the contract):
+token for any). Frames are JSON objects, a text or binary frame each; their models
+(``node.core.models.sessions``, which the SDK reads and writes too) are the contract.
 
-===========  ===========================================================================
-client       ``join``; ``renew`` (``id``, ``beats``: agent_id, optional status and load — an HTTP
-             heartbeat's body); ``load`` (``id``, ``loads``: agent_id, load — ``PUT …/load``);
-             ``leave`` (agents that stop cleanly: no suspicion); ``watch`` (agents this process
-             holds tickets for)
-node         ``joined`` (``agents``, ``refused``); ``renewed`` / ``loaded`` (``id``, ``leases``,
-             ``errors`` by agent: the HTTP error body); ``gone`` (``agents``, ``reason``:
-             deregistered, expired, status, suspect, ejected); ``error``
-===========  ===========================================================================
-
-A renewal goes through :meth:`RegistryNode.heartbeat` as an HTTP heartbeat does — the store's
-batched ``UPDATE`` (``node.store.batch``) — and is counted by ``agent_reach_session_renewals_total``,
-not ``agent_reach_heartbeats_total``. When the connection ends while agents are still joined (the
+A lease-only renewal of an agent this replica holds moves the lease alone: the frame's renewals
+are one batch of the store's ``RENEW`` script (no record read, no version), and the index's copy
+moves with it. A renewal with a status or a load goes through :meth:`RegistryNode.heartbeat` as
+an HTTP heartbeat does; load frames are one batch of the store's ``UPDATE``. Renewals are counted
+by ``agent_reach_session_renewals_total``, not ``agent_reach_heartbeats_total``. When the connection ends while agents are still joined (the
 process died, the network cut it: aiohttp's ping finds a silent peer within one and a half
 ``DEFAULT_PING_MS``), they become suspect on every replica of the region (``node.view.suspects``) while
 their leases run; a join from any replica clears that. A node that shuts down or drains ends its
@@ -34,14 +26,25 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
 
 import orjson
 from aiohttp import WSCloseCode, WSMsgType, web
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import ValidationError
 
-from ..core import BadRequest, NodeError, StoreUnavailable, Unauthorized, first_problem
-from ..core.models import AgentId, ChangeEvent, ChangeKind, Heartbeat, Load, Status, Strict, TokenClaims
+from ..core import BadRequest, NodeError, StoreUnavailable, Unauthorized, UnknownAgent, first_problem, now_ms
+from ..core.models import (
+    CLIENT_FRAMES,
+    Beat,
+    ChangeEvent,
+    ChangeKind,
+    ClientFrame,
+    Heartbeat,
+    Join,
+    Leave,
+    Loads,
+    Renew,
+    TokenClaims,
+)
 from ..delivery import BreakerState
 from ..service import NodeState, RegistryNode
 from ..trust import authorize_agent
@@ -54,13 +57,11 @@ log = logging.getLogger(__name__)
 SESSION_PATH = "/v1/session"
 DEFAULT_PING_MS = 1_000  # aiohttp pings every interval and ends a session whose pong is half an interval late
 MAX_FRAME_BYTES = 1 << 20
-MAX_ITEMS = 1_000  # agents per frame
 MAX_MEMBERS = 1_000  # agents per session
 MAX_WATCHED = 10_000  # agents one session asks to hear about
 MAX_FRAMES_IN_FLIGHT = 32
 MAX_OUTBOX = 10_000  # frames waiting for a client that stopped reading: then the session is cut
 EJECTION_CHECK_S = 0.25
-_TOKEN_CHARS = 8_192
 
 
 class NodeDraining(NodeError):
@@ -68,53 +69,6 @@ class NodeDraining(NodeError):
 
     status = 503
     code = "node_draining"
-
-
-class JoinAgent(Strict):
-    agent_id: AgentId
-    token: str = Field(min_length=1, max_length=_TOKEN_CHARS)
-
-
-class Join(Strict):
-    t: Literal["join"]
-    agents: list[JoinAgent] = Field(max_length=MAX_ITEMS)
-
-
-class Beat(Strict):
-    agent_id: AgentId
-    status: Status | None = None
-    load: Load | None = None
-
-
-class Renew(Strict):
-    t: Literal["renew"]
-    id: int = Field(ge=0)
-    beats: list[Beat] = Field(max_length=MAX_ITEMS)
-
-
-class LoadItem(Strict):
-    agent_id: AgentId
-    load: Load
-
-
-class Loads(Strict):
-    t: Literal["load"]
-    id: int = Field(ge=0)
-    loads: list[LoadItem] = Field(max_length=MAX_ITEMS)
-
-
-class Leave(Strict):
-    t: Literal["leave"]
-    agents: list[AgentId] = Field(max_length=MAX_ITEMS)
-
-
-class Watch(Strict):
-    t: Literal["watch"]
-    agents: list[AgentId] = Field(max_length=MAX_ITEMS)
-
-
-ClientFrame = Join | Renew | Loads | Leave | Watch
-FRAMES: TypeAdapter[ClientFrame] = TypeAdapter(Annotated[ClientFrame, Field(discriminator="t")])
 
 
 @dataclass(eq=False, slots=True)
@@ -141,6 +95,15 @@ class Session:
             return
         self.outbox.append(orjson.dumps(frame))
         self.wake.set()
+
+    async def answer(self, frame: dict[str, object]) -> None:
+        """Write the answer to a frame now (no hop through the writer task: a renewal's answer is
+        most of what a session writes); a connection that went is the reader's to notice."""
+        if self.outbox:
+            self.push(frame)  # behind what waits, in order
+            return
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.ws.send_bytes(orjson.dumps(frame))
 
 
 class SessionHub:
@@ -185,7 +148,7 @@ class SessionHub:
             if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                 break  # an error or a close: the session ends
             try:
-                frame = FRAMES.validate_json(message.data)
+                frame = CLIENT_FRAMES.validate_json(message.data)
             except ValidationError as exc:
                 problem = first_problem(exc)
                 session.push({"t": "error", "error": "invalid_frame", "field": problem.field,
@@ -248,16 +211,62 @@ class SessionHub:
         session.push({"t": "joined", "agents": joined, "refused": refused})
 
     async def _renew(self, session: Session, frame: Renew) -> None:
-        answers = await asyncio.gather(*(self._beat(session, beat) for beat in frame.beats), return_exceptions=True)
+        """Lease-only beats of agents held here go to the store in one batch (``_renew_leases``);
+        a beat with a status or a load, or of an agent not held yet, is an HTTP heartbeat's work."""
+        index = self.node.cache.index
+        plain: list[str] = []
+        others: list[Beat] = []
+        for beat in frame.beats:
+            if beat.status is None and beat.load is None and beat.agent_id in index.records:
+                plain.append(beat.agent_id)
+            else:
+                others.append(beat)
+        answers: dict[str, int | BaseException] = await self._renew_leases(session, plain)
+        if others:
+            results = await asyncio.gather(*(self._beat(session, beat) for beat in others), return_exceptions=True)
+            answers.update(zip((beat.agent_id for beat in others), results))
         leases: dict[str, int] = {}
         errors: dict[str, object] = {}
-        for beat, answer in zip(frame.beats, answers):
+        for agent_id, answer in answers.items():
             if isinstance(answer, int):
-                leases[beat.agent_id] = answer
+                leases[agent_id] = answer
             else:
-                errors[beat.agent_id] = _error_body(session, answer)
+                errors[agent_id] = _error_body(session, answer)
         session.renewals += len(leases)
-        session.push({"t": "renewed", "id": frame.id, "leases": leases, "errors": errors})
+        await session.answer({"t": "renewed", "id": frame.id, "leases": leases, "errors": errors})
+
+    async def _renew_leases(self, session: Session, agent_ids: list[str]) -> dict[str, int | BaseException]:
+        """Move the leases of joined agents the index holds: one store batch, no record read, no
+        version (``RegionStore.renew_leases``); the index's copy of each lease moves with it."""
+        answers: dict[str, int | BaseException] = {}
+        now, index, renewals = now_ms(), self.node.cache.index, []
+        for agent_id in agent_ids:
+            try:
+                self._member(session, agent_id)
+            except NodeError as exc:
+                answers[agent_id] = exc
+                continue
+            record = index.get(agent_id)
+            if record is not None:
+                renewals.append((agent_id, now + record.lease_ttl_ms))
+        if not renewals:
+            return answers
+        moved = await self.node.store.renew_leases(renewals, at_ms=now)
+        for (agent_id, lease), result in zip(renewals, moved):
+            if result is True:
+                self.node.cache.touch_lease(agent_id, lease)
+                answers[agent_id] = lease
+            else:
+                answers[agent_id] = result if isinstance(result, BaseException) else UnknownAgent(
+                    f"agent {agent_id} has no lease in region {self.node.region} (it lapsed): register again",
+                    field="agent_id")
+        renewed = sum(1 for result in moved if result is True)
+        if renewed:
+            self.node.metrics.session_renewals("lease").inc(renewed)
+        if index.suspects and (marked := [a for a in agent_ids if a in index.suspects
+                                          and isinstance(answers.get(a), int)]):
+            await self.node.cache.suspects.hold(marked, session=session.id)  # a mark that raced this join
+        return answers
 
     async def _beat(self, session: Session, beat: Beat) -> int:
         claims = self._member(session, beat.agent_id)
@@ -268,13 +277,28 @@ class SessionHub:
         return result.lease_expires_at_ms
 
     async def _loads(self, session: Session, frame: Loads) -> None:
+        """``PUT …/load`` of each item, in one store batch; the same load again on a running lease
+        writes nothing, as over HTTP."""
         errors: dict[str, object] = {}
+        now, index, changed = now_ms(), self.node.cache.index, []
         for item in frame.loads:
             try:
-                await self.node.report_load(item.agent_id, item.load, self._member(session, item.agent_id))
+                self._member(session, item.agent_id)
             except NodeError as exc:
                 errors[item.agent_id] = exc.body()
-        session.push({"t": "loaded", "id": frame.id, "errors": errors})
+                continue
+            known = index.get(item.agent_id)
+            if known is None or known.load != item.load or known.lease_expires_at_ms <= now:
+                changed.append((item.agent_id, item.load))
+        stored = await self.node.store.report_loads(changed, at_ms=now) if changed else []
+        for (agent_id, load), result in zip(changed, stored):
+            if result is True:
+                index.set_load(agent_id, load)
+            else:
+                errors[agent_id] = _error_body(session, result if isinstance(result, BaseException) else UnknownAgent(
+                    f"agent {agent_id} has no lease in region {self.node.region}: register again", field="agent_id"))
+        self.node.metrics.load_reports.inc(len(frame.loads) - len(errors))
+        await session.answer({"t": "loaded", "id": frame.id, "errors": errors})
 
     async def _leave(self, session: Session, agents: list[str]) -> None:
         left = [agent_id for agent_id in agents if session.members.pop(agent_id, None) is not None]

@@ -82,6 +82,25 @@ if #loads > 0 then redis.call('PUBLISH', ARGV[2], table.concat(loads, '\\n')) en
 return out
 """
 
+# KEYS: agents, leases, version, changes, loads. ARGV: stream maxlen, the load channel (unused: the
+# batch shape of the others), now ms, then per renewal 2 values: agent_id, new lease expiry ms.
+# A lease-only renewal (a session's, node.http.sessions): the lease moves only if it is still
+# running, as UPDATE's does, without reading the record. Returns per renewal 1 (moved) or 0 (no
+# lease: unknown, or passed).
+RENEW = """
+local out = {}
+for i = 4, #ARGV, 2 do
+  local score = redis.call('ZSCORE', KEYS[2], ARGV[i])
+  if score and tonumber(score) > tonumber(ARGV[3]) then
+    redis.call('ZADD', KEYS[2], ARGV[i + 1], ARGV[i])
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+"""
+
 # KEYS: agents, leases, version, changes, loads, suspects, holders. ARGV: now ms, stream maxlen,
 # reason, only-if-expired ('1'/'0'), agent ids... A removed agent's session marks go with it
 # (node.view.suspects; every replica drops its own when it applies the tombstone). Returns a flat list {agent_id, version, ...} of the removed ones.
@@ -114,4 +133,4 @@ end
 return out
 """
 
-__all__ = ["DELETE", "REGISTER", "UPDATE"]
+__all__ = ["DELETE", "REGISTER", "RENEW", "UPDATE"]

@@ -458,3 +458,33 @@ async def test_under_two_workers_a_session_on_one_keeps_the_regions_lease(redis_
 
 async def _len_is(awaitable, size: int) -> bool:  # type: ignore[no-untyped-def]
     return len(await awaitable) == size
+
+
+@pytest.mark.unit
+def test_renewals_due_within_one_interval_meet_on_the_sessions_beat() -> None:
+    session = NodeSession("http://127.0.0.1:9", token="t")
+    session.phase = 0.25  # this process renews at .25 of every interval
+    for due in (100.3, 100.9, 101.1, 101.2499):
+        assert session.aligned(due, 1.0) == pytest.approx(100.25)  # never later than due, never an interval early
+    assert session.aligned(101.25, 1.0) == pytest.approx(101.25)
+    assert session.aligned(107.0, 4.0) == pytest.approx(105.0)
+
+
+async def test_the_agents_of_one_process_renew_together_in_one_frame(node: RunningNode) -> None:
+    clients = [ReachClient(node.url, token=node.token(f"sess.batch.a{i}"),
+                           registration=lease_agent(f"sess.batch.a{i}", "sess.batch", 3_000)) for i in range(6)]
+    try:
+        for client in clients:
+            await client.start()
+        session = clients[0]._node_session
+        assert session is not None and all(client._node_session is session for client in clients)
+        start_renewals, start_frames = session.renewals, session.renew_frames
+        await wait_for(lambda: session.renewals - start_renewals >= 30, timeout_s=30, message="30 renewals")
+        renewals, frames = session.renewals - start_renewals, session.renew_frames - start_frames
+        print(f"{renewals} renewals in {frames} frames")
+        assert frames <= renewals / 3, (renewals, frames)  # six agents: about one frame a beat
+        assert all(client.heartbeat_stats.sent == client.heartbeat_stats.over_session for client in clients)
+        assert metric(await metrics_page(node.url), "agent_reach_heartbeats_total") == 0
+    finally:
+        for client in clients:
+            await client.aclose()

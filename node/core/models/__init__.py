@@ -20,6 +20,7 @@ One concept per module, every name importable from here (``from node.core.models
     changes    one change of a region (ChangeEvent)
     routing    route requests, route tickets, alternates' credentials, outcome reports
     search     natural-language search answers
+    sessions   the frames of a session (GET /v1/session), both ways
     summaries  a region's per-capability summary (what peers route by)
     tokens     token claims and roles, route-credential claims, who may call, the JSON error body
     compat     reading what a newer version wrote: unknown fields dropped and counted
@@ -103,6 +104,22 @@ from .routing import (
     Scope,
 )
 from .search import SearchHit, SearchResponse
+from .sessions import (
+    CLIENT_FRAMES,
+    MAX_FRAME_ITEMS,
+    Beat,
+    ClientFrame,
+    Gone,
+    Join,
+    JoinAgent,
+    Joined,
+    Leave,
+    LoadItem,
+    Loads,
+    Renew,
+    SessionAnswer,
+    Watch,
+)
 from .summaries import CapabilitySummary, RegionSummary, SummaryView
 from .tokens import (
     KEY_ID_PATTERN,
@@ -125,6 +142,8 @@ from .tokens import (
 from .versions import VersionConstraint, parse_version, version_constraint
 
 __all__ = [
+    "CLIENT_FRAMES", "MAX_FRAME_ITEMS", "Beat", "ClientFrame", "Gone", "Join", "JoinAgent", "Joined", "Leave",
+    "LoadItem", "Loads", "Renew", "SessionAnswer", "Watch",
     "BINDING_TRANSPORTS", "CardListing", "DEFAULT_PROTOCOL_VERSION", "PROTOCOL_VERSION_LABEL", "TRANSPORT_BINDINGS",
     "a2a_interface",
     "AGENT_ID_PATTERN", "AGENT_ID_RE", "AGENT_PATTERN_RE", "AgentId", "AgentList", "AgentRecord",
