@@ -35,6 +35,7 @@ from ..core import BadRequest, NodeError, StoreUnavailable, Unauthorized, Unknow
 from ..core.models import (
     CLIENT_FRAMES,
     Beat,
+    AgentRecord,
     ChangeEvent,
     ChangeKind,
     ClientFrame,
@@ -44,18 +45,20 @@ from ..core.models import (
     Loads,
     Renew,
     TokenClaims,
+    TokenRole,
 )
 from ..delivery import BreakerState
 from ..service import NodeState, RegistryNode
 from ..trust import authorize_agent
-from .plumbing import CALLER, NODE_KEY
+from .plumbing import CALLER
 
 __all__ = ["SESSION_PATH", "SESSIONS_KEY", "NodeDraining", "SessionHub", "install_sessions"]
 
 log = logging.getLogger(__name__)
 
 SESSION_PATH = "/v1/session"
-DEFAULT_PING_MS = 1_000  # aiohttp pings every interval and ends a session whose pong is half an interval late
+DEFAULT_PING_MS = 2_000  # aiohttp pings every interval and ends a session whose pong is half an interval late:
+# a silent peer is found within 3 s, and a client whose loop stalls under 1 s keeps its session
 MAX_FRAME_BYTES = 1 << 20
 MAX_MEMBERS = 1_000  # agents per session
 MAX_WATCHED = 10_000  # agents one session asks to hear about
@@ -80,7 +83,9 @@ class Session:
     ws: web.WebSocketResponse
     caller: TokenClaims
     transport: asyncio.BaseTransport | None
-    members: dict[str, TokenClaims] = field(default_factory=dict)
+    # agent -> what its token said that still matters: expiry (s) and id (revocation). Not the
+    # claims object: a session holds up to 1,000 agents, and a node 100,000 and more.
+    members: dict[str, tuple[int, str | None]] = field(default_factory=dict)
     watched: set[str] = field(default_factory=set)
     outbox: list[bytes] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -203,9 +208,11 @@ class SessionHub:
             except NodeError as exc:
                 refused.append({"agent_id": item.agent_id, **exc.body()})
                 continue
-            session.members[item.agent_id] = claims
-            self.holders[item.agent_id] = session
-            joined.append(item.agent_id)
+            record = self.node.cache.index.records.get(item.agent_id)
+            agent_id = record.agent_id if record is not None else item.agent_id  # the record's string, not a copy
+            session.members[agent_id] = (claims.exp, claims.jti)
+            self.holders[agent_id] = session
+            joined.append(agent_id)
         if joined:
             await self.node.cache.suspects.hold(joined, session=session.id)
         session.push({"t": "joined", "agents": joined, "refused": refused})
@@ -239,37 +246,41 @@ class SessionHub:
         """Move the leases of joined agents the index holds: one store batch, no record read, no
         version (``RegionStore.renew_leases``); the index's copy of each lease moves with it."""
         answers: dict[str, int | BaseException] = {}
-        now, index, renewals = now_ms(), self.node.cache.index, []
-        for agent_id in agent_ids:
-            try:
-                self._member(session, agent_id)
-            except NodeError as exc:
-                answers[agent_id] = exc
+        now, records, renewals, held = now_ms(), self.node.cache.index.records, [], []
+        for agent_id in agent_ids:  # a loop per renewal: what _member does, inline
+            refusal = self._refusal(session, agent_id, now_s=now / 1000)
+            if refusal is not None:
+                answers[agent_id] = refusal
                 continue
-            record = index.get(agent_id)
+            record = records.get(agent_id)
             if record is not None:
                 renewals.append((agent_id, now + record.lease_ttl_ms))
+                held.append(record)
         if not renewals:
             return answers
         moved = await self.node.store.renew_leases(renewals, at_ms=now)
-        for (agent_id, lease), result in zip(renewals, moved):
+        touched: list[tuple[AgentRecord, int]] = []
+        for (agent_id, lease), record, result in zip(renewals, held, moved):
             if result is True:
-                self.node.cache.touch_lease(agent_id, lease)
+                touched.append((record, lease))
                 answers[agent_id] = lease
             else:
                 answers[agent_id] = result if isinstance(result, BaseException) else UnknownAgent(
                     f"agent {agent_id} has no lease in region {self.node.region} (it lapsed): register again",
                     field="agent_id")
-        renewed = sum(1 for result in moved if result is True)
+        self.node.cache.touch_leases(touched)
+        renewed = len(touched)
         if renewed:
             self.node.metrics.session_renewals("lease").inc(renewed)
-        if index.suspects and (marked := [a for a in agent_ids if a in index.suspects
-                                          and isinstance(answers.get(a), int)]):
+        suspects = self.node.cache.index.suspects
+        if suspects and (marked := [a for a in agent_ids if a in suspects and isinstance(answers.get(a), int)]):
             await self.node.cache.suspects.hold(marked, session=session.id)  # a mark that raced this join
         return answers
 
     async def _beat(self, session: Session, beat: Beat) -> int:
-        claims = self._member(session, beat.agent_id)
+        exp, jti = self._member(session, beat.agent_id)
+        # The join checked the agent's token for this agent: an agent's own claims stand for it.
+        claims = TokenClaims.model_construct(sub=beat.agent_id, role=TokenRole.AGENT, exp=exp, iat=0, jti=jti)
         heartbeat = Heartbeat.model_construct(status=beat.status, load=beat.load)  # validated as the frame was
         result = await self.node.heartbeat(beat.agent_id, heartbeat, claims, session=True)
         if beat.agent_id in self.node.cache.index.suspects:  # a mark that raced this session's join
@@ -318,19 +329,29 @@ class SessionHub:
             session.watched.add(agent_id)
             self.watchers.setdefault(agent_id, set()).add(session)
 
-    def _member(self, session: Session, agent_id: str) -> TokenClaims:
-        """The claims ``agent_id`` joined with, still good; raises the HTTP error the SDK maps."""
-        claims = session.members.get(agent_id)
-        if claims is None:
-            raise Unauthorized(f"agent {agent_id} has not joined this session: send a join frame with its token",
-                               code="not_joined")
-        if claims.exp <= time.time():
-            raise Unauthorized("the token the agent joined with has expired; issue a new one and join again",
-                               code="token_expired")
-        if claims.jti is not None and self.node.revocations.revoked(claims.jti):
-            raise Unauthorized("the token was revoked; ask for a new one ('agent-reach token issue')",
-                               code="token_revoked")
-        return claims
+    def _member(self, session: Session, agent_id: str) -> tuple[int, str | None]:
+        """The expiry and id of the token ``agent_id`` joined with, still good; raises the HTTP
+        error the SDK maps."""
+        refusal = self._refusal(session, agent_id, now_s=time.time())
+        if refusal is not None:
+            raise refusal
+        return session.members[agent_id]
+
+    def _refusal(self, session: Session, agent_id: str, *, now_s: float) -> NodeError | None:
+        """Why ``agent_id`` may not renew over ``session`` now (not joined, its token expired or
+        revoked), or None."""
+        member = session.members.get(agent_id)
+        if member is None:
+            return Unauthorized(f"agent {agent_id} has not joined this session: send a join frame with its token",
+                                code="not_joined")
+        exp, jti = member
+        if exp <= now_s:
+            return Unauthorized("the token the agent joined with has expired; issue a new one and join again",
+                                code="token_expired")
+        if jti is not None and self.node.revocations.revoked(jti):
+            return Unauthorized("the token was revoked; ask for a new one ('agent-reach token issue')",
+                                code="token_revoked")
+        return None
 
     async def _ended(self, session: Session) -> None:
         """The session's connection is gone: its agents still joined are suspect, unless this
