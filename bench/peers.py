@@ -18,6 +18,13 @@ resolve                    POST /v1/resolve of a capability  POST /v3/kv/range o
 Agents (and etcd keys, one lease each) rotate at random over ``--agents`` (10,000 over 100
 capabilities by default). The ratio column is Agent-Reach / etcd (> 1: Agent-Reach is faster).
 
+Sessions (``bench.sessions``), against the same node in the same run: the node's CPU (with its
+redis-server, as for wrk) per lease renewal and per load report over HTTP (wrk) and over sessions
+(one renewal per frame, as a process of one agent sends, and 100 per frame), the renewals one
+process drives through its sessions per second, and how long an SDK agent killed with SIGKILL
+stays routable, with its session and over HTTP only. ``--only sessions`` runs the node and this
+part alone (no etcd).
+
 Run from the repository root: ``make bench-peers`` (installs wrk and etcd-server if absent) or
 ``.venv/bin/python -m bench.peers``.
 """
@@ -56,6 +63,7 @@ from .resolve import (
     stop,
     wait_http,
 )
+from .sessions import AGENTS_PER_SESSION, SessionLoad, agent_ids, saturate, time_to_unroutable
 
 # Every rate budget off (``node.trust.budgets``): what the node cost before they were on by default.
 NO_BUDGETS = {name: "0" for name in UNBOUNDED_BUDGETS}
@@ -73,6 +81,8 @@ HEARTBEAT = """
     end
 """
 HEARTBEAT_LEASE_BODY = '""'
+LOAD_REPORT = HEARTBEAT.replace("/heartbeat", "/load")
+LOAD_REPORT_BODY = 'string.format(\'{"inflight": %d, "queued": 0, "rps": 1.5}\', counter % 7 + 1)'
 HEARTBEAT_LOAD_BODY = 'string.format(\'{"load": {"inflight": %d, "queued": 0, "rps": 1.5}}\', counter % 7)'
 
 REGISTER = """
@@ -223,17 +233,21 @@ def main() -> None:
                         help="the node alone, with rate budgets off and then spent on every request (at a rate no "
                              "run reaches), alternated --rounds times: what the budgets cost, in the same run")
     parser.add_argument("--rounds", type=int, default=2, help="with --budgets-cost: off/on pairs")
+    parser.add_argument("--only", choices=("sessions",), help="the node's HTTP and session figures alone (no etcd)")
     args = parser.parse_args()
     if args.budgets_cost:
         _budgets_cost(args)
         return
-    for tool, package in (("wrk", "wrk"), ("etcd", "etcd-server")):
+    for tool, package in (("wrk", "wrk"), ("etcd", "etcd-server"))[:1 if args.only else 2]:
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not installed: `make bench-peers` installs it (apt-get install {package})")
     token = Signer(SECRET.encode()).issue("admin", TokenRole.ADMIN, ttl_s=3600)
     print(f"peer benchmark: wrk -t1 -c{args.connections} -d{args.seconds}s, {args.agents:,} agents over "
           f"{CAPABILITIES} capabilities; {os.cpu_count()} cores shared by server, wrk and the store")
 
+    if args.only == "sessions":
+        _measure_node(args, token)
+        return
     base = baseline(script(RESOLVE, token=token, capabilities=CAPABILITIES), seconds=args.seconds,
                     connections=args.connections)
 
@@ -314,11 +328,18 @@ def _measure_node(args: argparse.Namespace, token: str, *, budgets: dict[str, st
                                                               body=HEARTBEAT_LEASE_BODY), **options),
                 "heartbeat (with load)": measure(url, script(HEARTBEAT, token=token, agents=args.agents,
                                                              body=HEARTBEAT_LOAD_BODY), **options),
-                "resolve": measure(url, script(RESOLVE, token=token, capabilities=CAPABILITIES), **options),
-                # Last: it adds agents (about 8 s worth) to the region the others measured.
-                "register": measure(url, script(REGISTER, token=token, capabilities=CAPABILITIES), warmup=False,
-                                    **options),
             }
+            reports = measure(url, script(LOAD_REPORT, token=token, agents=args.agents, body=LOAD_REPORT_BODY),
+                              **options)
+            asyncio.run(_sessions(url, token, args, http={"heartbeat": figures["heartbeat (lease only)"],
+                                                          "load report": reports}, cpu_of=[node.pid, redis.pid]))
+            if not args.only:
+                figures |= {
+                    "resolve": measure(url, script(RESOLVE, token=token, capabilities=CAPABILITIES), **options),
+                    # Last: it adds agents (about 8 s worth) to the region the others measured.
+                    "register": measure(url, script(REGISTER, token=token, capabilities=CAPABILITIES),
+                                        warmup=False, **options),
+                }
         finally:
             stop(node)
     finally:
@@ -326,6 +347,43 @@ def _measure_node(args: argparse.Namespace, token: str, *, budgets: dict[str, st
     for name, value in figures.items():
         print(line(f"agent-reach {name}", value))
     return figures
+
+
+async def _sessions(url: str, token: str, args: argparse.Namespace, *, http: dict[str, dict[str, float]],
+                    cpu_of: list[int]) -> None:
+    """Renewals and load reports over sessions against the HTTP figures of the same run; a killed
+    SDK agent's time to unroutable with and without its session."""
+    agents = agent_ids(min(args.agents, 4 * AGENTS_PER_SESSION))
+    seconds = args.seconds
+    async with SessionLoad(url, token, agents) as load:
+        runs = {
+            "renewal, 1 per frame": await saturate(load, seconds=seconds, beats_per_frame=1, in_flight=4,
+                                                   cpu_of=cpu_of),
+            "renewal, 100 per frame": await saturate(load, seconds=seconds, beats_per_frame=100, in_flight=2,
+                                                     cpu_of=cpu_of),
+            "load report, 1 per frame": await saturate(load, seconds=seconds, beats_per_frame=1, in_flight=4,
+                                                       cpu_of=cpu_of, load_reports=True),
+        }
+        errors = load.errors
+    print(f"\nsessions: {len(agents):,} agents on {len(load.sessions)} sessions from this process "
+          f"(frames in flight: 4 per session of 1, 2 of 100); CPU: node + redis-server per item")
+    heartbeat, report = http["heartbeat"], http["load report"]
+    print(f"{'HTTP heartbeat (wrk)':<28} {heartbeat['RPS']:>10,.0f}/s  cpu {heartbeat['CPU_US']:6.1f} us")
+    print(f"{'HTTP load report (wrk)':<28} {report['RPS']:>10,.0f}/s  cpu {report['CPU_US']:6.1f} us")
+    for name, figures in runs.items():
+        versus = report if name.startswith("load") else heartbeat
+        print(f"{'session ' + name:<28} {figures['RPS']:>10,.0f}/s  cpu {figures['CPU_US']:6.1f} us   "
+              f"cpu ratio to HTTP {figures['CPU_US'] / versus['CPU_US']:.2f} (target <= 0.20)")
+    if errors:
+        print(f"  ({errors} items answered with an error)")
+    signer = Signer(SECRET.encode())
+    issue = lambda agent_id: signer.issue(agent_id, TokenRole.AGENT, ttl_s=3600)  # noqa: E731
+    for lease_ms, session in ((30_000, True), (5_000, False)):
+        seconds_to = await time_to_unroutable(url, admin_token=token, agent_token=issue, lease_ms=lease_ms,
+                                              agent_id=f"bench.kill{int(session)}.a1", session=session)
+        how = "with its session" if session else "HTTP heartbeats only"
+        print(f"SDK agent killed with SIGKILL, lease {lease_ms / 1000:.0f} s, {how}: unroutable after "
+              f"{seconds_to:.3f} s")
 
 
 def _short(figures: dict[str, float]) -> str:

@@ -15,6 +15,12 @@ Two parts, on an embedded redis-server over 127.0.0.1:
    region's Redis, then a :class:`node.view.cache.RegionCache` started over them, as a node does at
    start-up: load time and RSS per record.
 
+3. **Sessions** (``--only sessions``): ``--session-agents`` agents (100,000 by default) written
+   straight into the region's Redis, a node process started over them, then every agent joined
+   on a session from this process (1,000 to a session, ``bench.sessions``) and renewed every
+   ``--renew-interval-s`` (10 s), spread over the interval: the node's CPU as a share of one core
+   (and with its redis-server), and its RSS per agent — all of it, and what the sessions added.
+
 Run from the repository root: ``make bench-scale`` or ``.venv/bin/python -m bench.scale``
 (``--agents 10000 --million 100000`` for a quick look; ``--only load`` for the in-process load alone).
 """
@@ -52,6 +58,7 @@ from .resolve import (
     REGION,
     SECRET,
     baseline,
+    cpu_seconds,
     free_port,
     line,
     resolve_script,
@@ -60,6 +67,7 @@ from .resolve import (
     stop,
     wait_http,
 )
+from .sessions import SessionLoad, agent_ids, steady
 
 
 def rss_bytes(pid: int | str = "self") -> int:
@@ -253,6 +261,69 @@ async def million_part(records: int) -> None:
         await redis.stop()
 
 
+def sessions_part(args: argparse.Namespace) -> None:
+    """``--session-agents`` agents on sessions renewing every ``--renew-interval-s``: node CPU and RSS."""
+    agents = args.session_agents
+    token = Signer(SECRET.encode()).issue("admin", TokenRole.ADMIN, ttl_s=3600)
+    redis = EmbeddedRedis()
+    redis.start_sync()
+    try:
+        store = RegionStore.from_url(redis.url, region=REGION)
+        asyncio.run(_fill_and_close(store, agents))
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        node = spawn(node_command(redis.url, port), env={**os.environ, "AGENT_REACH_SECRET": SECRET})
+        try:
+            wait_http(f"{url}/readyz", timeout_s=300)
+            asyncio.run(_sessions_figures(url, token, node.pid, redis.pid, agents, args))
+        finally:
+            stop(node)
+    finally:
+        redis.stop_sync()
+
+
+async def _fill_and_close(store: RegionStore, records: int) -> None:
+    await fill(store, records)
+    await store.aclose()
+
+
+async def _sessions_figures(url: str, token: str, node_pid: int, redis_pid: int, agents: int,
+                            args: argparse.Namespace) -> None:
+    await asyncio.sleep(2)  # the lease sync and the GC settle after the start
+    held = rss_bytes(node_pid)
+    signer = Signer(SECRET.encode())
+    ids = agent_ids(agents, prefix="scale")
+    tokens = {agent_id: signer.issue(agent_id, TokenRole.AGENT, ttl_s=3600) for agent_id in ids}  # as SDK agents
+    started = time.perf_counter()
+    async with SessionLoad(url, token, ids, agent_token=tokens.__getitem__) as load:
+        joined_s = time.perf_counter() - started
+        await asyncio.sleep(2)
+        with_sessions = rss_bytes(node_pid)
+        idle_from = cpu_seconds([node_pid])
+        await asyncio.sleep(args.renew_interval_s)  # joined, renewing nothing: what holding them costs
+        idle = (cpu_seconds([node_pid]) - idle_from) / args.renew_interval_s
+        seconds = max(args.seconds, 2 * args.renew_interval_s)
+        runs = {}
+        for frames in (1, 100):
+            figures = await steady(load, seconds=seconds, interval_s=args.renew_interval_s,
+                                   frames_per_interval=frames, cpu_of=[node_pid])
+            both = await steady(load, seconds=args.renew_interval_s, interval_s=args.renew_interval_s,
+                                frames_per_interval=frames, cpu_of=[node_pid, redis_pid])
+            runs[frames] = figures, both
+        after = rss_bytes(node_pid)
+        sessions = len(load.sessions)
+    print(f"{agents:,} agents on {sessions} sessions (joined in {joined_s:.1f} s), each renewing every "
+          f"{args.renew_interval_s:g} s; the node idle with them joined: {idle * 100:.1f} % of one core")
+    for frames, (figures, both) in runs.items():
+        how = "one frame per session (the SDK's aligned beats)" if frames == 1 else f"{frames} frames per session"
+        print(f"  {how} an interval: {figures['RPS']:,.0f} renewals/s, node CPU {figures['CORE'] * 100:.1f} % of one "
+              f"core ({figures['CPU_US']:.1f} us per renewal; target <= 10 %), with its redis-server "
+              f"{both['CORE'] * 100:.1f} %")
+    print(f"  node RSS {held / 2**20:,.0f} MiB holding the records -> {with_sessions / 2**20:,.0f} MiB with the "
+          f"sessions joined -> {after / 2**20:,.0f} MiB after renewing: {after / agents:,.0f} B per agent in all, "
+          f"{(after - held) / agents:,.0f} B per agent for its session (target <= 2,048 B with its session)")
+
+
 def table_upkeep(pool: int = 10_000, changes: int = 2_000) -> None:
     """Per change of one agent in a ``pool``-agent capability: patch the routing table vs rebuild it."""
     index = AgentIndex(REGION)
@@ -282,8 +353,11 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--million", type=int, default=1_000_000, help="records of the in-process load")
     parser.add_argument("--seconds", type=int, default=8)
-    parser.add_argument("--only", choices=("node", "upkeep", "load"),
-                        help="run one part: the node process (1), the routing table upkeep or the in-process load (2)")
+    parser.add_argument("--session-agents", type=int, default=100_000, help="agents on sessions (part 3)")
+    parser.add_argument("--renew-interval-s", type=float, default=10.0, help="each session agent renews this often")
+    parser.add_argument("--only", choices=("node", "upkeep", "load", "sessions"),
+                        help="run one part: the node process (1), the routing table upkeep or the in-process load "
+                             "(2), the agents on sessions (3)")
     args = parser.parse_args()
     if args.only in (None, "node") and shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: `make bench-scale` installs it (apt-get install wrk)")
@@ -295,6 +369,8 @@ def main() -> None:
         table_upkeep()
     if args.only in (None, "load"):
         asyncio.run(million_part(args.million))
+    if args.only in (None, "sessions"):
+        sessions_part(args)
 
 
 if __name__ == "__main__":

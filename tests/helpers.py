@@ -9,7 +9,9 @@ import inspect
 import json
 import os
 import random
+import signal
 import socket
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -184,6 +186,17 @@ def descendants(pid: int) -> set[int]:
                 found.add(child)
                 pending.append(child)
     return found
+
+
+def terminate(process: subprocess.Popen[Any], *, timeout_s: float = 30) -> None:
+    """SIGTERM ``process`` and wait for it; SIGKILL it if it outlasts ``timeout_s``."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def alive(pid: int) -> bool:

@@ -98,6 +98,13 @@ class ClientSettings(DeliverySettings, BreakerSettings, ClientTlsSettings):
     ticket_reuse_ms: int = Field(default=DEFAULT_TICKET_REUSE_MS, ge=0,
                                  description="Reuse a route ticket for at most this long (and at most 90 % of its "
                                              "life), drawing each call among its targets; 0: resolve every call.")
+    session: bool = Field(default=True, description="Hold one WebSocket per process with the node (GET "
+                          "/v1/session): leases renewed and load reported over it, HTTP while it is down; the "
+                          "node hears of a dead process at once and pushes when a ticket's target goes.")
+    session_ticket_reuse_ms: int | None = Field(
+        default=None, ge=0, description="While the session is open (it pushes when a target is drained, "
+        "deregistered, ejected or suspect, and the ticket is dropped), reuse a ticket this long instead of "
+        "ticket_reuse_ms. None = ticket_reuse_ms.")
 
     def with_options(self, options: Mapping[str, Any]) -> ClientSettings:
         """These settings with keyword ``options`` (field names) on top; raises AgentConfigError."""

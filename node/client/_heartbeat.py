@@ -1,5 +1,9 @@
 """Heartbeats: renew an agent's lease every interval, on a thread of its own (or as a task).
 
+With the process's session (``_session``: one WebSocket per process and node) the renewals and
+load reports travel over it as small frames; over HTTP (``PUT …/heartbeat``, ``PUT …/load``) only
+while it cannot carry them (not open yet, lost, a node without sessions).
+
 On a thread, with its own event loop and HTTP session, they survive an agent handler that blocks
 the caller's loop; the ``load`` callback then runs on that thread, so it must be thread-safe.
 ``unknown_agent`` (the lease lapsed) re-registers from the same thread. With ``load_interval_s``
@@ -28,6 +32,7 @@ from ..core.models import Heartbeat, Load, RegisterResponse, Status
 from ..delivery import RetryPolicy
 from ._http import NodeApi
 from ._registration import retryable_node_error
+from ._session import NodeSession, SessionDown
 
 log = logging.getLogger("node.client")  # the SDK logs under one name, whichever module it is in
 
@@ -50,10 +55,12 @@ class HeartbeatState(enum.Enum):
 class HeartbeatStats:
     """What the heartbeat loop did; read from any thread."""
 
-    sent: int = 0
+    sent: int = 0  # every renewal, over the session or HTTP
+    over_session: int = 0  # of them, the renewals the session carried
     failed: int = 0
     reregistered: int = 0
     load_reports: int = 0
+    session_load_reports: int = 0
     last_sent_at: float | None = None
     last_error: str | None = None
     thread_name: str | None = None
@@ -68,7 +75,8 @@ class Heartbeater:
     def __init__(self, *, base_url: str, token: str, agent_id: str, reregister: Reregister, interval_s: float,
                  node_timeout_s: float, policy: RetryPolicy, load: LoadCallback | None,
                  status: Callable[[], Status | None], rng: random.Random,
-                 load_interval_s: float | None = None, ssl_context: ssl.SSLContext | bool = True) -> None:
+                 load_interval_s: float | None = None, ssl_context: ssl.SSLContext | bool = True,
+                 session: NodeSession | None = None) -> None:
         self.base_url = base_url
         self.ssl_context = ssl_context  # the client's, shared: a context may serve several threads' connections
         self.token = token
@@ -80,6 +88,7 @@ class Heartbeater:
         self.load = load
         self.load_interval_s = load_interval_s if load is not None and load_interval_s else None
         self.status = status
+        self.session = session  # the process's session with the node, shared; None: HTTP only
         self._sent_load: Load | None = None
         self.rng = random.Random(rng.random())  # its own stream: the thread must not share the caller's RNG
         self.stats = HeartbeatStats()
@@ -163,7 +172,8 @@ class Heartbeater:
                 try:
                     if time.monotonic() >= beat_due:
                         await self._beat(api)
-                        beat_due = time.monotonic() + self.interval_s
+                        beat_due = self._next_due()
+                        wait_s = max(0.0, beat_due - time.monotonic())
                     else:
                         await self._report_load(api)
                     failures = 0
@@ -187,6 +197,14 @@ class Heartbeater:
                     beat_due = 0.0  # woken: a status to push now
         self.state = HeartbeatState.STOPPED
 
+    def _next_due(self) -> float:
+        """When the next renewal is due: an interval from now, or over a session a little earlier,
+        on the session's beat (``NodeSession.aligned``), so the process's agents renew together,
+        in one frame."""
+        due = time.monotonic() + self.interval_s
+        session = self.session
+        return session.aligned(due, self.interval_s) if session is not None and session.pushing else due
+
     async def _pause(self, seconds: float) -> bool:
         """Wait ``seconds``, or less if stopped or woken; True if woken."""
         if self._stop is None or self._wake is None:
@@ -205,7 +223,10 @@ class Heartbeater:
     async def _beat(self, api: NodeApi) -> None:
         beat = Heartbeat(status=self.status(), load=self._current_load())
         try:
-            await api.heartbeat(self.agent_id, beat)
+            if await self._over_session(beat):
+                self.stats.over_session += 1
+            else:
+                await api.heartbeat(self.agent_id, beat)
             self._sent_load = beat.load
         except UnknownAgent:
             # The lease lapsed (a partition, a paused process, a node that lost Redis): come back.
@@ -227,12 +248,31 @@ class Heartbeater:
         if load is None or load == self._sent_load:
             return
         try:
-            await api.report_load(self.agent_id, load)
+            if await self._over_session(load):
+                self.stats.session_load_reports += 1
+            else:
+                await api.report_load(self.agent_id, load)
         except UnknownAgent:
             await self._beat(api)
             return
         self._sent_load = load
         self.stats.load_reports += 1
+
+    async def _over_session(self, what: Heartbeat | Load) -> bool:
+        """Send a renewal (or a load report) over the session; False if it cannot carry it now (then
+        HTTP does). The first renewal after registering waits for the agent's join."""
+        session = self.session
+        if session is None or not await session.wait_joined(self.agent_id, timeout_s=self.node_timeout_s):
+            return False
+        try:
+            if isinstance(what, Heartbeat):
+                await session.renew(self.agent_id, what, timeout_s=self.node_timeout_s)
+            else:
+                await session.report_load(self.agent_id, what, timeout_s=self.node_timeout_s)
+        except SessionDown as exc:
+            log.debug("heartbeat of %s over HTTP: %s", self.agent_id, exc.message)
+            return False
+        return True
 
     def _current_load(self) -> Load | None:
         if self.load is None:

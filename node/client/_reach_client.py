@@ -1,7 +1,7 @@
 """``ReachClient``: an agent's (or a plain caller's) connection to its region's registry node.
 
 What it guarantees is on :mod:`node.client`'s page; the parts it composes live beside it:
-``_http`` (the node's API), ``_heartbeat``, ``_reports``, ``_tickets``, ``_retry`` and
+``_http`` (the node's API), ``_heartbeat``, ``_session``, ``_reports``, ``_tickets``, ``_retry`` and
 :mod:`node.delivery.attempts` (the attempt and the failover the proxy shares).
 """
 
@@ -44,6 +44,7 @@ from ._http import NodeApi, SendResult
 from ._options import RESOLVE_OPTIONS, CallOptions, options_for
 from ._registration import register_with_backoff
 from ._reports import Reporter
+from ._session import NodeSession
 from ._tickets import TicketCache
 from .verifier import CallVerifier
 
@@ -118,8 +119,7 @@ class ReachClient:
         self.breakers = OutcomeTracker(failure_threshold=self.settings.breaker_failures,
                                        window_ms=self.settings.breaker_window_ms,
                                        cooldown_ms=self.settings.breaker_cooldown_ms)
-        # the same breakers on this client's clock, remembering which targets it has seen
-        self._target_breakers = ClientBreakers(self.breakers, now_ms=self._now_ms)
+        self._target_breakers = ClientBreakers(self.breakers, now_ms=self._now_ms)  # on this client's clock
         self.state = ClientState.NEW
         self.registered: RegisterResponse | None = None
         self.backoffs_s: list[float] = []  # every wait call() slept, in order (observability and tests)
@@ -128,7 +128,10 @@ class ReachClient:
         self._api: NodeApi | None = None
         self._heartbeater: Heartbeater | None = None
         self._reporter: Reporter | None = None
-        self._tickets = TicketCache(clock=clock, reuse_s=self.settings.ticket_reuse_ms / 1000)
+        self._tickets = TicketCache(clock=clock, reuse_ms=self.settings.ticket_reuse_ms,
+                                    pushed_reuse_ms=self.settings.session_ticket_reuse_ms)
+        self._node_session: NodeSession | None = None  # the process's, shared with its other clients
+        self._unfollow: Callable[[], None] = lambda: None  # the tickets stop following its pushes
 
     @classmethod
     def from_config(cls, path: str | Path, **kwargs: Any) -> ReachClient:
@@ -157,6 +160,9 @@ class ReachClient:
                                       queue_limit=self.settings.report_queue_limit,
                                       flush_timeout_s=2 * self.settings.node_timeout_ms / 1000)
             self._reporter.start()
+            if self.settings.session:
+                self._node_session = NodeSession.acquire(self.node_url, token=self.token, ssl_context=self.ssl_context)
+                self._unfollow = self._tickets.follow(self._node_session, asyncio.get_running_loop())
             if self.registration is not None or self.card is not None:
                 await self.register()
         except BaseException:
@@ -175,6 +181,8 @@ class ReachClient:
             lambda: self._register_on(api, self._status), agent_id=agent_id, policy=self.retry_policy,
             rng=self.rng, sleep=self.sleep, clock=self.clock, max_wait_s=None if max_wait is None else max_wait / 1000,
             stopping=lambda: self.state in (ClientState.CLOSING, ClientState.CLOSED))
+        if self._node_session is not None:
+            self._node_session.join(agent_id, self.token)
         if self._heartbeater is None:
             interval_ms = self.settings.heartbeat_interval_ms or self.registered.heartbeat_interval_ms
             self._heartbeater = Heartbeater(
@@ -182,7 +190,7 @@ class ReachClient:
                 interval_s=interval_ms / 1000, node_timeout_s=min(self.settings.node_timeout_ms, interval_ms) / 1000,
                 policy=self.retry_policy, load=self.load, status=lambda: self._status, rng=self.rng,
                 load_interval_s=(self.settings.load_report_interval_ms or 0) / 1000 or None,
-                ssl_context=self.ssl_context)
+                ssl_context=self.ssl_context, session=self._node_session)
             if self.settings.heartbeat_in_thread:
                 self._heartbeater.start_thread()
             else:
@@ -216,6 +224,8 @@ class ReachClient:
         try:
             if self._heartbeater is not None:
                 await self._heartbeater.stop()
+            if self._node_session is not None and self.registered is not None and self.agent_id is not None:
+                await self._node_session.leave(self.agent_id)  # a clean leave: the node marks nothing
             if self._reporter is not None:
                 await self._reporter.aclose()
             agent_id = self.agent_id
@@ -227,6 +237,9 @@ class ReachClient:
                 except NodeError as exc:
                     log.warning("could not deregister %s (its lease will lapse instead): %s", agent_id, exc.message)
         finally:
+            self._unfollow()
+            if self._node_session is not None:
+                await self._node_session.release()
             if self._session is not None:
                 await self._session.close()
             self.state = ClientState.CLOSED

@@ -33,7 +33,7 @@ import orjson
 from pydantic import ValidationError
 
 from ..core import UnknownAgent
-from ..core.models import AgentId, Heartbeat, Load, Strict, compat
+from ..core.models import Gone, Heartbeat, Joined, Load, SessionAnswer, compat
 from ._errors import NodeUnreachable, node_error
 
 log = logging.getLogger("node.client")  # the SDK logs under one name, whichever module it is in
@@ -45,6 +45,7 @@ PING_S = 5.0  # the SDK's own ping: a node that went silent is left for another 
 STOP_TIMEOUT_S = 10.0
 MAX_FRAME_BYTES = 1 << 20
 JOIN_POLL_S = 0.005  # how often a renewal waiting for its agent's join looks again (bounded by its timeout)
+FLUSH_WINDOW_S = 0.005  # a renewal waits this long for the others due at the same beat: one frame for all
 GoneListener = Callable[[list[str]], None]
 
 
@@ -65,25 +66,6 @@ class SessionDown(NodeUnreachable):
     code = "session_down"
 
 
-class _Joined(Strict):
-    t: str
-    agents: list[AgentId]
-    refused: list[dict[str, Any]]
-
-
-class _Answer(Strict):
-    t: str
-    id: int
-    leases: dict[str, int] = {}
-    errors: dict[str, dict[str, Any]]
-
-
-class _Gone(Strict):
-    t: str
-    agents: list[AgentId]
-    reason: str
-
-
 class NodeSession:
     """One process's session with one node, shared by its clients; thread-safe.
 
@@ -101,9 +83,13 @@ class NodeSession:
         self.token = token
         self.ssl_context = ssl_context
         self.rng = rng or random.Random()
+        self.phase = self.rng.random()  # where in each interval this process renews (aligned): spread over processes
         self.state = SessionState.NEW
+        self.attempts = 0  # connections tried (opened or not): what a restarted node sees of this process
         self.connects = 0  # sessions opened (1 + reconnects)
+        self.opened_at: float | None = None  # time.monotonic() when the connection open now opened
         self.renewals = 0  # renewals the node acknowledged
+        self.renew_frames = 0  # renew frames sent (renewals / frames: how well the agents' beats align)
         self.pushes = 0  # gone frames received
         self._users = 0
         self._lock = threading.Lock()
@@ -111,6 +97,7 @@ class NodeSession:
         self._joined: set[str] = set()  # agents joined on the connection open now
         self._watched: set[str] = set()
         self._listeners: list[GoneListener] = []
+        self._lost_listeners: list[Callable[[], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._stop: asyncio.Event | None = None
@@ -132,6 +119,8 @@ class NodeSession:
             if session is None:
                 session = cls._shared[key] = NodeSession(key, token=token, ssl_context=ssl_context)
                 session._start()
+            else:
+                session.token = token  # the newest user's: the session outlives the first one's token
             session._users += 1
             return session
 
@@ -207,6 +196,22 @@ class NodeSession:
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
+    def aligned(self, due: float, interval_s: float) -> float:
+        """The last instant of this session's beat at or before ``due`` (monotonic seconds): agents
+        with the same interval renew at the same instants, in one frame; the phase is this
+        process's own, so the processes of a region do not renew at once."""
+        return due - (due - self.phase * interval_s) % interval_s
+
+    def on_lost(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` (on the session's thread) when an open connection ends: ``gone`` may be missed."""
+        self._lost_listeners.append(listener)
+        return lambda: self._lost_listeners.remove(listener) if listener in self._lost_listeners else None
+
+    @property
+    def pushing(self) -> bool:
+        """Whether ``gone`` can arrive now (the connection is open)."""
+        return self.state is SessionState.OPEN
+
     async def renew(self, agent_id: str, heartbeat: Heartbeat, *, timeout_s: float) -> int:
         """Renew ``agent_id``'s lease (the heartbeat's status and load with it); its new expiry (ms)."""
         beat = {"agent_id": agent_id, **heartbeat.model_dump(mode="json", exclude_none=True)}
@@ -247,12 +252,13 @@ class NodeSession:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._ready.set()
-        headers = {"Authorization": f"Bearer {self.token}"}
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.ssl_context)) as http:
             failures = 0
             while not self._stop.is_set():
                 self.state = SessionState.CONNECTING
                 wait_s = self._backoff_s(failures)
+                self.attempts += 1
+                headers = {"Authorization": f"Bearer {self.token}"}
                 try:
                     async with http.ws_connect(self.base_url + SESSION_PATH, headers=headers, heartbeat=PING_S,
                                                max_msg_size=MAX_FRAME_BYTES, timeout=aiohttp.ClientWSTimeout(
@@ -289,6 +295,7 @@ class NodeSession:
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         self._ws = ws
         self.state = SessionState.OPEN
+        self.opened_at = time.monotonic()
         self.connects += 1
         with self._lock:
             members = list(self._members)
@@ -319,21 +326,21 @@ class NodeSession:
             frame = orjson.loads(data)
             kind = frame.get("t") if isinstance(frame, dict) else None
             if kind in ("renewed", "loaded"):
-                self._answered(compat.read_python(_Answer, frame))
+                self._answered(compat.read_python(SessionAnswer, frame))
             elif kind == "joined":
-                joined = compat.read_python(_Joined, frame)
+                joined = compat.read_python(Joined, frame)
                 self._joined.update(joined.agents)
                 for refused in joined.refused:
                     log.warning("node %s refused %s on the session: %s", self.base_url, refused.get("agent_id"),
                                 refused.get("message"))
             elif kind == "gone":
-                self._gone(compat.read_python(_Gone, frame).agents)
+                self._gone(compat.read_python(Gone, frame).agents)
             elif kind == "error":
                 log.warning("node %s on the session: %s", self.base_url, frame.get("message"))
         except (orjson.JSONDecodeError, ValidationError) as exc:
             log.warning("node %s sent a session frame this SDK cannot read: %s", self.base_url, exc)
 
-    def _answered(self, answer: _Answer) -> None:
+    def _answered(self, answer: SessionAnswer) -> None:
         futures = self._waiting.pop(answer.id, {})
         for agent_id, future in futures.items():
             if future.done():
@@ -361,10 +368,10 @@ class NodeSession:
                 log.exception("a session listener failed")
 
     async def _queue(self, kind: str, item: dict[str, Any]) -> int:
-        """Join the frame that goes out next (one per loop turn: every renewal due at once)."""
+        """Join the frame that goes out next (within FLUSH_WINDOW_S: every renewal due at once)."""
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         if not self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
+            asyncio.get_running_loop().call_later(FLUSH_WINDOW_S, self._flush)
         self._pending.append(({"kind": kind, **item}, future))
         return await future
 
@@ -375,6 +382,7 @@ class NodeSession:
             if not items:
                 continue
             frame_id = next(self._ids)
+            self.renew_frames += kind == "renew"
             futures = self._waiting[frame_id] = {item["agent_id"]: future for item, future in items}
             body = [{k: v for k, v in item.items() if k != "kind"} for item, _ in items]
             self._send_nowait({"t": kind, "id": frame_id, key: body}, waiting=futures)
@@ -419,8 +427,16 @@ class NodeSession:
 
     def _lost(self) -> None:
         """The connection ended: nothing is joined, and what waits on it fails (the caller uses HTTP)."""
-        self._ws = None
+        was_open, self._ws = self._ws is not None, None
+        if self.state is SessionState.OPEN:
+            self.state = SessionState.DOWN  # before the listeners: nothing may count on a push any more
         self._joined.clear()
+        if was_open:
+            for listener in list(self._lost_listeners):
+                try:
+                    listener()
+                except Exception:  # noqa: BLE001 - one client must not stop the others hearing it
+                    log.exception("a session listener failed")
         for futures in self._waiting.values():
             for future in futures.values():
                 if not future.done():

@@ -63,6 +63,7 @@ from .plumbing import (
     read_body,
 )
 from .proxy import PROXY_KEY, install_proxy_routes
+from .sessions import install_sessions
 from .server import NodeRunner
 from .snapshot_stream import stream_snapshot
 from .traces import TRACES_KEY, charged
@@ -436,6 +437,7 @@ def build_app(node: RegistryNode) -> web.Application:
     for extension in node.extensions:
         extension(app)
     install_proxy_routes(app, node)
+    install_sessions(app, node)
     install_console(app)
     return app
 

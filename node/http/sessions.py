@@ -4,26 +4,20 @@ renewals and load reports, telling the region when it ends, and pushing ticket i
 The upgrade request is authenticated like any request (the middleware, one bearer token); then
 each agent of the process **joins** with its own token (``{"t": "join", "agents": [{"agent_id",
 "token"}]}``): a session carries any number of agents, each authorised for its own id (an admin
-token for any). Frames are JSON objects, a text or binary frame each (``node.http.openapi`` does
-not describe them; the models below are the contract):
+token for any). Frames are JSON objects, a text or binary frame each; their models
+(``node.core.models.sessions``, which the SDK reads and writes too) are the contract.
 
-===========  ===========================================================================
-client       ``join``; ``renew`` (``id``, ``beats``: agent_id, optional status and load — an HTTP
-             heartbeat's body); ``load`` (``id``, ``loads``: agent_id, load — ``PUT …/load``);
-             ``leave`` (agents that stop cleanly: no suspicion); ``watch`` (agents this process
-             holds tickets for)
-node         ``joined`` (``agents``, ``refused``); ``renewed`` / ``loaded`` (``id``, ``leases``,
-             ``errors`` by agent: the HTTP error body); ``gone`` (``agents``, ``reason``:
-             deregistered, expired, status, suspect, ejected); ``error``
-===========  ===========================================================================
+A lease-only renewal of an agent this replica holds moves the lease alone: the frame's renewals
+are one batch of the store's ``RENEW`` script (no record read, no version), and the index's copy
+moves with it. A renewal with a status or a load goes through :meth:`RegistryNode.heartbeat` as
+an HTTP heartbeat does; load frames are one batch of the store's ``UPDATE``. Renewals are
+counted by ``agent_reach_session_renewals_total``, not ``agent_reach_heartbeats_total``.
 
-A renewal goes through :meth:`RegistryNode.heartbeat` as an HTTP heartbeat does — the store's
-batched ``UPDATE`` (``node.store.batch``) — and is counted by ``agent_reach_session_renewals_total``,
-not ``agent_reach_heartbeats_total``. When the connection ends while agents are still joined (the
-process died, the network cut it: aiohttp's ping finds a silent peer within one and a half
-``DEFAULT_PING_MS``), they become suspect on every replica of the region (``node.view.suspects``) while
-their leases run; a join from any replica clears that. A node that shuts down or drains ends its
-sessions ("going away", no suspicion) and refuses new ones, so its SDKs reconnect elsewhere.
+When the connection ends while agents are still joined (the process died, the network cut it:
+aiohttp's ping finds a silent peer within one and a half ``DEFAULT_PING_MS``), they become
+suspect on every replica of the region (``node.view.suspects``) while their leases run; a join
+from any replica clears that. A node that shuts down or drains ends its sessions ("going away",
+no suspicion) and refuses new ones, so its SDKs reconnect elsewhere.
 """
 
 from __future__ import annotations
@@ -34,33 +28,44 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
 
 import orjson
 from aiohttp import WSCloseCode, WSMsgType, web
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import ValidationError
 
-from ..core import BadRequest, NodeError, StoreUnavailable, Unauthorized, first_problem
-from ..core.models import AgentId, ChangeEvent, ChangeKind, Heartbeat, Load, Status, Strict, TokenClaims
+from ..core import BadRequest, NodeError, StoreUnavailable, Unauthorized, UnknownAgent, first_problem, now_ms
+from ..core.models import (
+    CLIENT_FRAMES,
+    Beat,
+    AgentRecord,
+    ChangeEvent,
+    ChangeKind,
+    ClientFrame,
+    Heartbeat,
+    Join,
+    Leave,
+    Loads,
+    Renew,
+    TokenClaims,
+)
 from ..delivery import BreakerState
 from ..service import NodeState, RegistryNode
 from ..trust import authorize_agent
-from .plumbing import CALLER, NODE_KEY
+from .plumbing import CALLER
 
 __all__ = ["SESSION_PATH", "SESSIONS_KEY", "NodeDraining", "SessionHub", "install_sessions"]
 
 log = logging.getLogger(__name__)
 
 SESSION_PATH = "/v1/session"
-DEFAULT_PING_MS = 1_000  # aiohttp pings every interval and ends a session whose pong is half an interval late
+DEFAULT_PING_MS = 2_000  # aiohttp pings every interval and ends a session whose pong is half an interval late:
+# a silent peer is found within 3 s, and a client whose loop stalls under 1 s keeps its session
 MAX_FRAME_BYTES = 1 << 20
-MAX_ITEMS = 1_000  # agents per frame
 MAX_MEMBERS = 1_000  # agents per session
 MAX_WATCHED = 10_000  # agents one session asks to hear about
 MAX_FRAMES_IN_FLIGHT = 32
 MAX_OUTBOX = 10_000  # frames waiting for a client that stopped reading: then the session is cut
 EJECTION_CHECK_S = 0.25
-_TOKEN_CHARS = 8_192
 
 
 class NodeDraining(NodeError):
@@ -70,63 +75,33 @@ class NodeDraining(NodeError):
     code = "node_draining"
 
 
-class JoinAgent(Strict):
-    agent_id: AgentId
-    token: str = Field(min_length=1, max_length=_TOKEN_CHARS)
+class Member:
+    """What a renewal checks again of the token an agent joined with: its expiry, and revocation
+    by its id, by the id of the token it was forwarded for, or by subject. Not the claims object
+    (about 1.3 KiB with its strings): a node holds 100,000 agents on sessions and more."""
 
+    __slots__ = ("exp", "iat", "role", "sub", "jti", "fwd")
 
-class Join(Strict):
-    t: Literal["join"]
-    agents: list[JoinAgent] = Field(max_length=MAX_ITEMS)
+    def __init__(self, claims: TokenClaims, agent_id: str) -> None:
+        self.exp, self.iat, self.role, self.jti, self.fwd = claims.exp, claims.iat, claims.role, claims.jti, claims.fwd
+        self.sub = agent_id if claims.sub == agent_id else claims.sub  # an agent's own token: the id already held
 
-
-class Beat(Strict):
-    agent_id: AgentId
-    status: Status | None = None
-    load: Load | None = None
-
-
-class Renew(Strict):
-    t: Literal["renew"]
-    id: int = Field(ge=0)
-    beats: list[Beat] = Field(max_length=MAX_ITEMS)
-
-
-class LoadItem(Strict):
-    agent_id: AgentId
-    load: Load
-
-
-class Loads(Strict):
-    t: Literal["load"]
-    id: int = Field(ge=0)
-    loads: list[LoadItem] = Field(max_length=MAX_ITEMS)
-
-
-class Leave(Strict):
-    t: Literal["leave"]
-    agents: list[AgentId] = Field(max_length=MAX_ITEMS)
-
-
-class Watch(Strict):
-    t: Literal["watch"]
-    agents: list[AgentId] = Field(max_length=MAX_ITEMS)
-
-
-ClientFrame = Join | Renew | Loads | Leave | Watch
-FRAMES: TypeAdapter[ClientFrame] = TypeAdapter(Annotated[ClientFrame, Field(discriminator="t")])
+    def claims(self) -> TokenClaims:
+        """The claims again (checked when the agent joined), for a beat that goes the HTTP way."""
+        return TokenClaims.model_construct(sub=self.sub, role=self.role, exp=self.exp, iat=self.iat, jti=self.jti,
+                                           fwd=self.fwd)
 
 
 @dataclass(eq=False, slots=True)
 class Session:
-    """One open session on this replica: its agents (with the claims each joined with), what it
+    """One open session on this replica: its agents (with what their tokens said), what it
     watches, and what waits to be written to it."""
 
     id: str
     ws: web.WebSocketResponse
     caller: TokenClaims
     transport: asyncio.BaseTransport | None
-    members: dict[str, TokenClaims] = field(default_factory=dict)
+    members: dict[str, Member] = field(default_factory=dict)
     watched: set[str] = field(default_factory=set)
     outbox: list[bytes] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -141,6 +116,15 @@ class Session:
             return
         self.outbox.append(orjson.dumps(frame))
         self.wake.set()
+
+    async def answer(self, frame: dict[str, object]) -> None:
+        """Write the answer to a frame now (no hop through the writer task: a renewal's answer is
+        most of what a session writes); a connection that went is the reader's to notice."""
+        if self.outbox:
+            self.push(frame)  # behind what waits, in order
+            return
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.ws.send_bytes(orjson.dumps(frame))
 
 
 class SessionHub:
@@ -185,7 +169,7 @@ class SessionHub:
             if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                 break  # an error or a close: the session ends
             try:
-                frame = FRAMES.validate_json(message.data)
+                frame = CLIENT_FRAMES.validate_json(message.data)
             except ValidationError as exc:
                 problem = first_problem(exc)
                 session.push({"t": "error", "error": "invalid_frame", "field": problem.field,
@@ -240,27 +224,77 @@ class SessionHub:
             except NodeError as exc:
                 refused.append({"agent_id": item.agent_id, **exc.body()})
                 continue
-            session.members[item.agent_id] = claims
-            self.holders[item.agent_id] = session
-            joined.append(item.agent_id)
+            record = self.node.cache.index.records.get(item.agent_id)
+            agent_id = record.agent_id if record is not None else item.agent_id  # the record's string, not a copy
+            session.members[agent_id] = Member(claims, agent_id)
+            self.holders[agent_id] = session
+            joined.append(agent_id)
         if joined:
             await self.node.cache.suspects.hold(joined, session=session.id)
         session.push({"t": "joined", "agents": joined, "refused": refused})
 
     async def _renew(self, session: Session, frame: Renew) -> None:
-        answers = await asyncio.gather(*(self._beat(session, beat) for beat in frame.beats), return_exceptions=True)
+        """Lease-only beats of agents held here go to the store in one batch (``_renew_leases``);
+        a beat with a status or a load, or of an agent not held yet, is an HTTP heartbeat's work."""
+        index = self.node.cache.index
+        plain: list[str] = []
+        others: list[Beat] = []
+        for beat in frame.beats:
+            if beat.status is None and beat.load is None and beat.agent_id in index.records:
+                plain.append(beat.agent_id)
+            else:
+                others.append(beat)
+        answers: dict[str, int | BaseException] = await self._renew_leases(session, plain)
+        if others:
+            results = await asyncio.gather(*(self._beat(session, beat) for beat in others), return_exceptions=True)
+            answers.update(zip((beat.agent_id for beat in others), results))
         leases: dict[str, int] = {}
         errors: dict[str, object] = {}
-        for beat, answer in zip(frame.beats, answers):
+        for agent_id, answer in answers.items():
             if isinstance(answer, int):
-                leases[beat.agent_id] = answer
+                leases[agent_id] = answer
             else:
-                errors[beat.agent_id] = _error_body(session, answer)
+                errors[agent_id] = _error_body(session, answer)
         session.renewals += len(leases)
-        session.push({"t": "renewed", "id": frame.id, "leases": leases, "errors": errors})
+        await session.answer({"t": "renewed", "id": frame.id, "leases": leases, "errors": errors})
+
+    async def _renew_leases(self, session: Session, agent_ids: list[str]) -> dict[str, int | BaseException]:
+        """Move the leases of joined agents the index holds: one store batch, no record read, no
+        version (``RegionStore.renew_leases``); the index's copy of each lease moves with it."""
+        answers: dict[str, int | BaseException] = {}
+        now, records, renewals, held = now_ms(), self.node.cache.index.records, [], []
+        for agent_id in agent_ids:  # a loop per renewal: what _member does, inline
+            refusal = self._refusal(session, agent_id, now_s=now / 1000)
+            if refusal is not None:
+                answers[agent_id] = refusal
+                continue
+            record = records.get(agent_id)
+            if record is not None:
+                renewals.append((agent_id, now + record.lease_ttl_ms))
+                held.append(record)
+        if not renewals:
+            return answers
+        moved = await self.node.store.renew_leases(renewals, at_ms=now)
+        touched: list[tuple[AgentRecord, int]] = []
+        for (agent_id, lease), record, result in zip(renewals, held, moved):
+            if result is True:
+                touched.append((record, lease))
+                answers[agent_id] = lease
+            else:
+                answers[agent_id] = result if isinstance(result, BaseException) else UnknownAgent(
+                    f"agent {agent_id} has no lease in region {self.node.region} (it lapsed): register again",
+                    field="agent_id")
+        self.node.cache.touch_leases(touched)
+        renewed = len(touched)
+        if renewed:
+            self.node.metrics.session_renewals("lease").inc(renewed)
+        suspects = self.node.cache.index.suspects
+        if suspects and (marked := [a for a in agent_ids if a in suspects and isinstance(answers.get(a), int)]):
+            await self.node.cache.suspects.hold(marked, session=session.id)  # a mark that raced this join
+        return answers
 
     async def _beat(self, session: Session, beat: Beat) -> int:
-        claims = self._member(session, beat.agent_id)
+        claims = self._member(session, beat.agent_id).claims()
         heartbeat = Heartbeat.model_construct(status=beat.status, load=beat.load)  # validated as the frame was
         result = await self.node.heartbeat(beat.agent_id, heartbeat, claims, session=True)
         if beat.agent_id in self.node.cache.index.suspects:  # a mark that raced this session's join
@@ -268,13 +302,28 @@ class SessionHub:
         return result.lease_expires_at_ms
 
     async def _loads(self, session: Session, frame: Loads) -> None:
+        """``PUT …/load`` of each item, in one store batch; the same load again on a running lease
+        writes nothing, as over HTTP."""
         errors: dict[str, object] = {}
+        now, index, changed = now_ms(), self.node.cache.index, []
         for item in frame.loads:
             try:
-                await self.node.report_load(item.agent_id, item.load, self._member(session, item.agent_id))
+                self._member(session, item.agent_id)
             except NodeError as exc:
                 errors[item.agent_id] = exc.body()
-        session.push({"t": "loaded", "id": frame.id, "errors": errors})
+                continue
+            known = index.get(item.agent_id)
+            if known is None or known.load != item.load or known.lease_expires_at_ms <= now:
+                changed.append((item.agent_id, item.load))
+        stored = await self.node.store.report_loads(changed, at_ms=now) if changed else []
+        for (agent_id, load), result in zip(changed, stored):
+            if result is True:
+                index.set_load(agent_id, load)
+            else:
+                errors[agent_id] = _error_body(session, result if isinstance(result, BaseException) else UnknownAgent(
+                    f"agent {agent_id} has no lease in region {self.node.region}: register again", field="agent_id"))
+        self.node.metrics.load_reports.inc(len(frame.loads) - len(errors))
+        await session.answer({"t": "loaded", "id": frame.id, "errors": errors})
 
     async def _leave(self, session: Session, agents: list[str]) -> None:
         left = [agent_id for agent_id in agents if session.members.pop(agent_id, None) is not None]
@@ -294,19 +343,28 @@ class SessionHub:
             session.watched.add(agent_id)
             self.watchers.setdefault(agent_id, set()).add(session)
 
-    def _member(self, session: Session, agent_id: str) -> TokenClaims:
-        """The claims ``agent_id`` joined with, still good; raises the HTTP error the SDK maps."""
-        claims = session.members.get(agent_id)
-        if claims is None:
-            raise Unauthorized(f"agent {agent_id} has not joined this session: send a join frame with its token",
-                               code="not_joined")
-        if claims.exp <= time.time():
-            raise Unauthorized("the token the agent joined with has expired; issue a new one and join again",
-                               code="token_expired")
-        if self.node.revocations.refuses(claims):
-            raise Unauthorized("the token was revoked; ask for a new one ('agent-reach token issue')",
-                               code="token_revoked")
-        return claims
+    def _member(self, session: Session, agent_id: str) -> Member:
+        """What the token ``agent_id`` joined with said, still good; raises the HTTP error the SDK maps."""
+        refusal = self._refusal(session, agent_id, now_s=time.time())
+        if refusal is not None:
+            raise refusal
+        return session.members[agent_id]
+
+    def _refusal(self, session: Session, agent_id: str, *, now_s: float) -> NodeError | None:
+        """Why ``agent_id`` may not renew over ``session`` now (not joined, its token expired or
+        revoked), or None."""
+        member = session.members.get(agent_id)
+        if member is None:
+            return Unauthorized(f"agent {agent_id} has not joined this session: send a join frame with its token",
+                                code="not_joined")
+        if member.exp <= now_s:
+            return Unauthorized("the token the agent joined with has expired; issue a new one and join again",
+                                code="token_expired")
+        if self.node.revocations.refuses_token(jti=member.jti, forwarded_jti=member.fwd.jti if member.fwd else None,
+                                               role=member.role, sub=member.sub, iat=member.iat):
+            return Unauthorized("the token was revoked; ask for a new one ('agent-reach token issue')",
+                                code="token_revoked")
+        return None
 
     async def _ended(self, session: Session) -> None:
         """The session's connection is gone: its agents still joined are suspect, unless this

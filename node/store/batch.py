@@ -50,6 +50,23 @@ class Coalescer(Generic[T, R]):
             self._task = asyncio.create_task(self._drain(), name=self.name)
         return await future
 
+    async def submit_many(self, items: list[T]) -> list[R | BaseException]:
+        """Submit ``items`` at once (one caller's batch); one result or exception per item, in order."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[R]] = [loop.create_future() for _ in items]
+        self._pending.extend(zip(items, futures))
+        if self._task is None:
+            self._task = asyncio.create_task(self._drain(), name=self.name)
+        results: list[R | BaseException] = []
+        for future in futures:  # the batch lands at once: after the first, each is already done
+            try:
+                results.append(await future)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the item's own failure, given back with the others
+                results.append(exc)
+        return results
+
     async def _drain(self) -> None:
         try:
             while self._pending:

@@ -48,7 +48,7 @@ from .loads import parse_load
 from .quarantine import Quarantine
 from .redis_errors import RedisErrors
 from .script_line import ScriptLine, Unreplicated
-from .scripts import DELETE, REGISTER, UPDATE
+from .scripts import DELETE, REGISTER, RENEW, UPDATE
 from .stored_bytes import parse_change, parse_record
 from .stored_records import WrittenRecords, stored_version
 
@@ -114,20 +114,26 @@ class RegionStore:
         self.key_changes = f"{base}:changes"
         self.key_loads = self.load_channel = f"{base}:loads"
         self.key_base = base
+        # Session liveness (node.view.suspects): marks and holders, cleared with the record they name.
+        self.key_suspects = f"{base}:suspects"
+        self.key_holders = f"{base}:holders"
         self.change_stream_maxlen = change_stream_maxlen
         self._mutation_keys = [self.key_agents, self.key_leases, self.key_version, self.key_changes, self.key_loads]
+        self._delete_keys = [*self._mutation_keys, self.key_suspects, self.key_holders]
         # Each coalescer's own connection, batch after batch; with wait_replicas every batch is
         # acknowledged once that many replicas hold it (WAIT), as a deletion is (_remove).
         self._wait = (wait_replicas, wait_timeout_ms)
         self._register = ScriptLine(redis, REGISTER, wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms)
         self._update = ScriptLine(redis, UPDATE, wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms)
+        self._renew = ScriptLine(redis, RENEW, wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms)
         self._registers: Coalescer[list[object], tuple[int, bool]] = Coalescer(
             self._flush_registers, name=f"store-registers-{region}")
         self._updates: Coalescer[list[object], tuple[int, str]] = Coalescer(
             self._flush_updates, name=f"store-updates-{region}")
+        self._renewals: Coalescer[list[object], bool] = Coalescer(self._flush_renewals, name=f"store-renewals-{region}")
         # What /metrics shows of them: scripts sent and writes carried, by kind (their ratio: the mean batch).
         self.write_batches: dict[str, Coalescer[list[object], object]] = {
-            "register": self._registers, "update": self._updates}  # type: ignore[dict-item]
+            "register": self._registers, "update": self._updates, "renew": self._renewals}  # type: ignore[dict-item]
         self._written = WrittenRecords()  # read back from the stream without validating again
         self._delete = redis.register_script(DELETE)
 
@@ -144,6 +150,7 @@ class RegionStore:
     async def aclose(self) -> None:
         await self._register.aclose()
         await self._update.aclose()
+        await self._renew.aclose()
         await self.redis.aclose()
 
     async def ping(self) -> None:
@@ -208,6 +215,18 @@ class RegionStore:
                                    "(quarantined): register again", field="agent_id")
         raise Conflict(f"agent {agent_id} kept changing under concurrent updates; retry")
 
+    async def renew_leases(self, leases: list[tuple[str, int]], *, at_ms: int) -> list[bool | BaseException]:
+        """Move each ``(agent_id, lease expiry ms)`` lease that has not passed at ``at_ms``: no read of
+        the record, no version, no event (many at once: a session's frame). Per lease True, False
+        when there is none to move (register again), or the batch's error (``StoreUnavailable``)."""
+        return await self._renewals.submit_many([[agent_id, expiry, at_ms] for agent_id, expiry in leases])
+
+    async def report_loads(self, loads: list[tuple[str, Load]], *, at_ms: int) -> list[bool | BaseException]:
+        """:meth:`report_load` of many at once: per load True, False (no lease), or the batch's error."""
+        results = await self._updates.submit_many([[agent_id, "", "", "", at_ms, "1", load.model_dump_json()]
+                                                   for agent_id, load in loads])
+        return [result if isinstance(result, BaseException) else result[0] != 0 for result in results]
+
     async def report_load(self, agent_id: str, load: Load, *, at_ms: int) -> None:
         """Store the load an agent reports (its lease must not have passed; the lease is not
         moved); raises :class:`UnknownAgent` otherwise."""
@@ -239,6 +258,13 @@ class RegionStore:
         """One UPDATE call for a batch of ``[agent_id, expected, body, lease, at, require lease, load]``."""
         return [(int(outcome), value) for outcome, value in await self._run_batch(self._update, items)]
 
+    async def _flush_renewals(self, items: list[list[object]]) -> list[bool | BaseException]:
+        """One RENEW call for a batch of ``[agent_id, lease expiry, at]`` (the first item's instant for all)."""
+        async with self._translate():
+            reply = await self._renew(self._mutation_keys, [self.change_stream_maxlen, self.load_channel, items[0][2],
+                                                            *(v for agent_id, lease, _ in items for v in (agent_id, lease))])
+        return [bool(int(moved)) for moved in reply]
+
     async def _run_batch(self, script: ScriptLine, items: list[list[object]]) -> list[tuple[object, object]]:
         """Run a batch script over ``items``; its flat reply as one pair per item."""
         async with self._translate():
@@ -264,10 +290,10 @@ class RegionStore:
         replicas, timeout_ms = self._wait
         async with self._translate():
             if replicas == 0:
-                reply = await self._delete(keys=self._mutation_keys, args=args)
+                reply = await self._delete(keys=self._delete_keys, args=args)
             else:  # WAIT counts what its own connection wrote: the same pipeline
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    await self._delete(keys=self._mutation_keys, args=args, client=pipe)
+                    await self._delete(keys=self._delete_keys, args=args, client=pipe)
                     pipe.execute_command("WAIT", replicas, timeout_ms)
                     reply, confirmed = await pipe.execute()
                 if int(confirmed) < replicas:

@@ -82,8 +82,28 @@ if #loads > 0 then redis.call('PUBLISH', ARGV[2], table.concat(loads, '\\n')) en
 return out
 """
 
-# KEYS: agents, leases, version, changes, loads. ARGV: now ms, stream maxlen, reason, only-if-expired
-# ('1'/'0'), agent ids... Returns a flat list {agent_id, version, ...} of the removed ones.
+# KEYS: agents, leases, version, changes, loads. ARGV: stream maxlen, the load channel (unused: the
+# batch shape of the others), now ms, then per renewal 2 values: agent_id, new lease expiry ms.
+# A lease-only renewal (a session's, node.http.sessions): the lease moves only if it is still
+# running, as UPDATE's does, without reading the record. Returns per renewal 1 (moved) or 0 (no
+# lease: unknown, or passed).
+RENEW = """
+local out = {}
+for i = 4, #ARGV, 2 do
+  local score = redis.call('ZSCORE', KEYS[2], ARGV[i])
+  if score and tonumber(score) > tonumber(ARGV[3]) then
+    redis.call('ZADD', KEYS[2], ARGV[i + 1], ARGV[i])
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+"""
+
+# KEYS: agents, leases, version, changes, loads, suspects, holders. ARGV: now ms, stream maxlen,
+# reason, only-if-expired ('1'/'0'), agent ids... A removed agent's session marks go with it
+# (node.view.suspects; every replica drops its own when it applies the tombstone). Returns a flat list {agent_id, version, ...} of the removed ones.
 # The tombstone keeps the record's allowed_callers (its JSON array: caller patterns hold no
 # brackets), so watchers who could not see the agent do not see it go either. The record's own
 # list is the one followed by semantic_fallback (the model's order): each capability has one too,
@@ -103,6 +123,8 @@ for i = 5, #ARGV do
     local acl = string.match(rec, '"allowed_callers":(%b[]),"semantic_fallback":') or '["admin"]'
     redis.call('HDEL', KEYS[1], id)
     redis.call('HDEL', KEYS[5], id)
+    redis.call('HDEL', KEYS[6], id)
+    redis.call('HDEL', KEYS[7], id)
     redis.call('ZREM', KEYS[2], id)
     local v = redis.call('INCR', KEYS[3])
     redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], v .. '-0',
@@ -114,4 +136,4 @@ end
 return out
 """
 
-__all__ = ["DELETE", "REGISTER", "UPDATE"]
+__all__ = ["DELETE", "REGISTER", "RENEW", "UPDATE"]

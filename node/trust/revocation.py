@@ -152,14 +152,20 @@ class RevocationList(PolledList):
     def refuses(self, claims: TokenClaims) -> bool:
         """Whether a token with ``claims`` is revoked: by its id, by the id of the caller's token
         it was forwarded for (``fwd.jti``, federation.forward), or with every token of its subject."""
-        if claims.jti is not None and self.revoked(claims.jti):
+        return self.refuses_token(jti=claims.jti, forwarded_jti=claims.fwd.jti if claims.fwd is not None else None,
+                                  role=claims.role, sub=claims.sub, iat=claims.iat)
+
+    def refuses_token(self, *, jti: str | None, forwarded_jti: str | None, role: TokenRole, sub: str,
+                      iat: int) -> bool:
+        """:meth:`refuses` of a token's claims kept as plain fields (a session's members)."""
+        if jti is not None and self.revoked(jti):
             return True
-        if claims.fwd is not None and claims.fwd.jti is not None and self.revoked(claims.fwd.jti):
+        if forwarded_jti is not None and self.revoked(forwarded_jti):
             return True
         if not self._subjects:  # the common case: no subject revoked, no digest computed
             return False
-        cut_off = self._subjects.get(_subject_digest(claims.role, claims.sub))
-        return cut_off is not None and claims.iat <= cut_off
+        cut_off = self._subjects.get(_subject_digest(role, sub))
+        return cut_off is not None and iat <= cut_off
 
     async def revoke_subject(self, role: TokenRole, subject: str, *, issued_until_s: int) -> Revocation:
         """Refuse every token of ``subject`` (as ``role``) issued at or before ``issued_until_s``,

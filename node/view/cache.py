@@ -291,6 +291,14 @@ class RegionCache(StreamFollower[ChangeEvent]):
         if record is not None and record.lease_expires_at_ms < lease_expires_at_ms:
             record.lease_expires_at_ms = lease_expires_at_ms
 
+    def touch_leases(self, moved: list[tuple[AgentRecord, int]]) -> None:
+        """:meth:`touch_lease` of records in hand (a session's frame of renewals): the field is
+        set in the record's ``__dict__`` (an int for an int: pydantic's assignment hook, a few
+        µs a record, has nothing to check)."""
+        for record, lease_expires_at_ms in moved:
+            if record.lease_expires_at_ms < lease_expires_at_ms:
+                record.__dict__["lease_expires_at_ms"] = lease_expires_at_ms
+
     # -- the tail (node.view.follower) -------------------------------------------------------------
 
     async def _load(self) -> tuple[int, Iterator[ChangeEvent]]:

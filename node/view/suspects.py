@@ -9,7 +9,7 @@ like load (``node.store.loads``): it bumps no version and appends nothing to the
 reconnect within the lease makes the agent routable again with no version bump and no
 re-registration, and peers hear nothing of it (they route to the region by its summary).
 
-Keys, under the store's key base::
+Keys, under the store's key base (named by the store, whose deletions clear them)::
 
     {base}:suspects   HASH  agent_id -> the record version it was suspected at; also the pub/sub
                             channel of the marks ("+agent_id version" / "-agent_id" lines)
@@ -110,8 +110,8 @@ class SuspectList:
     def __init__(self, store: RegionStore, index: AgentIndex) -> None:
         self.store = store
         self.index = index
-        self.key_suspects = f"{store.key_base}:suspects"
-        self.key_holders = f"{store.key_base}:holders"
+        self.key_suspects = store.key_suspects
+        self.key_holders = store.key_holders
         self._keys = [self.key_suspects, self.key_holders]
         self._hold = store.redis.register_script(HOLD)
         self._drop = store.redis.register_script(DROP)

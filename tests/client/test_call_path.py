@@ -132,9 +132,12 @@ AGENT = "demo.translate.phrasebook"
 
 
 async def _start_agent(node: RunningNode, port: int) -> asyncio.subprocess.Process:
-    """The demo translator as its own process on ``port``, registered (prints READY)."""
+    """The demo translator as its own process on ``port``, registered (prints READY). Without a
+    session, so a SIGKILL leaves its lease naming the dead address, as an agent that cannot hold
+    one (any HTTP-only agent) does; with a session the node stops routing to it at once
+    (tests/client/test_sessions.py)."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "topology.demo.translator", "--node", node.url, "--port", str(port),
+        sys.executable, "-m", "topology.demo.translator", "--node", node.url, "--port", str(port), "--no-session",
         env={**os.environ, "AGENT_REACH_TOKEN": node.token(AGENT)}, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT)
     assert process.stdout is not None

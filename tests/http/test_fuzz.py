@@ -136,6 +136,8 @@ REFUSALS: dict[str, tuple[Refusal, ...]] = {
     "DELETE /v1/acl/{rule_id}": (Refusal(404, frozenset({"unknown_rule"}), "no such rule"),),
     "POST /v1/traces": (Refusal(409, frozenset({"trace_full"}), "the batch names more callers of one trace than it "
                                                                 "keeps"),),
+    "GET /v1/session": (Refusal(400, frozenset({"websocket_required"}), "a plain HTTP request, not a WebSocket "
+                                                                         "upgrade (the fuzzer opens none)"),),
     "POST /v1/send": (
         Refusal(404, frozenset({"no_agent_available"}), "nobody offers the target or operation"),
         Refusal(410, frozenset({"envelope_expired"}), "expire_at_ms is in the past"),

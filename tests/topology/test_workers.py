@@ -15,7 +15,7 @@ from node.core.models import TokenRole
 from node.trust import Signer
 from topology.cli.workers import child_argv, workers_problem
 
-from ..helpers import alive, descendants, free_port, registration, wait_for
+from ..helpers import alive, descendants, free_port, registration, terminate, wait_for
 
 SECRET = "workers-test-secret-0123456789abcdef"
 
@@ -71,12 +71,7 @@ async def test_two_workers_share_a_port_and_a_region(redis_url: str, region: str
         await wait_for(lambda: not alive(victim), message="the killed worker to go")
         await wait_for(both_answer, timeout_s=60, message="a replacement worker to answer")
     finally:
-        parent.send_signal(signal.SIGTERM)
-        try:
-            parent.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            parent.kill()
-            parent.wait()
+        terminate(parent)
     errors = parent.stderr.read().decode() if parent.stderr else ""
     assert parent.returncode == 0, errors
     assert "starting another" in errors

@@ -35,6 +35,9 @@ def main(argv: Sequence[str] | None, *, agent_id: str, display_name: str, descri
     parser.add_argument("--agent-id", default=agent_id, help=f"default {agent_id}")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = any free port")
+    parser.add_argument("--no-session", dest="session", action="store_false",
+                        help="renew the lease over HTTP only: the node then hears of a killed process only when "
+                             "its lease lapses, not when its session drops")
     args = parser.parse_args(argv)
     token = os.environ.get("AGENT_REACH_TOKEN", "").strip()
     if not token:
@@ -50,7 +53,7 @@ def main(argv: Sequence[str] | None, *, agent_id: str, display_name: str, descri
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         async with AgentHost(registration, handler, node_url=args.node, token=token, host=args.host,
-                             port=args.port) as host:
+                             port=args.port, session=args.session) as host:
             region = host.client.registered.region if host.client and host.client.registered else "?"
             print(f"READY {host.agent_id} {host.url} {region}", flush=True)
             await stop.wait()

@@ -20,6 +20,7 @@ One concept per module, every name importable from here (``from node.core.models
     changes    one change of a region (ChangeEvent)
     routing    route requests, route tickets, alternates' credentials, outcome reports
     search     natural-language search answers
+    sessions   the frames of a session (GET /v1/session), both ways
     summaries  a region's per-capability summary (what peers route by)
     tokens     token claims and roles, route-credential claims, who may call, the JSON error body
     compat     reading what a newer version wrote: unknown fields dropped and counted
@@ -114,6 +115,22 @@ from .access import (
     caller_matches,
 )
 from .search import SearchHit, SearchResponse
+from .sessions import (
+    CLIENT_FRAMES,
+    MAX_FRAME_ITEMS,
+    Beat,
+    ClientFrame,
+    Gone,
+    Join,
+    JoinAgent,
+    Joined,
+    Leave,
+    LoadItem,
+    Loads,
+    Renew,
+    SessionAnswer,
+    Watch,
+)
 from .summaries import CapabilitySummary, RegionSummary, SummaryView
 from .tokens import (
     KEY_ID_PATTERN,
@@ -138,6 +155,8 @@ from .versions import VersionConstraint, parse_version, version_constraint
 __all__ = [
     "ACL_RULE_ID_PATTERN", "MAX_ACL_RULES", "AclEffect", "AclEntry", "AclList", "AclRule", "CallerPatterns",
     "caller_matches",
+    "CLIENT_FRAMES", "MAX_FRAME_ITEMS", "Beat", "ClientFrame", "Gone", "Join", "JoinAgent", "Joined", "Leave",
+    "LoadItem", "Loads", "Renew", "SessionAnswer", "Watch",
     "BINDING_TRANSPORTS", "CardListing", "DEFAULT_PROTOCOL_VERSION", "PROTOCOL_VERSION_LABEL", "TRANSPORT_BINDINGS",
     "a2a_interface",
     "AGENT_ID_PATTERN", "AGENT_ID_RE", "AGENT_PATTERN_RE", "AgentChange", "AgentId", "AgentList", "AgentRecord",

@@ -200,6 +200,16 @@ def _feeds() -> Paths:
                           "Replay the changes after this region version first"),
                     CAPABILITY, PATTERN, LEASES]),
         },
+        "/v1/session": {
+            "get": operation(
+                "An SDK process's session: a WebSocket carrying its agents' lease renewals and load reports",
+                {"101": {"description": "Switching to a WebSocket. Frames are JSON objects: the client sends join "
+                                        "(each agent with its own token), renew, load, leave and watch; the node "
+                                        "answers joined, renewed, loaded, error, and pushes gone for watched agents. "
+                                        "node.http.sessions holds the frames' models."}},
+                errors=(400, 503), notes={400: "Not a WebSocket upgrade (websocket_required)",
+                                          503: "The node is going away: open the session with another node"}),
+        },
         "/v1/regions": {"get": operation("Topology, peer freshness, counts", {"200": json_answer("Regions", "OK")})},
         "/v1/federation/snapshot": {
             "get": operation("Live local records + watermark", {"200": json_answer("Snapshot", "The snapshot")},
