@@ -19,6 +19,7 @@ from topology.cli.preflight import run_preflight
 from ..helpers import AgentServer, RunningNode, free_port, registration, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 class LoadedAgent(AgentServer):
@@ -224,7 +225,8 @@ async def test_preflight_takes_the_node_from_the_environment(node: RunningNode, 
 
 async def test_the_gateway_reads_header_names_in_any_case(node: RunningNode) -> None:
     # Header names were compared as spelt: a client sending lower-case names (as HTTP/2 and many
-    # clients do) lost its Content-Type and X-Reach-* headers on the way to the agent.
+    # clients do) lost its Content-Type and X-Reach-* headers on the way to the agent. The W3C
+    # trace context was dropped too: the agent's span started a trace of its own.
     from node.client import CallVerifier
     from topology.cli.gateway import Gateway
 
@@ -251,11 +253,12 @@ async def test_the_gateway_reads_header_names_in_any_case(node: RunningNode) -> 
         async with aiohttp.ClientSession() as session:
             async with session.post(f"http://127.0.0.1:{port}/invoke", data=b'{"image": "scan.png"}', headers={
                     "authorization": f"Bearer {ticket['target']['credential']}", "content-type": "application/json",
-                    "x-reach-trace-id": "trace-cased", "x-reach-caller": "admin", "X-REACH-CALLER-ROLE": "admin"}
-                    ) as answer:
+                    "x-reach-trace-id": "trace-cased", "x-reach-caller": "admin", "X-REACH-CALLER-ROLE": "admin",
+                    "Traceparent": TRACEPARENT, "tracestate": "vendor=1"}) as answer:
                 assert answer.status == 200, await answer.text()
         (headers,) = seen
         assert headers["content-type"] == "application/json" and headers["x-reach-trace-id"] == "trace-cased"
+        assert (headers["traceparent"], headers["tracestate"]) == (TRACEPARENT, "vendor=1")  # the caller's trace
         # what the caller claimed about itself, in whatever case, never passes: the gateway says who it is
         assert (headers["x-reach-caller"], headers["x-reach-caller-role"]) == ("billing.front.web", "caller")
     finally:

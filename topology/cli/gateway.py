@@ -9,7 +9,7 @@ With ``[sidecar] upstream`` set, :class:`Gateway` listens where the agent is reg
   checked by :class:`node.client.CallVerifier` with the region's keys): 401 without one or with
   an expired or forged one, 403 for another agent's or for a caller outside ``allowed_callers``;
 * what passes goes to ``upstream`` + the same path and query, with the body and ``Content-Type``,
-  the ``X-Reach-*`` headers, and ``X-Reach-Caller`` / ``X-Reach-Caller-Role`` saying who the
+  the ``X-Reach-*`` headers, the W3C trace context (``traceparent``, ``tracestate``), and ``X-Reach-Caller`` / ``X-Reach-Caller-Role`` saying who the
   credential names (any such header a caller sent is dropped first); the credential itself is
   not passed on. The agent's answer comes back as it is; an agent that does not answer is a 502.
 """
@@ -33,7 +33,10 @@ __all__ = ["CALLER_HEADER", "CALLER_ROLE_HEADER", "Gateway"]
 
 CALLER_HEADER = "X-Reach-Caller"
 CALLER_ROLE_HEADER = "X-Reach-Caller-Role"
-_PASSED_ON = ("content-type", "accept")  # header names are compared lower-cased: HTTP says case does not matter
+# Header names are compared lower-cased (HTTP says case does not matter). The W3C trace context
+# passes unchanged, as through any intermediary that does not trace itself: the agent's span is
+# then the caller's child (node.client.host).
+_PASSED_ON = ("content-type", "accept", "traceparent", "tracestate")
 _SET_HERE = (CALLER_HEADER.lower(), CALLER_ROLE_HEADER.lower())
 
 
