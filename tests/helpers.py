@@ -248,8 +248,24 @@ async def serve_routes(*routes: web.RouteDef) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{bound_port(runner)}"
 
 
+# Ports handed to a server that binds them later are drawn below the kernel's ephemeral range
+# (net.ipv4.ip_local_port_range, 32768-60999 by default): a port the kernel picked as free was
+# once the local port of some outgoing connection by the time the test bound it (EADDRINUSE).
+LISTEN_PORTS = range(20_000, 32_768)
+_draw_port = random.Random()
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
+    """A port of 127.0.0.1 nothing is bound to now, from :data:`LISTEN_PORTS` (else the kernel's)."""
+    for _ in range(100):
+        port = _draw_port.randrange(LISTEN_PORTS.start, LISTEN_PORTS.stop)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    with socket.socket() as probe:  # the range is crowded: whatever the kernel gives
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
 

@@ -25,7 +25,7 @@ from node.core.models import Load, TokenRole
 from node.delivery import BreakerState
 from node.http import bound_port, serve
 
-from ..helpers import AgentServer, RunningNode, registration, wait_for
+from ..helpers import AgentServer, RunningNode, free_port, registration, wait_for
 
 
 class FailingAgent(AgentServer):
@@ -71,12 +71,6 @@ def test_backoff_follows_the_formula_with_injected_rng() -> None:
     assert [policy.backoff_s(a, Fixed(0.5)) for a in range(7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
     assert policy.backoff_s(0, Fixed(0.0)) == pytest.approx(0.4)   # -20 %
     assert policy.backoff_s(6, Fixed(1.0)) == pytest.approx(9.6)   # the cap, +20 %
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def test_register_retries_with_backoff_until_the_node_answers(node: RunningNode) -> None:

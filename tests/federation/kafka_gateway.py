@@ -316,8 +316,8 @@ class _TlsConnection:
 
 class KafkaGateway:
     """Listens on ``127.0.0.1:port``, terminates TLS (``tls``) and SASL (``users``: name → password), and
-    relays to the broker at ``127.0.0.1:broker_port``. Records who authenticated (``authenticated``) and
-    how many exchanges it refused (``refused``)."""
+    relays to the broker at ``127.0.0.1:broker_port`` (which may be set after it listens). Records who
+    authenticated (``authenticated``) and how many exchanges it refused (``refused``)."""
 
     def __init__(self, *, port: int, broker_port: int, tls: ssl.SSLContext | None = None,
                  users: dict[str, str] | None = None,
@@ -336,7 +336,10 @@ class KafkaGateway:
         return f"127.0.0.1:{self.port}"
 
     async def __aenter__(self) -> KafkaGateway:
+        """Listen; with ``port`` 0 on a port the kernel picks (``port`` then says which). Bound before
+        the broker starts, so a port chosen free and bound later cannot be taken in between."""
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

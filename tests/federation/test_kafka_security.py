@@ -63,9 +63,11 @@ def gateway() -> GatewayFactory:
 
     @contextlib.asynccontextmanager
     async def start(**options: Any) -> AsyncIterator[KafkaGateway]:
-        port = free_port()
-        async with EmbeddedKafka(advertised_port=port) as kafka, KafkaGateway(port=port, broker_port=kafka.port,
-                                                                              **options) as front:
+        # The gateway listens first, on a port of the kernel's choosing, and the broker advertises
+        # it: a port found free and bound later was once taken in between (EADDRINUSE).
+        async with KafkaGateway(port=0, broker_port=0, **options) as front, \
+                EmbeddedKafka(advertised_port=front.port) as kafka:
+            front.broker_port = kafka.port
             yield front
 
     return start
