@@ -12,6 +12,7 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -197,6 +198,31 @@ def terminate(process: subprocess.Popen[Any], *, timeout_s: float = 30) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def start_workers(redis_url: str, region: str, port: int, *flags: str, secret: str,
+                  env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``agent-reach node --workers 2`` for ``region`` on ``port`` (no drain grace), with ``flags``;
+    stderr piped (a test reads it or closes it)."""
+    return subprocess.Popen([sys.executable, "-m", "topology.cli", "--log-level", "WARNING", "node", "--region",
+                             region, "--redis", redis_url, "--port", str(port), "--no-semantic", "--workers", "2",
+                             "--drain-grace-ms", "0", *flags],
+                            env={**os.environ, "AGENT_REACH_SECRET": secret, **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+async def both_workers_answer(url: str, attempts: int = 20) -> bool:
+    """Two processes answered ``/healthz`` on ``url`` (their ``node_id``) within ``attempts`` fresh
+    connections."""
+    seen = set()
+    try:
+        for _ in range(attempts):
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+                async with session.get(f"{url}/healthz") as response:
+                    seen.add((await response.json())["node_id"])
+    except aiohttp.ClientError:
+        return False
+    return len(seen) == 2
 
 
 def alive(pid: int) -> bool:

@@ -27,7 +27,7 @@ from node.http import bound_port, serve
 from node.service import RegistryNode
 
 from ..conftest import TEST_SECRET
-from ..helpers import RunningNode, free_port, registration, terminate, wait_for
+from ..helpers import RunningNode, both_workers_answer, free_port, registration, start_workers, terminate, wait_for
 
 # An SDK agent in a process of its own: registers with its lease, says so, then holds its session.
 AGENT_PROCESS = """
@@ -404,28 +404,13 @@ async def test_under_two_workers_a_session_on_one_keeps_the_regions_lease(redis_
     secret = "sessions-workers-secret-0123456789abcdef"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    parent = subprocess.Popen([sys.executable, "-m", "topology.cli", "--log-level", "WARNING", "node", "--region",
-                               region, "--redis", redis_url, "--port", str(port), "--no-semantic", "--egress-allow",
-                               "loopback", "--workers", "2", "--drain-grace-ms", "0"],
-                              env={**os.environ, "AGENT_REACH_SECRET": secret},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    parent = start_workers(redis_url, region, port, "--egress-allow", "loopback", secret=secret)
     signer = Signer(secret.encode())
     admin = signer.issue("admin", TokenRole.ADMIN, ttl_s=600)
     agent_id, capability = "sess.workers.a1", "sess.workers"
     agent: AgentProcess | None = None
     try:
-        async def workers_answering() -> set[str]:
-            seen = set()
-            for _ in range(20):
-                try:
-                    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
-                        async with http.get(f"{url}/healthz") as response:
-                            seen.add((await response.json())["node_id"])
-                except aiohttp.ClientError:
-                    return set()
-            return seen
-
-        await wait_for(lambda: _len_is(workers_answering(), 2), timeout_s=60, message="both workers")
+        await wait_for(lambda: both_workers_answer(url), timeout_s=60, message="both workers")
         agent = AgentProcess(url, signer.issue(agent_id, TokenRole.AGENT, ttl_s=600),
                              lease_agent(agent_id, capability, 3_000))
         await agent.registered()
@@ -454,10 +439,6 @@ async def test_under_two_workers_a_session_on_one_keeps_the_regions_lease(redis_
         terminate(parent)
         if parent.stderr is not None:
             parent.stderr.close()
-
-
-async def _len_is(awaitable, size: int) -> bool:  # type: ignore[no-untyped-def]
-    return len(await awaitable) == size
 
 
 @pytest.mark.unit

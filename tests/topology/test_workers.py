@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 
 import aiohttp
 import pytest
@@ -15,37 +13,18 @@ from node.core.models import TokenRole
 from node.trust import Signer
 from topology.cli.workers import child_argv, workers_problem
 
-from ..helpers import alive, descendants, free_port, registration, terminate, wait_for
+from ..helpers import (alive, both_workers_answer, descendants, free_port, registration, start_workers, terminate,
+                       wait_for)
 
 SECRET = "workers-test-secret-0123456789abcdef"
-
-
-async def _node_ids(url: str, attempts: int) -> set[str]:
-    """node_id of whoever answers /healthz on a fresh connection, ``attempts`` times."""
-    seen = set()
-    for _ in range(attempts):
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-            async with session.get(f"{url}/healthz") as response:
-                seen.add((await response.json())["node_id"])
-    return seen
 
 
 async def test_two_workers_share_a_port_and_a_region(redis_url: str, region: str) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "AGENT_REACH_SECRET": SECRET}
-    parent = subprocess.Popen([sys.executable, "-m", "topology.cli", "--log-level", "WARNING", "node", "--region",
-                               region, "--redis", redis_url, "--port", str(port), "--no-semantic", "--egress-allow",
-                               "loopback", "--workers", "2", "--drain-grace-ms", "0"],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    parent = start_workers(redis_url, region, port, "--egress-allow", "loopback", secret=SECRET)
     try:
-        async def both_answer() -> bool:
-            try:
-                return len(await _node_ids(url, 20)) == 2
-            except aiohttp.ClientError:
-                return False
-
-        await wait_for(both_answer, timeout_s=60, message="both workers to answer on the one port")
+        await wait_for(lambda: both_workers_answer(url), timeout_s=60, message="both workers to answer on the one port")
         admin = Signer(SECRET.encode()).issue("admin", TokenRole.ADMIN, ttl_s=600)
         headers = {"Authorization": f"Bearer {admin}"}
         async with aiohttp.ClientSession(headers=headers) as session:
@@ -69,7 +48,7 @@ async def test_two_workers_share_a_port_and_a_region(redis_url: str, region: str
         victim = workers[0]
         os.kill(victim, signal.SIGKILL)
         await wait_for(lambda: not alive(victim), message="the killed worker to go")
-        await wait_for(both_answer, timeout_s=60, message="a replacement worker to answer")
+        await wait_for(lambda: both_workers_answer(url), timeout_s=60, message="a replacement worker to answer")
     finally:
         terminate(parent)
     errors = parent.stderr.read().decode() if parent.stderr else ""
@@ -82,19 +61,11 @@ async def test_two_workers_spend_one_rate_budget(redis_url: str, region: str) ->
     fresh connections are admitted about one burst in all (each worker held a burst of its own before)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "AGENT_REACH_SECRET": SECRET, "AGENT_REACH_RATE_LIMIT_RPS": "0.01",
-           "AGENT_REACH_RATE_LIMIT_BURST": "20", "AGENT_REACH_RATE_LIMIT_SYNC_INTERVAL_MS": "20"}
-    parent = subprocess.Popen([sys.executable, "-m", "topology.cli", "--log-level", "WARNING", "node", "--region",
-                               region, "--redis", redis_url, "--port", str(port), "--no-semantic", "--workers", "2",
-                               "--drain-grace-ms", "0"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    parent = start_workers(redis_url, region, port, secret=SECRET, env={
+        "AGENT_REACH_RATE_LIMIT_RPS": "0.01", "AGENT_REACH_RATE_LIMIT_BURST": "20",
+        "AGENT_REACH_RATE_LIMIT_SYNC_INTERVAL_MS": "20"})
     try:
-        async def both_answer() -> bool:
-            try:
-                return len(await _node_ids(url, 20)) == 2
-            except aiohttp.ClientError:
-                return False
-
-        await wait_for(both_answer, timeout_s=60, message="both workers to answer on the one port")
+        await wait_for(lambda: both_workers_answer(url), timeout_s=60, message="both workers to answer on the one port")
         caller = Signer(SECRET.encode()).issue("app.spread.caller", TokenRole.CALLER, ttl_s=600)
         admitted: dict[str, int] = {}
         refused = 0
@@ -126,12 +97,7 @@ async def test_two_workers_spend_one_rate_budget(redis_url: str, region: str) ->
         finally:
             await redis.aclose()
     finally:
-        parent.send_signal(signal.SIGTERM)
-        try:
-            parent.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            parent.kill()
-            parent.wait()
+        terminate(parent)
 
 
 @pytest.mark.unit
