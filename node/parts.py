@@ -64,7 +64,8 @@ def build_parts(config: NodeConfig, *, secret: bytes) -> NodeParts:
                               cooldown_ms=config.breaker_cooldown_ms)
     keys = RegionKeys.of(store, ticket_ttl_ms=config.ticket_ttl_ms,
                          key_file=Path(config.signing_key_file) if config.signing_key_file else None,
-                         publish_interval_ms=config.key_publish_interval_ms, max_age_ms=config.signing_key_max_age_ms)
+                         publish_interval_ms=config.key_publish_interval_ms, max_age_ms=config.signing_key_max_age_ms,
+                         reuse_ms=config.credential_reuse_ms)
     router = Router(cache, signer, outcomes, ticket_ttl_ms=config.ticket_ttl_ms,
                     overprovisioning_factor=config.overprovisioning_factor,
                     semantic_threshold=config.semantic_threshold,

@@ -79,6 +79,9 @@ DEFAULT_SIGNING_KEY_MAX_AGE_MS = 24 * 3600 * 1000
 # Clocks of nodes and agents disagree by this much at most (NTP keeps them far closer).
 CLOCK_LEEWAY_MS = 5_000
 _ISSUED_CACHE_SIZE = 100_000  # credentials kept for reuse (about 0.5 KB each)
+# A credential may outlive its ticket by less than this, so that a caller's resolves of the same agent
+# within it share one signature (see RegionKeys.issue).
+DEFAULT_CREDENTIAL_REUSE_MS = 5_000
 _PUBLISHED_CACHE_MS = 1_000   # the region's published keys are re-read from Redis at most this often
 _UNKNOWN_KID_REREAD_MS = 100  # … and for a kid of this region that memory does not know, this often
 
@@ -198,13 +201,18 @@ class RegionKeys:
 
     def __init__(self, redis: aioredis.Redis, *, key_base: str, region: str, ticket_ttl_ms: int,
                  key_file: Path | None = None, publish_interval_ms: int = DEFAULT_KEY_PUBLISH_INTERVAL_MS,
-                 max_age_ms: int = DEFAULT_SIGNING_KEY_MAX_AGE_MS, clock: Callable[[], int] = now_ms) -> None:
+                 max_age_ms: int = DEFAULT_SIGNING_KEY_MAX_AGE_MS, reuse_ms: int = DEFAULT_CREDENTIAL_REUSE_MS,
+                 clock: Callable[[], int] = now_ms) -> None:
+        if reuse_ms < 1_000 or reuse_ms % 1_000:
+            raise ValueError("reuse_ms must be a whole number of seconds (credentials expire in seconds)")
         self.redis = redis
         self.region = region
         self.key_file = key_file
         self.publish_interval_ms = publish_interval_ms
         self.max_age_ms = max_age_ms
-        self.lease_ms = 3 * publish_interval_ms + ticket_ttl_ms + CLOCK_LEEWAY_MS
+        self.reuse_ms = reuse_ms
+        # A retired key stays published while a credential it signed can still be presented.
+        self.lease_ms = 3 * publish_interval_ms + ticket_ttl_ms + reuse_ms + CLOCK_LEEWAY_MS
         self.clock = clock
         self.key_jwks = f"{key_base}:keys"
         self.key_until = f"{key_base}:keys:until"
@@ -224,9 +232,11 @@ class RegionKeys:
     @classmethod
     def of(cls, store: RegionStore, *, ticket_ttl_ms: int, key_file: Path | None = None,
            publish_interval_ms: int = DEFAULT_KEY_PUBLISH_INTERVAL_MS,
-           max_age_ms: int = DEFAULT_SIGNING_KEY_MAX_AGE_MS) -> RegionKeys:
+           max_age_ms: int = DEFAULT_SIGNING_KEY_MAX_AGE_MS,
+           reuse_ms: int = DEFAULT_CREDENTIAL_REUSE_MS) -> RegionKeys:
         return cls(store.redis, key_base=store.key_base, region=store.region, ticket_ttl_ms=ticket_ttl_ms,
-                   key_file=key_file, publish_interval_ms=publish_interval_ms, max_age_ms=max_age_ms)
+                   key_file=key_file, publish_interval_ms=publish_interval_ms, max_age_ms=max_age_ms,
+                   reuse_ms=reuse_ms)
 
     @property
     def current(self) -> SigningKey:
@@ -363,13 +373,16 @@ class RegionKeys:
               expires_at_ms: int, now_ms_: int) -> str:
         """A route credential for calling ``agent_id`` (``index``: its place in the ticket); synchronous.
 
-        ``exp`` is the ticket's expiry in whole seconds (rounded up), so every ticket of the same
-        caller for the same agent and capability that expires within the same second gets the same
-        statement — and the same credential, signed once (``tid``/``jti`` then name the first of
-        those tickets). At a few resolves per second per caller and agent, most resolves sign nothing.
+        ``exp`` is the ticket's expiry rounded up to a multiple of ``reuse_ms`` (whole seconds): the
+        credential never expires before its ticket, and outlives it by less than ``reuse_ms``. Every
+        ticket of the same caller for the same agent and capability whose expiry falls in the same
+        window gets the same statement — and the same credential, signed once (``tid``/``jti`` then
+        name the first of those tickets). An Ed25519 signature is most of a resolve's own work; a
+        caller resolving an agent more often than once per window signs nothing after the first.
         """
         key = self.current
-        expires_s = -(-expires_at_ms // 1000)
+        reuse_ms = self.reuse_ms
+        expires_s = -(-expires_at_ms // reuse_ms) * reuse_ms // 1000
         cache_key = (key.kid, caller.sub, caller.role.value, agent_id, capability)
         cached = self._issued.get(cache_key)
         if cached is not None and cached[1] == expires_s:

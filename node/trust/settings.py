@@ -7,7 +7,7 @@ from pydantic import Field
 
 from .acl import DEFAULT_ACL_POLL_INTERVAL_MS
 from .budgets import RateSettings
-from .credentials import DEFAULT_KEY_PUBLISH_INTERVAL_MS, DEFAULT_SIGNING_KEY_MAX_AGE_MS
+from .credentials import DEFAULT_CREDENTIAL_REUSE_MS, DEFAULT_KEY_PUBLISH_INTERVAL_MS, DEFAULT_SIGNING_KEY_MAX_AGE_MS
 from .egress import EgressPolicy
 from .revocation import DEFAULT_REVOCATION_POLL_INTERVAL_MS
 
@@ -26,6 +26,11 @@ class TrustSettings(RateSettings):
                                          description="How often the node renews its public key's lease in Redis.")
     signing_key_max_age_ms: int = Field(default=DEFAULT_SIGNING_KEY_MAX_AGE_MS, ge=1_000,
                                         description="The node rotates its signing key once it is this old.")
+    credential_reuse_ms: int = Field(
+        default=DEFAULT_CREDENTIAL_REUSE_MS, ge=1_000, multiple_of=1_000,
+        description="A route credential outlives its ticket by less than this (whole seconds), so that a caller's "
+                    "resolves of the same agent within it share one signature; also how much longer a revoked "
+                    "caller's direct calls can still be accepted.")
     revocation_poll_interval_ms: int = Field(
         default=DEFAULT_REVOCATION_POLL_INTERVAL_MS, ge=10,
         description="How often the node reads the region's token deny list again: a token revoked through one "

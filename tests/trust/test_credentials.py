@@ -309,25 +309,35 @@ async def test_unknown_keys_are_looked_up_at_most_once_a_second(node: RunningNod
     assert verifier.fetches == 3 and len(waits) == 2 and all(0.5 < wait <= 1.0 for wait in waits), waits
 
 
-async def test_a_credential_is_signed_once_per_caller_agent_capability_and_expiry_second(node: RunningNode) -> None:
+async def test_a_credential_is_signed_once_per_caller_agent_capability_and_reuse_window(node: RunningNode) -> None:
     keys = node.node.keys
+    assert keys.reuse_ms == 5_000
     caller = TokenClaims(sub="billing.front.web", role=TokenRole.CALLER, iat=0, exp=2**40)
     other = TokenClaims(sub="billing.back.job", role=TokenRole.CALLER, iat=0, exp=2**40)
-    second = (now_ms() // 1000 + 30) * 1000
+    window = (now_ms() // 5_000 + 6) * 5_000  # the start of a reuse window 25-30 s from now
 
     def issue(claims: TokenClaims, capability: str, expires_at_ms: int, ticket_id: str) -> str:
         return keys.issue(caller=claims, agent_id="cred.reuse.one", capability=capability, ticket_id=ticket_id,
                           index=0, expires_at_ms=expires_at_ms, now_ms_=expires_at_ms - 10_000)
 
-    first = issue(caller, "cred.reuse", second + 100, "0000000000000001")
+    first = issue(caller, "cred.reuse", window + 100, "0000000000000001")
     reused = keys.reused
-    assert issue(caller, "cred.reuse", second + 900, "0000000000000002") == first  # same statement: reused
+    assert issue(caller, "cred.reuse", window + 4_900, "0000000000000002") == first  # same window: reused
     assert keys.reused == reused + 1
-    assert issue(caller, "cred.reuse", second + 1_100, "0000000000000003") != first  # a later second
-    assert issue(other, "cred.reuse", second + 100, "0000000000000004") != first
-    assert issue(caller, "cred.other", second + 100, "0000000000000005") != first
+    assert issue(caller, "cred.reuse", window + 5_100, "0000000000000003") != first  # the next window
+    assert issue(other, "cred.reuse", window + 100, "0000000000000004") != first
+    assert issue(caller, "cred.other", window + 100, "0000000000000005") != first
     claims = jwt.decode(first, options={"verify_signature": False})
-    assert claims["exp"] == second // 1000 + 1 and claims["tid"] == "0000000000000001"
+    # never before its ticket, and less than the window after it
+    assert claims["exp"] == window // 1000 + 5 and claims["tid"] == "0000000000000001"
+    exact = issue(caller, "cred.exact", window, "0000000000000006")  # a ticket ending on the window's edge
+    assert jwt.decode(exact, options={"verify_signature": False})["exp"] == window // 1000
+
+
+@pytest.mark.unit
+def test_the_reuse_window_is_whole_seconds() -> None:
+    with pytest.raises(ValueError, match="whole number of seconds"):
+        RegionKeys(None, key_base="k", region="r1", ticket_ttl_ms=10_000, reuse_ms=1_500)  # type: ignore[arg-type]
 
 
 @pytest.mark.unit
