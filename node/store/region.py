@@ -49,7 +49,7 @@ from .quarantine import Quarantine
 from .redis_errors import RedisErrors
 from .script_line import ScriptLine, Unreplicated
 from .scripts import DELETE, REGISTER, RENEW, UPDATE
-from .stored_bytes import parse_change, parse_record
+from .stored_bytes import parse_change, parse_record, text_of
 from .stored_records import WrittenRecords, stored_version
 
 __all__ = ["DEFAULT_CHANGE_STREAM_MAXLEN", "DEFAULT_KEY_PREFIX", "HeartbeatResult", "RedisErrors", "RegionStore",
@@ -70,6 +70,13 @@ class StoreSettings(RedisConnectSettings):
     change_stream_maxlen: int = Field(default=DEFAULT_CHANGE_STREAM_MAXLEN, ge=100,
                                       description="Entries the region's change stream keeps (about; peers heal a "
                                                   "longer gap by anti-entropy).")
+
+
+@dataclass(slots=True, frozen=True)
+class HeldChange:
+    """A change entry the reader already holds (see :meth:`RegionStore.read_changes`): its version only."""
+
+    version: int
 
 
 @dataclass(slots=True)
@@ -342,9 +349,14 @@ class RegionStore:
         async with self._translate():
             return int(await self.redis.zcard(self.key_leases))
 
-    async def read_changes(self, *, after_version: int, block_ms: int | None = None,
-                           count: int = 1_000) -> list[ChangeEvent]:
-        """Change entries after ``after_version`` (blocking up to ``block_ms`` for the first)."""
+    async def read_changes(self, *, after_version: int, block_ms: int | None = None, count: int = 1_000,
+                           held: Callable[[str, int], bool] | None = None) -> list[ChangeEvent | HeldChange]:
+        """Change entries after ``after_version`` (blocking up to ``block_ms`` for the first).
+
+        An entry of an agent at a version ``held(agent_id, version)`` says the reader holds already
+        comes back as a :class:`HeldChange`, not parsed: the region cache reading back its own
+        writes (applied ahead of the stream), which was ~10 % of a registration's CPU.
+        """
         async with self._translate():
             # Bytes, as the load reads the hash: a value that is not UTF-8 fails its own entry
             # (node.store.stored_bytes), not the whole read.
@@ -356,8 +368,13 @@ class RegionStore:
                                                          self.key_changes, f"{after_version}-0",
                                                          **{NEVER_DECODE: True})
                 entries = reply[0][1] if reply else []
-        changes = []
+        changes: list[ChangeEvent | HeldChange] = []
         for entry_id, fields in entries:
+            if held is not None:
+                agent_id, version = fields.get(b"agent_id"), int(text_of(entry_id).split("-", 1)[0])
+                if agent_id is not None and held(text_of(agent_id), version):
+                    changes.append(HeldChange(version))
+                    continue
             change = self.parse_change(entry_id, fields)
             if change is not None:
                 changes.append(change)

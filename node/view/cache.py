@@ -26,7 +26,8 @@ from typing import Any
 
 from ..core import StoreUnavailable, now_ms
 from ..core.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Load
-from ..store import LoadFeed, RegionSnapshots, RegionStore, build, compact, holding, is_compact, share_load
+from ..store import (HeldChange, LoadFeed, RegionSnapshots, RegionStore, build, compact, holding, is_compact,
+                     share_load)
 from .follower import FollowerState, StreamFollower
 from .suspects import SuspectList
 
@@ -247,7 +248,7 @@ class AgentIndex:
 CacheState = FollowerState  # the cache's state: NEW → RUNNING ⇄ DISCONNECTED → CLOSED, or FAILED
 
 
-class RegionCache(StreamFollower[ChangeEvent]):
+class RegionCache(StreamFollower[ChangeEvent | HeldChange]):
     """Keeps an :class:`AgentIndex` current with the region's Redis; an async context manager.
 
     Listeners are called synchronously, in the event loop, for every applied change (including
@@ -311,13 +312,21 @@ class RegionCache(StreamFollower[ChangeEvent]):
         self.lease_synced_at_ms = started
         return version, self.index.take(loaded, version)
 
-    async def _read(self, *, after: int) -> list[ChangeEvent]:
-        return await self.store.read_changes(after_version=after, block_ms=self.tail_block_ms)
+    async def _read(self, *, after: int) -> list[ChangeEvent | HeldChange]:
+        # The node's own writes, applied ahead of the stream (apply_local), come back unparsed.
+        return await self.store.read_changes(after_version=after, block_ms=self.tail_block_ms, held=self._holds)
 
-    def _number(self, entry: ChangeEvent) -> int:
+    def _holds(self, agent_id: str, version: int) -> bool:
+        current = self.index.records.get(agent_id)
+        return current is not None and current.version >= version  # what index.apply would skip
+
+    def _number(self, entry: ChangeEvent | HeldChange) -> int:
         return entry.version
 
-    async def _apply(self, entry: ChangeEvent) -> tuple[ChangeEvent, ...]:
+    async def _apply(self, entry: ChangeEvent | HeldChange) -> tuple[ChangeEvent, ...]:
+        if isinstance(entry, HeldChange):
+            self.index.version = max(self.index.version, entry.version)
+            return ()
         applied = self._apply_stream_event(entry)
         # An entry this node applied ahead of the stream (apply_local) changes nothing, but the
         # index has still seen its version.

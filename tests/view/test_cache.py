@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from node.core.models import AgentRecord, ChangeEvent, Load
-from node.store import RegionStore
+from node.store import HeldChange, RegionStore
 from node.store.region import now_ms
 from node.view import RegionCache
 
@@ -104,4 +104,37 @@ async def test_a_region_load_reports_and_skips_what_does_not_parse_and_reads_the
             assert {item.key for item in store.quarantine.items()} == {store.record_key(a) for a in bad}
     finally:
         await writer.aclose()
+        await store.aclose()
+
+
+async def test_the_cache_reads_its_own_writes_back_unparsed_and_another_replicas_in_full(
+        redis_url: str, region: str) -> None:
+    """A write the node applied ahead of the stream (read-your-writes) comes back from the tail as
+    a version only; the listeners hear it once; another replica's later write of the same agent is
+    read in full and applied."""
+    store = RegionStore.from_url(redis_url, region=region)
+    replica = RegionStore.from_url(redis_url, region=region)
+    heard: list[ChangeEvent] = []
+    try:
+        async with RegionCache(store, tail_block_ms=50) as cache:
+            cache.subscribe(heard.append)
+            record = AgentRecord.model_validate({**registration("cache.own.a1"), "region": region, "version": 0,
+                                                 "lease_expires_at_ms": now_ms() + LEASE_MS})
+            stored, _ = await store.register(record, at_ms=now_ms())
+            cache.apply_local(ChangeEvent(kind="upsert", region=region, version=stored.version,
+                                          agent_id=stored.agent_id, at_ms=now_ms(), record=stored))
+            raw = await store.read_changes(after_version=stored.version - 1, held=cache._holds)
+            assert raw == [HeldChange(stored.version)]  # what the tail gets: not parsed
+            await wait_for(lambda: cache.position == stored.version, timeout_s=5, message="the tail to pass it")
+            assert [event.version for event in heard] == [stored.version] and cache.reloads == 1
+
+            again = record.model_copy(update={"weight": 9})
+            other, _ = await replica.register(again, at_ms=now_ms())
+            await wait_for(lambda: cache.index.get("cache.own.a1").version == other.version, timeout_s=5,
+                           message="the other replica's write to be applied")
+            assert cache.index.get("cache.own.a1").weight == 9
+            assert [event.version for event in heard] == [stored.version, other.version] and cache.reloads == 1
+            assert [type(c) for c in await store.read_changes(after_version=other.version - 1)] == [ChangeEvent]
+    finally:
+        await replica.aclose()
         await store.aclose()
