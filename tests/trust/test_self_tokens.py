@@ -4,6 +4,9 @@ node renews and goes on (the semantic vector fetch between regions, on a real no
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import logging
 import time
 
@@ -76,3 +79,18 @@ async def test_a_peer_that_revoked_the_vector_token_refuses_it_and_the_next_one_
     finally:
         await runner.cleanup()
         await peer.aclose()
+
+
+@pytest.mark.unit
+def test_a_ticket_seal_is_hmac_sha256_of_its_payload_so_nodes_of_any_release_verify_it() -> None:
+    """The seal is keyed once and copied per ticket; the bytes stay the one-shot HMAC's, which
+    every node of the region (of this release or the last) computes to verify a ticket."""
+    secret = b"s" * 40
+    signer = Signer(secret)
+    sealed = signer.sign_ticket({"t": "0123", "a": ["lang.translate.t1"], "e": 1})
+    payload, _, mac = sealed.partition(".")
+    key = hmac.new(secret, b"agent-reach ticket", hashlib.sha256).digest()
+    assert mac == base64.urlsafe_b64encode(hmac.digest(key, payload.encode(), "sha256")[:16]).rstrip(b"=").decode()
+    assert signer.verify_ticket(sealed)["a"] == ["lang.translate.t1"]
+    assert Signer(secret).verify_hop(signer.sign_hop({"h": 1})) == {"h": 1}
+    assert Signer(b"t" * 40).verify_hop(signer.sign_hop({"h": 1})) is None  # another cluster's stamp
