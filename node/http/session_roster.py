@@ -54,9 +54,17 @@ class Roster:
     def __len__(self) -> int:
         return len(self.members)
 
-    def join(self, agent_id: str, member: Member) -> None:
+    def join(self, agent_id: str, member: Member, revocations: RevocationList, now_ms: int) -> None:
+        """Carry ``agent_id``, whose token (``member``) was just verified: not expired, not revoked.
+        A roster checked against the deny list as it is now stays so (no check of 1,000 agents
+        again at the first renewal after a join); one that was not is checked at the next."""
+        generation, stable_until = revocations.stable_until(now_ms)
+        if not self.members:
+            self._refused, self._generation, self._until_ms = {}, generation, stable_until
         self.members[agent_id] = member
-        self._until_ms = 0
+        if generation == self._generation:
+            self._refused.pop(agent_id, None)
+            self._until_ms = min(self._until_ms, member.exp * 1000)
 
     def leave(self, agent_id: str) -> bool:
         self._refused.pop(agent_id, None)

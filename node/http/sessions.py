@@ -210,7 +210,7 @@ class SessionHub:
                 continue
             record = self.node.cache.index.records.get(item.agent_id)
             agent_id = record.agent_id if record is not None else item.agent_id  # the record's string, not a copy
-            session.roster.join(agent_id, Member(claims, agent_id))
+            session.roster.join(agent_id, Member(claims, agent_id), self.node.revocations, now_ms())
             self.holders[agent_id] = session
             joined.append(agent_id)
         if joined:
@@ -220,11 +220,10 @@ class SessionHub:
     async def _renew(self, session: Session, frame: Renew) -> None:
         """Lease-only beats of agents held here go to the store in one batch (``_renew_leases``);
         a beat with a status or a load, or of an agent not held yet, is an HTTP heartbeat's work."""
-        records = self.node.cache.index.records
         plain: list[str] = []
         others: list[Beat] = []
         for beat in frame.beats:
-            if beat.status is None and beat.load is None and beat.agent_id in records:
+            if beat.status is None and beat.load is None:
                 plain.append(beat.agent_id)
             else:
                 others.append(beat)
@@ -232,15 +231,11 @@ class SessionHub:
 
     async def _renew_plain(self, session: Session, frame: PlainRenewal) -> None:
         """The frame an SDK sends every interval (``plain_renewal``): lease-only beats."""
-        records = self.node.cache.index.records
-        plain = [agent_id for agent_id in frame.agents if agent_id in records]
-        others = [] if len(plain) == len(frame.agents) else [
-            Beat.model_construct(agent_id=agent_id, status=None, load=None)
-            for agent_id in frame.agents if agent_id not in records]
-        await self._renewed(session, frame.id, plain, others)
+        await self._renewed(session, frame.id, frame.agents, [])
 
     async def _renewed(self, session: Session, frame_id: int, plain: list[str], others: list[Beat]) -> None:
-        answers: dict[str, int | BaseException] = await self._renew_leases(session, plain)
+        answers, strays = await self._renew_leases(session, plain)
+        others += [Beat.model_construct(agent_id=agent_id, status=None, load=None) for agent_id in strays]
         if others:
             results = await asyncio.gather(*(self._beat(session, beat) for beat in others), return_exceptions=True)
             answers.update(zip((beat.agent_id for beat in others), results))
@@ -254,11 +249,13 @@ class SessionHub:
         session.renewals += len(leases)
         await session.answer({"t": "renewed", "id": frame_id, "leases": leases, "errors": errors})
 
-    async def _renew_leases(self, session: Session, agent_ids: list[str]) -> dict[str, int | BaseException]:
+    async def _renew_leases(self, session: Session,
+                            agent_ids: list[str]) -> tuple[dict[str, int | BaseException], list[str]]:
         """Move the leases of joined agents the index holds: one store batch, no record read, no
-        version (``RegionStore.renew_leases``); the index's copy of each lease moves with it."""
+        version (``RegionStore.renew_leases``); the index's copy of each lease moves with it. The
+        agents the index does not hold (yet) are returned, for the HTTP heartbeat's way."""
         answers: dict[str, int | BaseException] = {}
-        now, records, renewals, held = now_ms(), self.node.cache.index.records, [], []
+        now, records, renewals, held, strays = now_ms(), self.node.cache.index.records, [], [], []
         roster, revocations = session.roster, self.node.revocations
         members, refused = roster.members, roster.refused(revocations, now)  # checked per roster, not per renewal
         for agent_id in agent_ids:
@@ -268,11 +265,13 @@ class SessionHub:
                     answers[agent_id] = refusal
                     continue
             record = records.get(agent_id)
-            if record is not None:
-                renewals.append((agent_id, now + record.lease_ttl_ms))
-                held.append(record)
+            if record is None:
+                strays.append(agent_id)
+                continue
+            renewals.append((agent_id, now + record.lease_ttl_ms))
+            held.append(record)
         if not renewals:
-            return answers
+            return answers, strays
         moved = await self.node.store.renew_leases(renewals, at_ms=now)
         touched: list[tuple[AgentRecord, int]] = []
         for (agent_id, lease), record, result in zip(renewals, held, moved):
@@ -290,7 +289,7 @@ class SessionHub:
         suspects = self.node.cache.index.suspects
         if suspects and (marked := [a for a in agent_ids if a in suspects and isinstance(answers.get(a), int)]):
             await self.node.cache.suspects.hold(marked, session=session.id)  # a mark that raced this join
-        return answers
+        return answers, strays
 
     async def _beat(self, session: Session, beat: Beat) -> int:
         claims = self._member(session, beat.agent_id).claims()
