@@ -145,16 +145,17 @@ class RegistryNode:
 
     # -- identity ----------------------------------------------------------------------------
 
-    def authenticate(self, authorization: str | None) -> TokenClaims:
+    def authenticate(self, authorization: str | None, *, remember: bool = True) -> TokenClaims:
         """The caller's claims from an ``Authorization`` header; raises :class:`Unauthorized` for a
-        missing, forged, expired or revoked token (``node.trust.revocation``)."""
+        missing, forged, expired or revoked token (``node.trust.revocation``). ``remember``: keep
+        the verified token for the next request (``Signer.verify``)."""
         if not authorization:
             raise Unauthorized("send 'Authorization: Bearer <token>'; 'agent-reach token issue' prints one",
                                code="missing_token")
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("the Authorization header must be 'Bearer <token>'", code="invalid_token")
-        claims = self.signer.verify(token.strip())
+        claims = self.signer.verify(token.strip(), remember=remember)
         # A forwarded request (federation.forward) comes with a token the forwarding node minted:
         # the caller's own token, named by fwd.jti, is what this region may have revoked.
         if self.revocations.refuses(claims):

@@ -26,14 +26,13 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import time
 from dataclasses import dataclass, field
 
 import orjson
 from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
-from ..core import BadRequest, NodeError, StoreUnavailable, Unauthorized, UnknownAgent, first_problem, now_ms
+from ..core import BadRequest, NodeError, StoreUnavailable, UnknownAgent, first_problem, now_ms
 from ..core.models import (
     CLIENT_FRAMES,
     Beat,
@@ -52,6 +51,7 @@ from ..delivery import BreakerState
 from ..service import NodeState, RegistryNode
 from ..trust import authorize_agent
 from .plumbing import CALLER
+from .session_roster import Member, PlainRenewal, Roster, plain_renewal
 
 __all__ = ["SESSION_PATH", "SESSIONS_KEY", "NodeDraining", "SessionHub", "install_sessions"]
 
@@ -75,23 +75,6 @@ class NodeDraining(NodeError):
     code = "node_draining"
 
 
-class Member:
-    """What a renewal checks again of the token an agent joined with: its expiry, and revocation
-    by its id, by the id of the token it was forwarded for, or by subject. Not the claims object
-    (about 1.3 KiB with its strings): a node holds 100,000 agents on sessions and more."""
-
-    __slots__ = ("exp", "iat", "role", "sub", "jti", "fwd")
-
-    def __init__(self, claims: TokenClaims, agent_id: str) -> None:
-        self.exp, self.iat, self.role, self.jti, self.fwd = claims.exp, claims.iat, claims.role, claims.jti, claims.fwd
-        self.sub = agent_id if claims.sub == agent_id else claims.sub  # an agent's own token: the id already held
-
-    def claims(self) -> TokenClaims:
-        """The claims again (checked when the agent joined), for a beat that goes the HTTP way."""
-        return TokenClaims.model_construct(sub=self.sub, role=self.role, exp=self.exp, iat=self.iat, jti=self.jti,
-                                           fwd=self.fwd)
-
-
 @dataclass(eq=False, slots=True)
 class Session:
     """One open session on this replica: its agents (with what their tokens said), what it
@@ -101,7 +84,7 @@ class Session:
     ws: web.WebSocketResponse
     caller: TokenClaims
     transport: asyncio.BaseTransport | None
-    members: dict[str, Member] = field(default_factory=dict)
+    roster: Roster = field(default_factory=Roster)
     watched: set[str] = field(default_factory=set)
     outbox: list[bytes] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -168,15 +151,13 @@ class SessionHub:
         async for message in session.ws:
             if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                 break  # an error or a close: the session ends
-            try:
-                frame = CLIENT_FRAMES.validate_json(message.data)
-            except ValidationError as exc:
-                problem = first_problem(exc)
-                session.push({"t": "error", "error": "invalid_frame", "field": problem.field,
-                              "message": f"frame {problem.field or ''}: {problem.message}".strip()})
+            frame = _parsed(session, message.data)
+            del message  # not held while the next one is awaited: a join of 1,000 agents is ~300 KB
+            if frame is None:
                 continue
             await session.slots.acquire()  # frames in flight are bounded: a flood waits here
             tasks.create_task(self._handle(session, frame))
+            del frame
 
     async def _write(self, session: Session) -> None:
         while True:
@@ -188,10 +169,13 @@ class SessionHub:
                     await session.ws.send_bytes(frame)
             except (ConnectionError, RuntimeError):  # the connection went: the reader ends the session
                 return
+            del frames, frame  # not held while waiting for the next
 
-    async def _handle(self, session: Session, frame: ClientFrame) -> None:
+    async def _handle(self, session: Session, frame: ClientFrame | PlainRenewal) -> None:
         try:
-            if isinstance(frame, Renew):
+            if isinstance(frame, PlainRenewal):
+                await self._renew_plain(session, frame)
+            elif isinstance(frame, Renew):
                 await self._renew(session, frame)
             elif isinstance(frame, Loads):
                 await self._loads(session, frame)
@@ -216,9 +200,9 @@ class SessionHub:
         refused: list[dict[str, object]] = []
         for item in frame.agents:
             try:
-                claims = self.node.authenticate(f"Bearer {item.token}")
+                claims = self.node.authenticate(f"Bearer {item.token}", remember=False)  # seen once
                 authorize_agent(claims, item.agent_id)
-                if item.agent_id not in session.members and len(session.members) >= MAX_MEMBERS:
+                if item.agent_id not in session.roster.members and len(session.roster) >= MAX_MEMBERS:
                     raise BadRequest(f"a session carries at most {MAX_MEMBERS} agents; open another",
                                      code="too_many_agents")
             except NodeError as exc:
@@ -226,7 +210,7 @@ class SessionHub:
                 continue
             record = self.node.cache.index.records.get(item.agent_id)
             agent_id = record.agent_id if record is not None else item.agent_id  # the record's string, not a copy
-            session.members[agent_id] = Member(claims, agent_id)
+            session.roster.join(agent_id, Member(claims, agent_id), self.node.revocations, now_ms())
             self.holders[agent_id] = session
             joined.append(agent_id)
         if joined:
@@ -236,15 +220,22 @@ class SessionHub:
     async def _renew(self, session: Session, frame: Renew) -> None:
         """Lease-only beats of agents held here go to the store in one batch (``_renew_leases``);
         a beat with a status or a load, or of an agent not held yet, is an HTTP heartbeat's work."""
-        index = self.node.cache.index
         plain: list[str] = []
         others: list[Beat] = []
         for beat in frame.beats:
-            if beat.status is None and beat.load is None and beat.agent_id in index.records:
+            if beat.status is None and beat.load is None:
                 plain.append(beat.agent_id)
             else:
                 others.append(beat)
-        answers: dict[str, int | BaseException] = await self._renew_leases(session, plain)
+        await self._renewed(session, frame.id, plain, others)
+
+    async def _renew_plain(self, session: Session, frame: PlainRenewal) -> None:
+        """The frame an SDK sends every interval (``plain_renewal``): lease-only beats."""
+        await self._renewed(session, frame.id, frame.agents, [])
+
+    async def _renewed(self, session: Session, frame_id: int, plain: list[str], others: list[Beat]) -> None:
+        answers, strays = await self._renew_leases(session, plain)
+        others += [Beat.model_construct(agent_id=agent_id, status=None, load=None) for agent_id in strays]
         if others:
             results = await asyncio.gather(*(self._beat(session, beat) for beat in others), return_exceptions=True)
             answers.update(zip((beat.agent_id for beat in others), results))
@@ -256,24 +247,31 @@ class SessionHub:
             else:
                 errors[agent_id] = _error_body(session, answer)
         session.renewals += len(leases)
-        await session.answer({"t": "renewed", "id": frame.id, "leases": leases, "errors": errors})
+        await session.answer({"t": "renewed", "id": frame_id, "leases": leases, "errors": errors})
 
-    async def _renew_leases(self, session: Session, agent_ids: list[str]) -> dict[str, int | BaseException]:
+    async def _renew_leases(self, session: Session,
+                            agent_ids: list[str]) -> tuple[dict[str, int | BaseException], list[str]]:
         """Move the leases of joined agents the index holds: one store batch, no record read, no
-        version (``RegionStore.renew_leases``); the index's copy of each lease moves with it."""
+        version (``RegionStore.renew_leases``); the index's copy of each lease moves with it. The
+        agents the index does not hold (yet) are returned, for the HTTP heartbeat's way."""
         answers: dict[str, int | BaseException] = {}
-        now, records, renewals, held = now_ms(), self.node.cache.index.records, [], []
-        for agent_id in agent_ids:  # a loop per renewal: what _member does, inline
-            refusal = self._refusal(session, agent_id, now_s=now / 1000)
-            if refusal is not None:
-                answers[agent_id] = refusal
-                continue
+        now, records, renewals, held, strays = now_ms(), self.node.cache.index.records, [], [], []
+        roster, revocations = session.roster, self.node.revocations
+        members, refused = roster.members, roster.refused(revocations, now)  # checked per roster, not per renewal
+        for agent_id in agent_ids:
+            if agent_id in refused or agent_id not in members:
+                refusal = roster.refusal(agent_id, revocations, now)
+                if refusal is not None:
+                    answers[agent_id] = refusal
+                    continue
             record = records.get(agent_id)
-            if record is not None:
-                renewals.append((agent_id, now + record.lease_ttl_ms))
-                held.append(record)
+            if record is None:
+                strays.append(agent_id)
+                continue
+            renewals.append((agent_id, now + record.lease_ttl_ms))
+            held.append(record)
         if not renewals:
-            return answers
+            return answers, strays
         moved = await self.node.store.renew_leases(renewals, at_ms=now)
         touched: list[tuple[AgentRecord, int]] = []
         for (agent_id, lease), record, result in zip(renewals, held, moved):
@@ -291,7 +289,7 @@ class SessionHub:
         suspects = self.node.cache.index.suspects
         if suspects and (marked := [a for a in agent_ids if a in suspects and isinstance(answers.get(a), int)]):
             await self.node.cache.suspects.hold(marked, session=session.id)  # a mark that raced this join
-        return answers
+        return answers, strays
 
     async def _beat(self, session: Session, beat: Beat) -> int:
         claims = self._member(session, beat.agent_id).claims()
@@ -326,7 +324,7 @@ class SessionHub:
         await session.answer({"t": "loaded", "id": frame.id, "errors": errors})
 
     async def _leave(self, session: Session, agents: list[str]) -> None:
-        left = [agent_id for agent_id in agents if session.members.pop(agent_id, None) is not None]
+        left = [agent_id for agent_id in agents if session.roster.leave(agent_id)]
         for agent_id in left:
             if self.holders.get(agent_id) is session:
                 del self.holders[agent_id]
@@ -345,26 +343,10 @@ class SessionHub:
 
     def _member(self, session: Session, agent_id: str) -> Member:
         """What the token ``agent_id`` joined with said, still good; raises the HTTP error the SDK maps."""
-        refusal = self._refusal(session, agent_id, now_s=time.time())
+        refusal = session.roster.refusal(agent_id, self.node.revocations, now_ms())
         if refusal is not None:
             raise refusal
-        return session.members[agent_id]
-
-    def _refusal(self, session: Session, agent_id: str, *, now_s: float) -> NodeError | None:
-        """Why ``agent_id`` may not renew over ``session`` now (not joined, its token expired or
-        revoked), or None."""
-        member = session.members.get(agent_id)
-        if member is None:
-            return Unauthorized(f"agent {agent_id} has not joined this session: send a join frame with its token",
-                                code="not_joined")
-        if member.exp <= now_s:
-            return Unauthorized("the token the agent joined with has expired; issue a new one and join again",
-                                code="token_expired")
-        if self.node.revocations.refuses_token(jti=member.jti, forwarded_jti=member.fwd.jti if member.fwd else None,
-                                               role=member.role, sub=member.sub, iat=member.iat):
-            return Unauthorized("the token was revoked; ask for a new one ('agent-reach token issue')",
-                                code="token_revoked")
-        return None
+        return session.roster.members[agent_id]
 
     async def _ended(self, session: Session) -> None:
         """The session's connection is gone: its agents still joined are suspect, unless this
@@ -375,7 +357,7 @@ class SessionHub:
                 watchers.discard(session)
                 if not watchers:
                     del self.watchers[agent_id]
-        held = [agent_id for agent_id in session.members if self.holders.get(agent_id) is session]
+        held = [agent_id for agent_id in session.roster.members if self.holders.get(agent_id) is session]
         for agent_id in held:
             del self.holders[agent_id]
         if not held:
@@ -428,7 +410,7 @@ class SessionHub:
             if outcomes.generation == seen:
                 continue
             seen = outcomes.generation
-            now = int(time.time() * 1000)
+            now = now_ms()
             for agent_id in list(self.watchers):
                 is_open = outcomes.state(agent_id, now_ms=now) is BreakerState.OPEN
                 if is_open and agent_id not in self._ejected:
@@ -450,6 +432,21 @@ def _error_body(session: Session, error: BaseException) -> object:
         return error.body()
     log.error("session %s: a renewal failed", session.id, exc_info=error)
     return {"error": "internal_error", "message": "the node failed; see its log", "field": None}
+
+
+def _parsed(session: Session, data: str | bytes) -> ClientFrame | PlainRenewal | None:
+    """The frame ``data`` holds (the SDK's plain renewal read at once), or None after telling the
+    client what is wrong with it."""
+    plain = plain_renewal(data, session.roster.members)
+    if plain is not None:
+        return plain
+    try:
+        return CLIENT_FRAMES.validate_json(data)
+    except ValidationError as exc:
+        problem = first_problem(exc)
+        session.push({"t": "error", "error": "invalid_frame", "field": problem.field,
+                      "message": f"frame {problem.field or ''}: {problem.message}".strip()})
+        return None
 
 
 SESSIONS_KEY = web.AppKey("sessions", SessionHub)

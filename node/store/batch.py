@@ -11,6 +11,7 @@ answers per item, and a flush that raises fails only the batch it was given.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
@@ -29,7 +30,8 @@ class Coalescer(Generic[T, R]):
 
     ``flush(items)`` returns one result per item, in order: a value, or an exception that the
     item's caller then raises. ``batches`` and ``items`` count what was flushed (the mean batch
-    is their ratio).
+    is their ratio). What waits is kept by submission (a caller's items and one future for them):
+    a session's frame of 1,000 renewals waits on a handful of futures, not on 1,000.
     """
 
     def __init__(self, flush: Flush[T, R], *, max_batch: int = DEFAULT_MAX_BATCH, name: str = "coalescer") -> None:
@@ -40,58 +42,59 @@ class Coalescer(Generic[T, R]):
         self.name = name
         self.batches = 0
         self.items = 0
-        self._pending: list[tuple[T, asyncio.Future[R]]] = []
+        self._pending: deque[tuple[list[T], asyncio.Future[list[R | BaseException]]]] = deque()
         self._task: asyncio.Task[None] | None = None
 
     async def submit(self, item: T) -> R:
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._pending.append((item, future))
-        if self._task is None:
-            self._task = asyncio.create_task(self._drain(), name=self.name)
-        return await future
+        (result,) = await self._enqueue([item])
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     async def submit_many(self, items: list[T]) -> list[R | BaseException]:
         """Submit ``items`` at once (one caller's batch); one result or exception per item, in order."""
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[R]] = [loop.create_future() for _ in items]
-        self._pending.extend(zip(items, futures))
+        step = self.max_batch
+        futures = [self._enqueue(items[start:start + step]) for start in range(0, len(items), step)]
+        results: list[R | BaseException] = []
+        for future in futures:  # the parts land one batch after another
+            results += await future
+        return results
+
+    def _enqueue(self, items: list[T]) -> asyncio.Future[list[R | BaseException]]:
+        future: asyncio.Future[list[R | BaseException]] = asyncio.get_running_loop().create_future()
+        self._pending.append((items, future))
         if self._task is None:
             self._task = asyncio.create_task(self._drain(), name=self.name)
-        results: list[R | BaseException] = []
-        for future in futures:  # the batch lands at once: after the first, each is already done
-            try:
-                results.append(await future)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the item's own failure, given back with the others
-                results.append(exc)
-        return results
+        return future
 
     async def _drain(self) -> None:
         try:
-            while self._pending:
-                batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
-                await self._send(batch)
+            pending = self._pending
+            while pending:
+                batch = [pending.popleft()]  # whole submissions, as many as fit (at least one)
+                size = len(batch[0][0])
+                while pending and size + len(pending[0][0]) <= self.max_batch:
+                    size += len(pending[0][0])
+                    batch.append(pending.popleft())
+                await self._send(batch, size)
         finally:
             self._task = None
 
-    async def _send(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+    async def _send(self, batch: list[tuple[list[T], asyncio.Future[list[R | BaseException]]]], size: int) -> None:
         self.batches += 1
-        self.items += len(batch)
+        self.items += size
         try:
-            results = await self._flush([item for item, _ in batch])
-            if len(results) != len(batch):
-                raise RuntimeError(f"{self.name}: flush answered {len(results)} of {len(batch)} items")
+            results = await self._flush([item for items, _ in batch for item in items] if len(batch) > 1 else batch[0][0])
+            if len(results) != size:
+                raise RuntimeError(f"{self.name}: flush answered {len(results)} of {size} items")
         except asyncio.CancelledError:
             for _, future in batch:
                 future.cancel()
             raise
         except Exception as exc:  # the whole batch failed (e.g. Redis unreachable): each caller sees it
-            results = [exc] * len(batch)
-        for (_, future), result in zip(batch, results):
-            if future.done():  # the caller gave up (its request was cancelled)
-                continue
-            if isinstance(result, BaseException):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
+            results = [exc] * size
+        offset = 0
+        for items, future in batch:
+            if not future.done():  # else the caller gave up (its request was cancelled)
+                future.set_result(results[offset:offset + len(items)])
+            offset += len(items)

@@ -137,7 +137,8 @@ class RegionStore:
             self._flush_registers, name=f"store-registers-{region}")
         self._updates: Coalescer[list[object], tuple[int, str]] = Coalescer(
             self._flush_updates, name=f"store-updates-{region}")
-        self._renewals: Coalescer[list[object], bool] = Coalescer(self._flush_renewals, name=f"store-renewals-{region}")
+        self._renewals: Coalescer[tuple[str, int, int], bool] = Coalescer(
+            self._flush_renewals, name=f"store-renewals-{region}")
         # What /metrics shows of them: scripts sent and writes carried, by kind (their ratio: the mean batch).
         self.write_batches: dict[str, Coalescer[list[object], object]] = {
             "register": self._registers, "update": self._updates, "renew": self._renewals}  # type: ignore[dict-item]
@@ -226,7 +227,7 @@ class RegionStore:
         """Move each ``(agent_id, lease expiry ms)`` lease that has not passed at ``at_ms``: no read of
         the record, no version, no event (many at once: a session's frame). Per lease True, False
         when there is none to move (register again), or the batch's error (``StoreUnavailable``)."""
-        return await self._renewals.submit_many([[agent_id, expiry, at_ms] for agent_id, expiry in leases])
+        return await self._renewals.submit_many([(agent_id, expiry, at_ms) for agent_id, expiry in leases])
 
     async def report_loads(self, loads: list[tuple[str, Load]], *, at_ms: int) -> list[bool | BaseException]:
         """:meth:`report_load` of many at once: per load True, False (no lease), or the batch's error."""
@@ -265,12 +266,14 @@ class RegionStore:
         """One UPDATE call for a batch of ``[agent_id, expected, body, lease, at, require lease, load]``."""
         return [(int(outcome), value) for outcome, value in await self._run_batch(self._update, items)]
 
-    async def _flush_renewals(self, items: list[list[object]]) -> list[bool | BaseException]:
-        """One RENEW call for a batch of ``[agent_id, lease expiry, at]`` (the first item's instant for all)."""
+    async def _flush_renewals(self, items: list[tuple[str, int, int]]) -> list[bool | BaseException]:
+        """One RENEW call for a batch of ``(agent_id, lease expiry, at)`` (the first item's instant for all)."""
+        lines = "\n".join([f"{agent_id} {lease}" for agent_id, lease, _ in items])
         async with self._translate():
             reply = await self._renew(self._mutation_keys, [self.change_stream_maxlen, self.load_channel, items[0][2],
-                                                            *(v for agent_id, lease, _ in items for v in (agent_id, lease))])
-        return [bool(int(moved)) for moved in reply]
+                                                            lines])
+        moved = reply.decode() if isinstance(reply, bytes) else str(reply)
+        return [flag == "1" for flag in moved]
 
     async def _run_batch(self, script: ScriptLine, items: list[list[object]]) -> list[tuple[object, object]]:
         """Run a batch script over ``items``; its flat reply as one pair per item."""

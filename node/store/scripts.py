@@ -83,22 +83,24 @@ return out
 """
 
 # KEYS: agents, leases, version, changes, loads. ARGV: stream maxlen, the load channel (unused: the
-# batch shape of the others), now ms, then per renewal 2 values: agent_id, new lease expiry ms.
-# A lease-only renewal (a session's, node.http.sessions): the lease moves only if it is still
-# running, as UPDATE's does, without reading the record. Returns per renewal 1 (moved) or 0 (no
-# lease: unknown, or passed).
+# batch shape of the others), now ms, then the renewals as one argument, a line "agent_id expiry_ms"
+# each (an agent id holds neither a space nor a line break): one argument to encode and parse, not
+# two per renewal. A lease-only renewal (a session's, node.http.sessions): the lease moves only if
+# it is still running, as UPDATE's does, without reading the record. Returns a string of one
+# character per renewal: "1" (moved) or "0" (no lease: unknown, or passed).
 RENEW = """
 local out = {}
-for i = 4, #ARGV, 2 do
-  local score = redis.call('ZSCORE', KEYS[2], ARGV[i])
-  if score and tonumber(score) > tonumber(ARGV[3]) then
-    redis.call('ZADD', KEYS[2], ARGV[i + 1], ARGV[i])
-    out[#out + 1] = 1
+local now = tonumber(ARGV[3])
+for id, lease in string.gmatch(ARGV[4], '([^ \\n]+) (%d+)') do
+  local score = redis.call('ZSCORE', KEYS[2], id)
+  if score and tonumber(score) > now then
+    redis.call('ZADD', KEYS[2], lease, id)
+    out[#out + 1] = '1'
   else
-    out[#out + 1] = 0
+    out[#out + 1] = '0'
   end
 end
-return out
+return table.concat(out)
 """
 
 # KEYS: agents, leases, version, changes, loads, suspects, holders. ARGV: now ms, stream maxlen,

@@ -135,6 +135,8 @@ class RevocationList(PolledList):
         self._version: str | None = None
         self._made = 0  # revocations through this list, so a read that raced one does not undo it
         self._revoke = redis.register_script(REVOKE)
+        self.generation = 0  # moves whenever the ids held change (stable_until)
+        self._stable = (-1, 0)  # (generation, until ms) that stable_until computed last
 
     @classmethod
     def of(cls, store: RegionStore, *, poll_interval_ms: int) -> RevocationList:
@@ -154,6 +156,16 @@ class RevocationList(PolledList):
         it was forwarded for (``fwd.jti``, federation.forward), or with every token of its subject."""
         return self.refuses_token(jti=claims.jti, forwarded_jti=claims.fwd.jti if claims.fwd is not None else None,
                                   role=claims.role, sub=claims.sub, iat=claims.iat)
+
+    def stable_until(self, at_ms: int) -> tuple[int, int]:
+        """``(generation, until_ms)``: :meth:`refuses_token` answers as at ``at_ms`` for every token
+        while :attr:`generation` stays and before ``until_ms`` (the next entry to end). What a
+        session checks once for its agents instead of once per renewal (``node.http.sessions``)."""
+        generation, until = self._stable
+        if generation != self.generation or until <= at_ms:
+            until = min((end for end in self._revoked.values() if end > at_ms), default=MAX_TOKEN_EXPIRY_S * 1000)
+            self._stable = generation, until = self.generation, until
+        return generation, until
 
     def refuses_token(self, *, jti: str | None, forwarded_jti: str | None, role: TokenRole, sub: str,
                       iat: int) -> bool:
@@ -202,6 +214,7 @@ class RevocationList(PolledList):
         self._made += 1
         self._revoked[jti] = max(until_ms, self._revoked.get(jti, 0))
         self._subjects = _cut_offs(self._revoked)
+        self.generation += 1
         if changed:
             self._changed.set()
         return Revocation(jti=jti, until_ms=until_ms, new=bool(added), expired=False, version=int(version),
@@ -242,6 +255,7 @@ class RevocationList(PolledList):
             return
         self._revoked = {str(jti): int(until) for jti, until in entries}
         self._subjects = _cut_offs(self._revoked)
+        self.generation += 1
         if self.loads and version != self._version:
             self._changed.set()
         self._version = version

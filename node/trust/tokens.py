@@ -188,15 +188,18 @@ class Signer:
         mac = _b64(hmac.new(self._token_key, payload.encode(), hashlib.sha256).digest())
         return f"{_TOKEN_PREFIX}.{payload}.{mac}"
 
-    def verify(self, token: str, *, now_s: float | None = None) -> TokenClaims:
-        """Claims of a valid token; raises :class:`Unauthorized` for forged, malformed, expired."""
+    def verify(self, token: str, *, now_s: float | None = None, remember: bool = True) -> TokenClaims:
+        """Claims of a valid token; raises :class:`Unauthorized` for forged, malformed, expired.
+        ``remember=False`` for a token seen once (an agent joining a session): it does not take the
+        place of the tokens that come with every request."""
         now = time.time() if now_s is None else now_s
         claims = self._verified.get(token)
         if claims is None:
             claims = self._verify_uncached(token)
-            self._verified[token] = claims
-            if len(self._verified) > _VERIFIED_CACHE_SIZE:
-                self._verified.popitem(last=False)
+            if remember:
+                self._verified[token] = claims
+                if len(self._verified) > _VERIFIED_CACHE_SIZE:
+                    self._verified.popitem(last=False)
         if claims.exp <= now:
             raise Unauthorized("the token has expired: issue a new one with 'agent-reach token issue'",
                                code="token_expired")

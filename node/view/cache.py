@@ -8,7 +8,8 @@ stream was trimmed past us, an entry did not parse, or Redis was wiped) reloads 
 Loads reported by heartbeats or load reports come over the region's load channel
 (``node.store.loads.LoadFeed``), not the stream. Heartbeats that only move leases append nothing, so every ``lease_sync_interval_ms`` the cache
 re-reads the leases it holds as ending within two intervals (ZMSCORE; an agent heartbeating
-through another replica is re-read about once per lease, not once per interval). Routing treats
+through another replica is re-read about once per lease, not once per interval); which those are,
+``node.view.leases`` tells without looking at every lease. Routing treats
 a lease as passed only against the start of the last successful sync — every lease that ended
 before that instant was re-read then — so a node cut off from Redis keeps routing on what it
 knew instead of emptying its table. Likewise, when more than ``preserve_fraction`` of a
@@ -29,12 +30,13 @@ from ..core.models import AgentRecord, ChangeEvent, ChangeKind, DeleteReason, Lo
 from ..store import (HeldChange, LoadFeed, RegionSnapshots, RegionStore, build, compact, holding, is_compact,
                      share_load)
 from .follower import FollowerState, StreamFollower
+from .leases import LeaseBuckets
 from .suspects import SuspectList
 
 log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_SYNC_INTERVAL_MS = 1_000
-_SCAN_SLICE = 5_000  # records per slice of the lease sync's scan
+_FILL_SLICE = 5_000  # records per slice when the lease buckets are filled (node.view.leases)
 CHANGE_LOG = 256  # per capability: changes a table can be patched with (node.routing.candidates)
 DEFAULT_TAIL_BLOCK_MS = 1_000
 DEFAULT_PRESERVE_FRACTION = 0.5
@@ -45,7 +47,7 @@ class AgentIndex:
     """Records of one region by agent_id and by capability name (no I/O)."""
 
     __slots__ = ("region", "records", "by_capability", "version", "generation", "capability_generation",
-                 "suspects", "_changes", "_reset_generation")
+                 "suspects", "lease_buckets", "_changes", "_reset_generation")
 
     def __init__(self, region: str) -> None:
         self.region = region
@@ -63,6 +65,8 @@ class AgentIndex:
         # Agents whose session dropped, with the record version they were suspected at
         # (node.view.suspects): held, leased, not routable. A newer record is never suspect.
         self.suspects: dict[str, int] = {}
+        # Agents by when their lease ends, for a reader that asks which end soon (RegionCache).
+        self.lease_buckets: LeaseBuckets | None = None
 
     def __len__(self) -> int:
         return len(self.records)
@@ -86,6 +90,8 @@ class AgentIndex:
             self.by_capability.setdefault(capability.name, {})[record.agent_id] = record
         if self.suspects and self.suspects.get(record.agent_id, record.version) < record.version:
             del self.suspects[record.agent_id]  # registered again, or a new status: a sign of life
+        if self.lease_buckets is not None:
+            self.lease_buckets.put(record, previous)
         self._bump(record)
         return previous
 
@@ -219,6 +225,8 @@ class AgentIndex:
         self.version = version
         self.suspects = {agent_id: suspected for agent_id, suspected in self.suspects.items()
                          if (record := self.records.get(agent_id)) is not None and record.version <= suspected}
+        if self.lease_buckets is not None:
+            self.lease_buckets.reset()
         return self._changes_from(old, self.records, version)
 
     def _changes_from(self, old: dict[str, AgentRecord], new: dict[str, AgentRecord],
@@ -264,6 +272,7 @@ class RegionCache(StreamFollower[ChangeEvent | HeldChange]):
         self.store = store
         self.snapshots = RegionSnapshots(store)  # the region load reads the whole region
         self.index = AgentIndex(store.region)
+        self.lease_buckets = self.index.lease_buckets = LeaseBuckets(lease_sync_interval_ms)
         self.lease_sync_interval_ms = lease_sync_interval_ms
         self.tail_block_ms = tail_block_ms
         self.preserve_fraction = preserve_fraction
@@ -371,16 +380,19 @@ class RegionCache(StreamFollower[ChangeEvent | HeldChange]):
                 log.warning("region %s: lease sync failed: %s", self.store.region, exc)
 
     async def _leases_ending(self, soon: int) -> list[str]:
-        """Agents whose lease (as held) ends by ``soon``: the records scanned in slices, letting
-        requests run between them (a 100,000-agent region scanned at once held the loop ~50 ms)."""
-        records = list(self.index.records.values())
-        ending: list[str] = []
-        for start in range(0, len(records), _SCAN_SLICE):
-            if start:
-                await asyncio.sleep(0)
-            ending.extend(record.agent_id for record in records[start:start + _SCAN_SLICE]
-                          if record.lease_expires_at_ms <= soon)
-        return ending
+        """Agents whose lease (as held) ends by ``soon``: what comes due of ``index.lease_buckets``
+        (``node.view.leases``), not a scan of every record."""
+        buckets = self.lease_buckets
+        while not buckets.built:  # the index was loaded: every record goes in, a slice at a time
+            records, resets = list(self.index.records.values()), buckets.resets
+            buckets.start()
+            for start in range(0, len(records), _FILL_SLICE):
+                if start:
+                    await asyncio.sleep(0)  # 100,000 records at once held the loop ~50 ms
+                if buckets.resets != resets:
+                    break  # swapped again meanwhile: start over
+                buckets.fill(records[start:start + _FILL_SLICE])
+        return buckets.ending(self.index.records, soon)
 
     def _check_preservation(self, at_ms: int, ending: list[str]) -> None:
         """``ending`` holds every agent whose lease could have passed by ``at_ms`` (just re-read)."""

@@ -141,8 +141,15 @@ async def test_an_agent_whose_tokens_are_revoked_renews_no_more_over_its_session
             {"agent_id": "sess.revoke.a1", "token": node.token("sess.revoke.a1")},
             {"agent_id": "sess.revoke.a2", "token": node.token("sess.revoke.a2")}]})
         assert (await session.next("joined"))["agents"] == ["sess.revoke.a1", "sess.revoke.a2"]
+        both = [{"agent_id": "sess.revoke.a1"}, {"agent_id": "sess.revoke.a2"}]
+        await session.send({"t": "renew", "id": 0, "beats": both})  # the session's tokens checked: both good
+        assert set((await session.next("renewed"))["leases"]) == {"sess.revoke.a1", "sess.revoke.a2"}
         status, body = await node.call("POST", "/v1/admin/agents/sess.revoke.a1/revoke-tokens?reason=leaked")
         assert status == 200, body
+        await session.send({"t": "renew", "id": 3, "beats": both})  # checked again: the deny list moved
+        renewed = await session.next("renewed")
+        assert renewed["errors"]["sess.revoke.a1"]["error"] == "token_revoked"
+        assert set(renewed["leases"]) == {"sess.revoke.a2"}
 
         await session.send({"t": "renew", "id": 1, "beats": [{"agent_id": "sess.revoke.a1"},
                                                              {"agent_id": "sess.revoke.a2", "status": "busy"}]})
@@ -151,4 +158,25 @@ async def test_an_agent_whose_tokens_are_revoked_renews_no_more_over_its_session
         assert set(renewed["leases"]) == {"sess.revoke.a2"}  # its neighbour's token is good
         await session.send({"t": "renew", "id": 2, "beats": [{"agent_id": "sess.revoke.a1", "status": "busy"}]})
         assert (await session.next("renewed"))["errors"]["sess.revoke.a1"]["error"] == "token_revoked"
+        await session.ws.close()
+
+
+async def test_a_token_that_expires_while_its_agent_is_joined_renews_no_more(node: RunningNode) -> None:
+    await node.register(registration("sess.expiry.a1", lease_ttl_ms=30_000))
+    await node.register(registration("sess.expiry.a2", lease_ttl_ms=30_000))
+    short = node.token("sess.expiry.a1", ttl_s=2)
+    exp = node.node.signer.verify(short).exp
+    async with aiohttp.ClientSession() as http:
+        session = await open_session(node, http)
+        await session.send({"t": "join", "agents": [{"agent_id": "sess.expiry.a1", "token": short},
+                                                    {"agent_id": "sess.expiry.a2", "token": node.token("sess.expiry.a2")}]})
+        assert (await session.next("joined"))["agents"] == ["sess.expiry.a1", "sess.expiry.a2"]
+        both = [{"agent_id": "sess.expiry.a1"}, {"agent_id": "sess.expiry.a2"}]
+        await session.send({"t": "renew", "id": 1, "beats": both})
+        assert set((await session.next("renewed"))["leases"]) == {"sess.expiry.a1", "sess.expiry.a2"}
+        await wait_for(lambda: time.time() > exp, timeout_s=10, message="the short token to expire")
+        await session.send({"t": "renew", "id": 2, "beats": both})
+        renewed = await session.next("renewed")
+        assert renewed["errors"]["sess.expiry.a1"]["error"] == "token_expired"
+        assert set(renewed["leases"]) == {"sess.expiry.a2"}
         await session.ws.close()
