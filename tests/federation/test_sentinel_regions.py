@@ -81,7 +81,7 @@ async def test_three_regions_on_sentinel_survive_sigkill_of_a_primary(region: st
                     served = Served()
                     stop = asyncio.Event()
                     alongside = asyncio.create_task(serve_alongside(nodes[hit], others, capability, prefix,
-                                                                    served, stop))
+                                                                    served, stop, groups))
                     try:
                         seen = await write_through_the_kill(nodes[hit], groups[hit], before=BEFORE, prefix=prefix,
                                                             capability=capability)
@@ -102,7 +102,9 @@ async def test_three_regions_on_sentinel_survive_sigkill_of_a_primary(region: st
                                        message=f"{other.node.region} finding {seen.acknowledged[-1]}")
                     print(f"\nrun {run}: SIGKILL of {hit}'s primary; first write {seen.resume_s:.2f} s later; "
                           f"{seen.refused} writes refused (503); meanwhile {served.hit_resolves} resolves served by "
-                          f"{hit} ({served.hit_unready} times /readyz 503), {served.resolves} resolves and {served.writes} writes by the others, none failed; "
+                          f"{hit} ({served.hit_unready} times /readyz 503), {served.resolves} resolves and "
+                          f"{served.writes} writes by the others, none failed "
+                          f"({served.unreplicated} retried after a late WAIT); "
                           f"{len(seen.acknowledged)} acknowledged, all present")
                     assert seen.killed is not None
                     await asyncio.to_thread(groups[hit].restart_as_replica, seen.killed)
@@ -118,10 +120,11 @@ class Served:
     hit_unready: int = 0  # /readyz answers 503 in the hit region
     resolves: int = 0  # by the other regions
     writes: int = 0
+    unreplicated: int = 0  # writes of the others a replica confirmed late (503, retried)
 
 
 async def serve_alongside(hit: RunningNode, others: list[RunningNode], capability: str, prefix: str,
-                          served: Served, stop: asyncio.Event) -> None:
+                          served: Served, stop: asyncio.Event, groups: dict[str, SentinelGroup]) -> None:
     """Until ``stop``: the hit region resolves from memory (and says whether it is ready); the
     others resolve its capability and register agents of their own. Any failure ends the loop
     with an AssertionError."""
@@ -134,11 +137,36 @@ async def serve_alongside(hit: RunningNode, others: list[RunningNode], capabilit
             await _serving(other, capability, prefix)
             served.resolves += 1
             other_id = f"{prefix}.in{other.node.region.replace('-', '')}w{served.writes}"
-            status, body = await other.call("POST", "/v1/agents", json=registration(
-                other_id, capability=f"{capability}.other", lease_ttl_ms=600_000))
-            assert status in (200, 201), (other.node.region, status, body)
+            await _write(other, groups[other.node.region], other_id, f"{capability}.other", served)
             served.writes += 1
         await asyncio.sleep(0.01)  # pacing the loop, not synchronising
+
+
+async def _write(node: RunningNode, group: SentinelGroup, agent_id: str, capability: str, served: Served) -> None:
+    """Register ``agent_id`` in ``node``'s region (not the hit one). A WAIT its replicas confirmed
+    late is a 503 that says "retry it": the write is on the primary; retried, at most twice. Any
+    other failure, or a third late WAIT, fails with the region's replication state."""
+    for attempt in range(3):
+        status, body = await node.call("POST", "/v1/agents", json=registration(
+            agent_id, capability=capability, lease_ttl_ms=600_000))
+        if status in (200, 201):
+            return
+        if status != 503 or "(redis_wait_replicas)" not in str(body.get("message")) or attempt == 2:
+            break
+        served.unreplicated += 1
+    state = await asyncio.to_thread(_replication, group)
+    raise AssertionError((node.node.region, status, body, state))
+
+
+def _replication(group: SentinelGroup) -> list[tuple[int, object]]:
+    """Each data server's port and INFO replication (or why it did not answer)."""
+    state: list[tuple[int, object]] = []
+    for process in [group.primary, *group.replicas]:
+        try:
+            state.append((process.port, group.data_client(process).info("replication")))
+        except Exception as exc:  # noqa: BLE001 - a diagnostic: what failed is the answer
+            state.append((process.port, repr(exc)))
+    return state
 
 
 async def _resolves(node: RunningNode, capability: str) -> bool:
