@@ -281,10 +281,19 @@ LISTEN_PORTS = range(20_000, 32_768)
 _draw_port = random.Random()
 
 
+_handed: set[int] = set()  # not handed out twice: two draws for one test would otherwise meet now and then
+
+
 def free_port() -> int:
-    """A port of 127.0.0.1 nothing is bound to now, from :data:`LISTEN_PORTS` (else the kernel's)."""
+    """A port of 127.0.0.1 nothing is bound to now and not handed out before by this process, from
+    :data:`LISTEN_PORTS` (else the kernel's)."""
+    if len(_handed) > len(LISTEN_PORTS) // 2:
+        _handed.clear()
     for _ in range(100):
         port = _draw_port.randrange(LISTEN_PORTS.start, LISTEN_PORTS.stop)
+        if port in _handed:
+            continue
+        _handed.add(port)
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", port))

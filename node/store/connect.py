@@ -23,7 +23,8 @@ slot (``CLUSTER SLOTS``, asked of the nodes the client knows; a server where clu
 disabled is used as it is, decided at its first connection). A connection that fails, or a
 reply that says the data moved (``MOVED``, ``READONLY`` from a demoted primary, ``TRYAGAIN``,
 ``CLUSTERDOWN``, ``ASK`` while the slot migrates), drops the connection and forgets the address;
-the retry opens a new one where the slot or the primary is now. Everything the project sends —
+the retry opens a new one where the slot or the primary is now (:mod:`node.store.locate`, which
+also catches a replaced primary that runs on). Everything the project sends —
 Lua scripts (``EVALSHA`` on :class:`~node.store.script_line.ScriptLine`'s own connection), MULTI
 pipelines, streams with ``XREAD BLOCK``, ``HSCAN``, pub/sub — works unchanged on those
 connections, which redis-py's ``RedisCluster`` would not give (no pool to take a connection from,
@@ -39,8 +40,6 @@ Python), and every write batch is one ``EVALSHA`` of many arguments.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,15 +57,16 @@ from redis.asyncio.connection import (
     UnixDomainSocketConnection,
 )
 from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.backoff import ExponentialBackoff
 from redis.crc import key_slot
-from redis.exceptions import AskError, ClusterDownError, ReadOnlyError, RedisError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..core import NodeError, Settings
+from .locate import (MOVED_ERRORS, Address, LocatedConnection, LocatedSSLConnection, Locator, SentinelLocator,
+                     SlotLocator)
 
-__all__ = ["HiredisPacking", "RedisConnectSettings", "RedisTarget", "RedisUrlError", "as_moved", "pack_with_hiredis",
+__all__ = ["HiredisPacking", "RedisConnectSettings", "RedisTarget", "RedisUrlError", "pack_with_hiredis",
            "parse_redis_url", "redis_client"]
 
 DEFAULT_REDIS_PORT = 6379
@@ -79,16 +79,11 @@ DEFAULT_CONNECT_TIMEOUT_S = 5.0
 # one line instead of hanging it. Every blocking read here (XREAD BLOCK) waits 1 s by default.
 DEFAULT_SOCKET_TIMEOUT_S = 5.0
 DEFAULT_WAIT_TIMEOUT_MS = 1_000
-LOCATE_TIMEOUT_S = 1.0  # one sentinel or cluster node asked where the data is; then the next
-# Replies that say the region's data is now elsewhere (or about to be): reconnect and look again.
-MOVED_ERRORS: tuple[type[RedisError], ...] = (ReadOnlyError, AskError, TryAgainError, ClusterDownError)
 _SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
 _TLS_QUERY_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_password")
 _POOL_OPTIONS = ("max_connections", "timeout")  # the pool's own bounds, not the URL's
 _SETTING_OF = {"ssl_ca_certs": "redis_ca_file", "ssl_certfile": "redis_cert_file", "ssl_keyfile": "redis_key_file"}
 _EXAMPLE = "'redis://host:6379/0' or 'redis+sentinel://host:26379,host:26379/mymaster/0'"
-
-Address = tuple[str, int]
 
 
 class RedisUrlError(NodeError, ValueError):
@@ -187,16 +182,16 @@ def redis_client(url: str, *, key_base: str, settings: RedisConnectSettings | No
     else:
         probe_class = SSLConnection if target.tls else Connection
         probe = {key: value for key, value in kwargs.items() if key.startswith("ssl_") or key.startswith("socket_")}
-        locator: _Locator
+        locator: Locator
         if target.kind == "sentinel":
             sentinel_password = _password_from(settings.redis_sentinel_password_file, "redis_sentinel_password_file")
-            locator = _SentinelLocator(target.addresses, str(target.master_name), probe_class,
+            locator = SentinelLocator(target.addresses, str(target.master_name), probe_class,
                                        {**probe, **({"password": sentinel_password} if sentinel_password else {})})
         else:
             credentials = {key: kwargs[key] for key in ("username", "password") if key in kwargs}
-            locator = _SlotLocator(target.addresses[0], key_slot(key_base.encode()), probe_class,
+            locator = SlotLocator(target.addresses[0], key_slot(key_base.encode()), probe_class,
                                    {**probe, **credentials})
-        connection_class = _LocatedSSLConnection if target.tls else _LocatedConnection
+        connection_class = LocatedSSLConnection if target.tls else LocatedConnection
         kwargs["locator"] = locator
     # A restarted Redis leaves pooled connections dead, a failover moves the primary: retry on a
     # fresh connection (looked up anew) instead of failing the request. Every script is safe to run
@@ -297,174 +292,6 @@ def _masked(url: str) -> str:
     scheme, sep, userinfo = head.partition("://")
     user = userinfo.partition(":")[0]
     return f"{scheme}{sep}{user}:…@{tail}" if ":" in userinfo else f"{scheme}{sep}…@{tail}"
-
-
-# -- where the region's data is ---------------------------------------------------------------
-
-
-class _Locator:
-    """The address a region's connections open to, looked up once and kept until a connection
-    to it fails or is told the data moved (:meth:`forget`)."""
-
-    def __init__(self) -> None:
-        self._address: Address | None = None
-        self._lock = asyncio.Lock()  # concurrent connects share one lookup
-
-    async def locate(self) -> Address:
-        address = self._address
-        if address is None:
-            async with self._lock:
-                address = self._address
-                if address is None:
-                    address = self._address = await self._find()
-        return address
-
-    def forget(self, address: Address) -> None:
-        if self._address == address:
-            self._address = None
-
-    async def _find(self) -> Address:
-        raise NotImplementedError
-
-
-class _SentinelLocator(_Locator):
-    """The primary the sentinels name for ``master_name``; sentinels asked in turn."""
-
-    def __init__(self, sentinels: Sequence[Address], master_name: str, probe_class: type[Connection],
-                 probe: dict[str, Any]) -> None:
-        super().__init__()
-        self._sentinels = list(sentinels)
-        self._master_name = master_name
-        self._probe_class, self._probe = probe_class, probe
-
-    async def _find(self) -> Address:
-        problems = []
-        for sentinel in list(self._sentinels):
-            try:
-                reply = await _ask(self._probe_class, self._probe, sentinel,
-                                   "SENTINEL", "get-master-addr-by-name", self._master_name)
-            except (RedisError, OSError) as exc:
-                problems.append(f"{sentinel[0]}:{sentinel[1]}: {self._refusal(exc)}")
-                continue
-            if reply:
-                self._sentinels.remove(sentinel)  # the one that answered is asked first next time
-                self._sentinels.insert(0, sentinel)
-                return str(reply[0]), int(reply[1])
-            problems.append(f"{sentinel[0]}:{sentinel[1]} knows no master {self._master_name!r}")
-        raise RedisConnectionError(f"no sentinel names the primary of {self._master_name!r} "
-                                   f"({'; '.join(problems)})")
-
-    def _refusal(self, error: Exception) -> str:
-        """``error`` said plainly when it is the sentinel refusing to talk without (the right) password."""
-        text = str(error)
-        if "WRONGPASS" in text or "invalid password" in text or "invalid username-password" in text:
-            return "refused the password of redis_sentinel_password_file"
-        if "NOAUTH" in text or "must be called with the client already authenticated" in text:
-            return "requires a password: set redis_sentinel_password_file"
-        return text
-
-
-class _SlotLocator(_Locator):
-    """The server of the URL, or, on a Redis Cluster, the node owning ``slot`` (from ``CLUSTER SLOTS``)."""
-
-    def __init__(self, seed: Address, slot: int, probe_class: type[Connection], probe: dict[str, Any]) -> None:
-        super().__init__()
-        self._seed = seed
-        self._slot = slot
-        self._cluster: bool | None = None  # unknown until the first connection
-        self._nodes = [seed]  # every cluster node seen, the last that answered first
-        self._probe_class, self._probe = probe_class, probe
-
-    async def _find(self) -> Address:
-        if self._cluster is False:
-            return self._seed
-        problems = []
-        for node in list(self._nodes):
-            try:
-                slots = await _ask(self._probe_class, self._probe, node, "CLUSTER", "SLOTS")
-            except ResponseError as exc:
-                if self._cluster is None:  # "cluster support disabled", or an ACL user without CLUSTER
-                    self._cluster = False
-                    return self._seed
-                problems.append(f"{node[0]}:{node[1]}: {exc}")
-                continue
-            except (RedisError, OSError) as exc:
-                if self._cluster is None:
-                    raise
-                problems.append(f"{node[0]}:{node[1]}: {exc}")
-                continue
-            self._cluster = True
-            self._nodes.remove(node)
-            self._nodes.insert(0, node)
-            owner = self._learn(node, slots)
-            if owner is not None:
-                return owner
-            problems.append(f"{node[0]}:{node[1]} names no primary for slot {self._slot}")
-        raise RedisConnectionError(f"no node of the Redis Cluster names the primary of slot {self._slot} "
-                                   f"({'; '.join(problems)})")
-
-    def _learn(self, asked: Address, slots: list[Any]) -> Address | None:
-        """Remember every node of a ``CLUSTER SLOTS`` reply; the primary of our slot, if one."""
-        owner = None
-        for start, end, *nodes in slots:
-            for index, (host, port, *_) in enumerate(nodes):
-                address = (str(host) or asked[0], int(port))
-                if address not in self._nodes:
-                    self._nodes.append(address)
-                if index == 0 and int(start) <= self._slot <= int(end):
-                    owner = address
-        return owner
-
-
-async def _ask(connection_class: type[Connection], probe: dict[str, Any], address: Address, *command: str) -> Any:
-    """One command on a connection of its own to ``address`` (closed after)."""
-    connection = connection_class(host=address[0], port=address[1], **{
-        **probe, "socket_connect_timeout": LOCATE_TIMEOUT_S, "socket_timeout": LOCATE_TIMEOUT_S,
-        "decode_responses": True, "retry": Retry(NoBackoff(), 0)})
-    try:
-        await connection.connect()
-        await connection.send_command(*command)
-        return await connection.read_response()
-    finally:
-        await connection.disconnect(nowait=True)
-
-
-class _LocatedConnection(Connection):
-    """A connection that opens to where its locator says the region's data is, and makes the
-    locator look again when it fails or hears the data moved (the pool's retry then reconnects)."""
-
-    def __init__(self, *, locator: _Locator, **kwargs: Any) -> None:
-        self.locator = locator
-        super().__init__(**kwargs)
-
-    async def _connect(self) -> None:
-        self.host, self.port = await self.locator.locate()
-        await super()._connect()
-
-    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await super().read_response(*args, **kwargs)
-        except ResponseError as exc:
-            raise as_moved(exc) from None
-
-    async def disconnect(self, nowait: bool = False, error: Exception | None = None, failure_count: int | None = None,
-                         health_check_failed: bool = False) -> None:
-        if error is not None or health_check_failed:
-            self.locator.forget((self.host, self.port))
-        await super().disconnect(nowait=nowait, error=error, failure_count=failure_count,
-                                 health_check_failed=health_check_failed)
-
-
-def as_moved(error: Exception) -> Exception:
-    """``error``, or — a script's write refused by a demoted primary (``Error running script …
-    -READONLY …``) — the :class:`ReadOnlyError` it is, so the retry reconnects to the new primary."""
-    if type(error) is ResponseError and "-READONLY " in str(error):
-        return ReadOnlyError(str(error))
-    return error
-
-
-class _LocatedSSLConnection(_LocatedConnection, SSLConnection):
-    """:class:`_LocatedConnection` over TLS."""
 
 
 # -- packing ----------------------------------------------------------------------------------

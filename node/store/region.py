@@ -44,6 +44,7 @@ from ..core import Conflict, UnknownAgent, now_ms
 from ..core.models import AgentRecord, ChangeEvent, DeleteReason, Load
 from .batch import Coalescer
 from .connect import DEFAULT_WAIT_TIMEOUT_MS, RedisConnectSettings, redis_client
+from .locate import primary_moved
 from .loads import parse_load
 from .quarantine import Quarantine
 from .redis_errors import RedisErrors
@@ -302,10 +303,13 @@ class RegionStore:
             if replicas == 0:
                 reply = await self._delete(keys=self._delete_keys, args=args)
             else:  # WAIT counts what its own connection wrote: the same pipeline
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    await self._delete(keys=self._delete_keys, args=args, client=pipe)
-                    pipe.execute_command("WAIT", replicas, timeout_ms)
-                    reply, confirmed = await pipe.execute()
+                for attempt in range(2):  # again once if a replaced primary took it (node.store.locate)
+                    async with self.redis.pipeline(transaction=False) as pipe:
+                        await self._delete(keys=self._delete_keys, args=args, client=pipe)
+                        pipe.execute_command("WAIT", replicas, timeout_ms)
+                        reply, confirmed = await pipe.execute()
+                    if int(confirmed) >= replicas or attempt == 1 or not await primary_moved(self.redis):
+                        break
                 if int(confirmed) < replicas:
                     raise Unreplicated(f"the deletion is on the primary, but WAIT confirmed it on fewer than {replicas}"
                                        f" replicas within {timeout_ms} ms (redis_wait_replicas): retry it")

@@ -35,7 +35,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .connect import as_moved
+from .locate import as_moved, is_stale, primary_moved
 
 __all__ = ["ScriptLine", "Unreplicated"]
 
@@ -79,8 +79,9 @@ class ScriptLine:
 
     async def _once(self, connection: AbstractConnection, packed: list[bytes], wait: list[bytes] | None) -> object:
         replies = self._replies
-        if replies is None or replies.lost is not None:
-            if replies is not None:  # closed under us (redis-py's side does not know it): open anew
+        if replies is None or replies.lost is not None or is_stale(connection):
+            # closed under us (redis-py's side does not know it), or open to a server the data left
+            if replies is not None or is_stale(connection):
                 await connection.disconnect(nowait=True)
             if not connection.is_connected:
                 await connection.connect()
@@ -91,16 +92,19 @@ class ScriptLine:
         try:
             async with asyncio.timeout(None if timeout is None else timeout + self._wait_timeout_ms / 1000):
                 result = await reply
-                if confirmed is not None and await confirmed < self._wait_replicas:
-                    raise Unreplicated(f"the write is on the primary, but WAIT confirmed it on fewer than "
-                                       f"{self._wait_replicas} replicas within {self._wait_timeout_ms} ms "
-                                       "(redis_wait_replicas): retry it; a failover now could lose it")
-                return result
+                short = confirmed is not None and await confirmed < self._wait_replicas
         except TimeoutError as exc:
             raise RedisTimeoutError(f"no reply from Redis within {timeout} s") from exc
         finally:
             if confirmed is not None and not confirmed.done():  # the script failed: its WAIT reply is dropped
                 confirmed.cancel()
+        if not short:
+            return result
+        if await primary_moved(connection):  # a replaced primary took it: run it again on the new one
+            raise RedisConnectionError("the primary was replaced: the write runs again on the new one")
+        raise Unreplicated(f"the write is on the primary, but WAIT confirmed it on fewer than {self._wait_replicas} "
+                           f"replicas within {self._wait_timeout_ms} ms (redis_wait_replicas): retry it; a failover "
+                           "now could lose it")
 
     async def _reconnect(self, connection: AbstractConnection, error: Exception) -> None:
         """After a failed attempt: a new connection for the next (the retry's ``fail``), opened where

@@ -159,6 +159,54 @@ async def test_writes_follow_a_manual_failover_while_the_old_primary_still_runs(
             await node.aclose()
 
 
+async def test_with_wait_a_write_to_a_replaced_primary_that_runs_on_goes_to_the_new_one() -> None:
+    # The primary the sentinels replaced runs on as a primary, cut off from the replicas: here it
+    # refuses to be demoted (its default user may not run REPLICAOF), as one across a partition
+    # would not hear it. Its WAIT falls short; the node asks the sentinels again and writes where
+    # they say, reads included, instead of answering 503 until the old primary is demoted.
+    with SentinelGroup(replicas=2, sentinels=3, down_after_ms=1_000) as group:
+        node = await _node(group.url(), "replaced", lease_sync_interval_ms=100, redis_wait_replicas=1,
+                           redis_wait_timeout_ms=500)
+        try:
+            await node.register(registration("lang.replaced.before", lease_ttl_ms=120_000))
+            old_primary = group.current_primary()
+            old = group.data_client(old_primary)
+            old.execute_command("ACL", "SETUSER", "default", "-replicaof", "-slaveof")
+            group.sentinels[0].client().execute_command("SENTINEL", "FAILOVER", group.master_name)
+            await wait_for(lambda: group.current_primary().port != old_primary.port, timeout_s=FAILOVER_DEADLINE_S,
+                           message="the sentinels naming a replica primary")
+            await wait_for(lambda: _replicated(group), timeout_s=FAILOVER_DEADLINE_S,
+                           message="the other replica following the new primary")
+
+            status, body = await node.call("POST", "/v1/agents",
+                                           json=registration("lang.replaced.after", lease_ttl_ms=120_000))
+            assert status == 201, body
+            assert old.info("replication")["role"] == "master"  # it ran on throughout
+            new = group.data_client(group.current_primary())
+            assert new.hget("ar:{replaced}:agents", "lang.replaced.after") is not None
+            status, body = await node.call("PUT", "/v1/agents/lang.replaced.before/heartbeat", json={})
+            assert status == 200, body
+            status, body = await node.call("DELETE", "/v1/agents/lang.replaced.before")
+            assert status in (200, 204), body
+            assert new.hget("ar:{replaced}:agents", "lang.replaced.before") is None
+            await wait_for(lambda: _listed(node, "lang.replaced.after"), timeout_s=10,
+                           message="the node's view following the new primary's change stream")
+        finally:
+            await node.aclose()
+
+
+def _replicated(group: SentinelGroup) -> bool:
+    """The primary the sentinels name has a replica in sync (so a WAIT there can be confirmed)."""
+    info = group.data_client(group.current_primary()).info("replication")
+    return info["role"] == "master" and any(info.get(f"slave{index}", {}).get("state") == "online"
+                                            for index in range(int(info["connected_slaves"])))
+
+
+async def _listed(node: RunningNode, agent_id: str) -> bool:
+    status, body = await node.call("GET", f"/v1/agents/{agent_id}")
+    return status == 200
+
+
 LAGGED = 5  # registrations made while no replica receives the primary's stream
 
 
