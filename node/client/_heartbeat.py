@@ -21,9 +21,8 @@ import random
 import ssl
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 

@@ -59,14 +59,15 @@ from redis.asyncio.connection import (
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.crc import key_slot
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..core import NodeError, Settings
+from ..core import NodeError, Settings, StoreUnavailable
 from .locate import (MOVED_ERRORS, Address, LocatedConnection, LocatedSSLConnection, Locator, SentinelLocator,
                      SlotLocator)
 
-__all__ = ["HiredisPacking", "RedisConnectSettings", "RedisTarget", "RedisUrlError", "pack_with_hiredis",
+__all__ = ["HiredisPacking", "RedisConnectSettings", "RedisErrors", "RedisTarget", "RedisUrlError", "pack_with_hiredis",
            "parse_redis_url", "redis_client"]
 
 DEFAULT_REDIS_PORT = 6379
@@ -292,6 +293,30 @@ def _masked(url: str) -> str:
     scheme, sep, userinfo = head.partition("://")
     user = userinfo.partition(":")[0]
     return f"{scheme}{sep}{user}:…@{tail}" if ":" in userinfo else f"{scheme}{sep}…@{tail}"
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+class RedisErrors:
+    """``async with RedisErrors(region):`` around every call to a region's Redis: redis-py's errors
+    become :class:`~node.core.errors.StoreUnavailable` (503) here, in one place, for every module
+    that talks to a region's Redis (the store, the load feed, the federation replica)."""
+
+    __slots__ = ("region",)
+
+    def __init__(self, region: str) -> None:
+        self.region = region
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if exc is None or not isinstance(exc, RedisError):
+            return False
+        if isinstance(exc, ResponseError):
+            raise StoreUnavailable(f"Redis of region {self.region} refused a command: {exc}") from exc
+        raise StoreUnavailable(f"Redis of region {self.region} cannot be reached: {exc}") from exc
 
 
 # -- packing ----------------------------------------------------------------------------------

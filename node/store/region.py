@@ -43,11 +43,10 @@ from redis.client import NEVER_DECODE
 from ..core import Conflict, UnknownAgent, now_ms
 from ..core.models import AgentRecord, ChangeEvent, DeleteReason, Load
 from .batch import Coalescer
-from .connect import DEFAULT_WAIT_TIMEOUT_MS, RedisConnectSettings, redis_client
+from .connect import DEFAULT_WAIT_TIMEOUT_MS, RedisConnectSettings, RedisErrors, redis_client
 from .locate import primary_moved
 from .loads import parse_load
 from .quarantine import Quarantine
-from .redis_errors import RedisErrors
 from .script_line import ScriptLine, Unreplicated
 from .scripts import DELETE, REGISTER, RENEW, UPDATE
 from .stored_bytes import parse_change, parse_record, text_of

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 from redis.client import NEVER_DECODE
 
 from ..core.models import AgentRecord, Load
+from .connect import RedisErrors
 from .loads import parse_load
 from .read_ahead import read_ahead
-from .redis_errors import RedisErrors
 from .stored_bytes import parse_record, read_region, text_of
 from .stored_records import stored_version
 
