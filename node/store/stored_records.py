@@ -24,6 +24,7 @@ validated in full (``federation.snapshot_reader``).
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -275,14 +276,16 @@ class WrittenRecords:
 
     def __init__(self, limit: int = DEFAULT_WRITTEN_LIMIT) -> None:
         self.limit = limit
-        self._records: dict[str, tuple[str, AgentRecord]] = {}
+        # An OrderedDict: a plain dict finds its oldest key by stepping over every deleted slot
+        # (1.2 µs a write at 2,000 against 0.25; node.routing.decisions says more).
+        self._records: OrderedDict[str, tuple[str, AgentRecord]] = OrderedDict()
 
     def remember(self, agent_id: str, body: str, record: AgentRecord) -> None:
         records = self._records
-        records.pop(agent_id, None)
         records[agent_id] = (body, compact(record))
+        records.move_to_end(agent_id)
         if len(records) > self.limit:
-            del records[next(iter(records))]
+            records.popitem(last=False)
 
     def recall(self, agent_id: str, version: int, raw: str) -> AgentRecord:
         """The record a change entry's ``raw`` JSON holds: the one written here if it is that JSON, else read."""
