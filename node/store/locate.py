@@ -210,7 +210,8 @@ class LocatedConnection(Connection):
     """A connection that opens to where its locator says the region's data is, and makes the
     locator look again when it fails or hears the data moved (the pool's retry then reconnects).
     Opened before the locator found the data elsewhere (:meth:`Locator.recheck`), it reconnects
-    before its next command."""
+    before its next command (so a ``WATCH`` would not carry over to its ``EXEC``: nothing here
+    sends one; a subscription is made again by redis-py's connect callback)."""
 
     def __init__(self, *, locator: Locator, **kwargs: Any) -> None:
         self.locator = locator
