@@ -121,8 +121,8 @@ class SentinelLocator(Locator):
                                        return_exceptions=True)
         views = [reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2], strict=True))
                  for reply in replies if isinstance(reply, (dict, list))]  # RESP3 gives a map, RESP2 pairs
-        if not views:
-            return await self._find()  # says why no sentinel answered
+        if not views:  # no evidence either way; asking them one by one again would say no more
+            raise RedisConnectionError(f"no sentinel described the primary of {self._master_name!r}")
         # The newest epoch; within it a sentinel amid a failover (it names the old primary until it
         # is done) yields to one that has switched, then the address most of them name.
         def rank(view: dict[str, Any]) -> tuple[int, bool]:
@@ -243,10 +243,9 @@ class LocatedConnection(Connection):
 
 
 def is_stale(connection: object) -> bool:
-    """Whether ``connection`` (of :func:`node.store.connect.redis_client`) is open to a server the
-    region's data has left; a connection that is not located never is."""
-    locator = getattr(connection, "locator", None)
-    return locator is not None and getattr(connection, "epoch", locator.epoch) != locator.epoch
+    """Whether ``connection`` (of :func:`node.store.connect.redis_client`) was opened before its
+    locator found the region's data elsewhere; a connection that is not located never is."""
+    return isinstance(connection, LocatedConnection) and connection.epoch != connection.locator.epoch
 
 
 async def primary_moved(where: aioredis.Redis | Connection) -> bool:

@@ -79,9 +79,9 @@ class ScriptLine:
 
     async def _once(self, connection: AbstractConnection, packed: list[bytes], wait: list[bytes] | None) -> object:
         replies = self._replies
-        if replies is None or replies.lost is not None or is_stale(connection):
-            # closed under us (redis-py's side does not know it), or open to a server the data left
-            if replies is not None or is_stale(connection):
+        stale = is_stale(connection)  # open to a server the region's data has left
+        if replies is None or replies.lost is not None or stale:
+            if replies is not None or stale:  # or closed under us (redis-py's side does not know it)
                 await connection.disconnect(nowait=True)
             if not connection.is_connected:
                 await connection.connect()
